@@ -1,0 +1,3 @@
+from pingctl.cli.app import main
+
+main()

@@ -1,0 +1,80 @@
+"""Atomic outputs: build in a hidden sibling temp path, rename into place when complete.
+
+An interrupted run therefore leaves only a `.NAME.tmp-*` sibling, never something that
+looks like a finished output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from pingctl.errors import PingctlError
+
+MANIFEST = "manifest.json"
+
+
+def _tmp_sibling(path: Path, is_dir: bool) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    maker = tempfile.mkdtemp if is_dir else tempfile.mkstemp
+    made = maker(prefix=f".{path.name}.tmp-", dir=path.parent)
+    if isinstance(made, tuple):
+        os.close(made[0])
+        made = made[1]
+    return Path(made)
+
+
+def check_replaceable(out: Path, force: bool = False) -> None:
+    """Refuse to overwrite a directory that pingctl did not write, unless forced."""
+    if not out.exists() or force:
+        return
+    if out.is_file():
+        raise PingctlError(f"{out} exists and is a file; pass a directory or use --force")
+    if any(out.iterdir()) and not (out / MANIFEST).exists():
+        raise PingctlError(
+            f"{out} is a non-empty directory that pingctl did not write (no {MANIFEST}); "
+            "choose another output or pass --force"
+        )
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path) -> Iterator[Path]:
+    """Yield a temp directory; on success it replaces `out` (old contents removed)."""
+    out = Path(out)
+    tmp = _tmp_sibling(out, is_dir=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_file(out: Path) -> Iterator[Path]:
+    """Yield a temp file path next to `out`; renamed onto `out` on success."""
+    out = Path(out)
+    tmp = _tmp_sibling(out, is_dir=False)
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out)
+
+
+def write_json(path: Path, obj) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

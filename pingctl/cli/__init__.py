@@ -1,0 +1,1 @@
+"""Thin CLI layer: parse options, call the library, print. No computation here."""

@@ -1,0 +1,98 @@
+"""`pingctl bench ...`: every performance figure comes from here, as a Rich table plus JSON.
+
+Library bench functions return {"name": ..., "table": [row dicts], ...extra}; this module
+only prints and writes them.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import JsonOpt, console, emit, fmt, handle_errors
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+OutOpt = Annotated[
+    Path | None, typer.Option("--out", help="Write the JSON report here (default runs/bench/NAME.json).")
+]
+
+
+def report(result: dict, as_json: bool, out: Path | None) -> None:
+    import os
+
+    from rich.table import Table
+
+    from pingctl.atomic import write_json
+
+    result.setdefault("machine", {"cpus": os.cpu_count(), "python": platform.python_version()})
+    out = out or Path("runs/bench") / f"{result['name']}.json"
+    write_json(out, result)
+    rows = result.get("table", [])
+    t = Table(title=f"bench {result['name']}", title_justify="left")
+    for col in rows[0].keys() if rows else []:
+        t.add_column(col, justify="left" if col in ("case", "stage", "tool") else "right")
+    for r in rows:
+        t.add_row(*(fmt(v) for v in r.values()))
+    emit(result, as_json, t)
+    if not as_json:
+        for note in result.get("notes", []):
+            console.print(f"  {note}", highlight=False)
+        console.print(f"[dim]JSON written to {out}[/]")
+
+
+@app.command("ingest")
+@handle_errors
+def bench_ingest(
+    inputs: Annotated[list[Path], typer.Argument(help="RIPE Atlas result files (default: ../shared samples).")] = None,
+    workers: Annotated[str, typer.Option(help="Comma-separated worker counts to measure.")] = "1,2",
+    sagan: Annotated[bool, typer.Option(help="Also time ripe.atlas.sagan on the same input.")] = True,
+    limit: Annotated[int | None, typer.Option(help="Results per file for the sagan timing.")] = 20000,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Results/s of `pingctl ingest` per worker count, against the RIPE NCC parser.
+
+    Example: pingctl bench ingest ../shared/data/ripe-atlas/*.jsonl.bz2 --workers 1,2
+    """
+    from pingctl.ingest.bench import bench_ingest as run
+
+    report(run(inputs or [], [int(w) for w in workers.split(",")], sagan, limit), as_json, out)
+
+
+@app.command("synth")
+@handle_errors
+def bench_synth(
+    rows: Annotated[int, typer.Option(help="Rows to generate.")] = 10_000_000,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Rows/s and peak memory of `pingctl synth`.
+
+    Example: pingctl bench synth --rows 10000000
+    """
+    from pingctl.synth.bench import bench_synth as run
+
+    report(run(rows, seed), as_json, out)
+
+
+@app.command("shard")
+@handle_errors
+def bench_shard(
+    rows: Annotated[int, typer.Option(help="Rows of synthetic input to split.")] = 10_000_000,
+    strategy: Annotated[str, typer.Option(help="Comma-separated strategies to time.")] = "time,probe",
+    memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit.")] = "4GB",
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Rows/s and peak memory of `pingctl shard` on synthetic data.
+
+    Example: pingctl bench shard --rows 10000000 --strategy time,probe,pair,random
+    """
+    from pingctl.shard import bench_shard as run
+
+    report(run(rows, strategy.split(","), memory_limit), as_json, out)

@@ -1,0 +1,117 @@
+"""Shared CLI plumbing: config options, error handling, JSON/table output, progress."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="YAML config file (see `pingctl config init`).")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-S", metavar="KEY=VALUE", help="Override a config key, e.g. data.shard.seed=3."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+
+
+def load(config: Path | None, overrides: list[str] | None, **cli_values: Any):
+    """Resolve the config; `cli_values` maps dotted keys to explicit option values (None = unset)."""
+    from pingctl.config import load_config
+
+    return load_config(config, overrides, cli_values)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """User errors become one red message and a non-zero exit, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from pingctl.errors import PingctlError
+
+        try:
+            return fn(*args, **kwargs)
+        except PingctlError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]: nothing partial was left in place")
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - last line of defence for the user
+            if os.environ.get("PINGCTL_DEBUG"):
+                raise
+            err_console.print(
+                f"[bold red]internal error:[/] {type(e).__name__}: {e}\n"
+                "  rerun with PINGCTL_DEBUG=1 for the traceback and please report it",
+                highlight=False,
+            )
+            raise typer.Exit(70) from None
+
+    return wrapper
+
+
+def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) -> None:
+    """Machine output (--json) is the only thing on stdout; otherwise Rich tables."""
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+        return
+    for t in table if isinstance(table, list) else [table] if table is not None else []:
+        console.print(t)
+
+
+def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("what", style="bold")
+    t.add_column("value", justify="right")
+    for k, v in rows:
+        t.add_row(k, fmt(v))
+    return t
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.0f}"
+    return "-" if v is None else str(v)
+
+
+def progress(transient: bool = False):
+    """A Rich progress bar on stderr (stdout stays clean for --json)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=transient,
+    )

@@ -1,0 +1,5 @@
+"""`pingctl ingest` (being written)."""
+
+
+def register(app) -> None:
+    pass

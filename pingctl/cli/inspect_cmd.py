@@ -1,0 +1,5 @@
+"""`pingctl inspect` (being written)."""
+
+
+def register(app) -> None:
+    pass

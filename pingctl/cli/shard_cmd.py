@@ -1,0 +1,5 @@
+"""`pingctl shard` (being written)."""
+
+
+def register(app) -> None:
+    pass

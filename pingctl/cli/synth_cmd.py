@@ -1,0 +1,5 @@
+"""`pingctl synth` (being written)."""
+
+
+def register(app) -> None:
+    pass

@@ -1,0 +1,239 @@
+"""The one typed config shared by every subcommand.
+
+Resolution order (later wins): model defaults < YAML file (`--config`) < `--set key=value`
+overrides < explicit command-line options of the subcommand.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pingctl.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class IngestConfig(Section):
+    src_field: Literal["auto", "from", "src_addr"] = Field(
+        "auto", description="source address: auto = public `from` when src_addr is private/missing"
+    )
+    af: Literal[0, 4, 6] = Field(0, description="keep only this address family (0 = both)")
+    msm_ids: list[int] = Field(default_factory=list, description="keep only these measurement ids (empty = all)")
+    probe_ids: list[int] = Field(default_factory=list, description="keep only these probe ids (empty = all)")
+    since: str | None = Field(None, description="keep results at/after this UTC time (ISO 8601 or Unix seconds)")
+    until: str | None = Field(None, description="keep results before this UTC time (ISO 8601 or Unix seconds)")
+    sample: float = Field(1.0, gt=0.0, le=1.0, description="deterministic fraction of results to keep")
+    drop_dups: bool = Field(False, description="drop duplicate replies (\"dup\": 1) instead of keeping them")
+    workers: int = Field(0, ge=0, description="parallel file workers (0 = one per core)")
+    row_group_rows: int = Field(262_144, ge=1024, description="Parquet row-group size (DuckDB parallelises per group)")
+
+
+class SynthConfig(Section):
+    seed: int = Field(0, description="world and measurement seed; same seed = identical output")
+    rows: int = Field(1_000_000, gt=0, description="approximate number of rows (packets) to generate")
+    probes: int = Field(200, gt=0, description="number of vantage points")
+    targets: int = Field(40, gt=0, description="number of destinations")
+    targets_per_probe: int = Field(12, gt=0, description="destinations each probe measures")
+    step: int = Field(240, gt=0, description="seconds between measurement rounds of one probe-target pair")
+    packets: int = Field(3, ge=1, le=16, description="packets per result")
+    dual_stack_share: float = Field(0.4, ge=0.0, le=1.0, description="share of hosts that also have IPv6")
+    start: str = Field("2024-01-01T00:00:00Z", description="UTC start time of the generated series")
+
+
+class ShardConfig(Section):
+    strategy: Literal["time", "probe", "pair", "random"] = Field(
+        "time", description="time: last fraction is test; probe/pair: held-out groups; random: per row"
+    )
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of rows (or groups) for validation")
+    test_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of rows (or groups) for test")
+    seed: int = Field(0, description="seed of the hash that assigns groups/rows to splits")
+    rows_per_shard: int = Field(2_000_000, ge=1000, description="target rows per output Parquet shard")
+    memory_limit: str = Field("8GB", description="DuckDB memory limit; larger inputs spill to disk")
+    threads: int = Field(0, ge=0, description="DuckDB threads (0 = all cores)")
+
+
+class DataConfig(Section):
+    ingest: IngestConfig = IngestConfig()
+    synth: SynthConfig = SynthConfig()
+    shard: ShardConfig = ShardConfig()
+
+
+class TokenizerConfig(Section):
+    scheme: Literal["compact", "full"] = Field("compact", description="measurement language (see docs/tokenizer.md)")
+
+
+class RowsConfig(Section):
+    max_row_mb: float = Field(8.0, gt=0, description="split a probe's history into records of at most this size")
+    memory_limit: str = Field("4GB", description="DuckDB memory limit for grouping and sorting")
+
+
+class LoaderConfig(Section):
+    seq_len: int = Field(1024, ge=32, description="packed sequence length (max_target_length)")
+    batch_size: int = Field(8, ge=1, description="sequences per batch")
+    contexts_per_record: int = Field(4, ge=1, description="contexts sampled from each record per epoch")
+    mode_weights: tuple[float, float, float] = Field(
+        (0.4, 0.3, 0.3), description="timestamp modes full / partial / none"
+    )
+    workers: int = Field(0, ge=-1, description="Grain worker processes (-1 = automatic)")
+    seed: int = Field(0, description="shuffle and augmentation seed")
+
+
+class ModelConfig(Section):
+    preset: Literal["tiny", "small", "base"] = Field("tiny", description="MaxText model preset")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="extra MaxText keys")
+
+
+class TrainConfig(Section):
+    steps: int = Field(200, ge=1, description="training steps")
+    learning_rate: float = Field(3e-3, gt=0, description="peak learning rate")
+    target: Literal["local", "slurm", "modal"] = Field("local", description="where to train")
+    run_dir: str = Field("runs/train", description="run directory")
+
+
+class SampleConfig(Section):
+    temperature: float = Field(1.0, gt=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling mass")
+    seed: int = Field(0, description="sampling seed")
+
+
+class Config(Section):
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    rows: RowsConfig = RowsConfig()
+    loader: LoaderConfig = LoaderConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    sample: SampleConfig = SampleConfig()
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(_field_paths(ann, f"{prefix}{name}."))
+        else:
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    known = _field_paths(Config)
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(path, known, n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            lines.append(f"  {path}: unknown key{hint}")
+            continue
+        lines.append(f"  {path} = {e.get('input')!r}: {e['msg']}")
+    lines.append("  (see `pingctl config show` for every key and its current value)")
+    return "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        nxt = node.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[part] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def load_config(
+    path: Path | str | None = None,
+    overrides: list[str] | None = None,
+    cli_values: dict[str, Any] | None = None,
+) -> Config:
+    """Resolve defaults < YAML < `key=value` overrides < explicit CLI values (dotted keys)."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}:{where} is not valid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+        tree = loaded
+        source = str(path)
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        _set_path(tree, keys, value)
+        source += f" + {item}"
+    for dotted, value in (cli_values or {}).items():
+        if value is not None:
+            _set_path(tree, dotted.split("."), value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, source)) from None
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _yaml_scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def _render(model: BaseModel, indent: int) -> list[str]:
+    pad = "  " * indent
+    lines: list[str] = []
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            if indent == 0:
+                lines.append("")
+            lines.append(f"{pad}{name}:")
+            lines.extend(_render(value, indent + 1))
+            continue
+        if field.description:
+            lines.append(f"{pad}# {field.description}")
+        dumped = value.model_dump() if isinstance(value, BaseModel) else value
+        if isinstance(dumped, tuple):
+            dumped = list(dumped)
+        lines.append(f"{pad}{name}: {_yaml_scalar(dumped)}")
+    return lines
+
+
+def commented_yaml(cfg: Config | None = None) -> str:
+    """The full config as YAML, each key preceded by its description."""
+    cfg = cfg or Config()
+    head = [
+        "# pingctl configuration. Every subcommand reads this file with --config FILE;",
+        "# override any key on the command line with --set section.key=value.",
+    ]
+    return "\n".join(head + _render(cfg, 0)) + "\n"

@@ -1,0 +1,264 @@
+"""The canonical measurement table: the one place that defines and validates it.
+
+Columns are exactly the seeds' eight (`SEED_COLUMNS`) plus an optional nullable
+`prb_id`. Any Parquet file that has the eight seed columns is accepted as input;
+`canonical_query` turns it into the canonical form and says why each bad row is bad.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import ipaddress
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable
+
+from pingctl.errors import PingctlError
+
+SEED_COLUMNS = (
+    "msm_id",
+    "event_time",
+    "src_addr",
+    "dst_addr",
+    "ip_version",
+    "rtt",
+    "size",
+    "packet_error_count",
+)
+OPTIONAL_COLUMNS = ("prb_id",)
+COLUMNS = SEED_COLUMNS + OPTIONAL_COLUMNS
+FAILED_RTT = -1.0
+
+# RIPE Atlas started in 2010; anything before 2000 or in the future is a unit or clock bug.
+MIN_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+FUTURE_SLACK = dt.timedelta(days=1)
+
+REJECT_REASONS = {
+    "null_field": "a required column is null",
+    "bad_src_addr": "src_addr is not an IP address",
+    "bad_dst_addr": "dst_addr is not an IP address",
+    "bad_ip_version": "ip_version is not 4 or 6",
+    "af_mismatch": "address family of src_addr/dst_addr differs from ip_version",
+    "bad_rtt": "rtt is not finite, or negative other than -1.0 (failed)",
+    "bad_time": "event_time before 2000-01-01 or in the future",
+    "bad_size": "size is negative",
+    "bad_error_count": "packet_error_count is negative",
+}
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("msm_id", pa.int64(), nullable=False),
+            pa.field("event_time", pa.timestamp("us", tz="UTC"), nullable=False),
+            pa.field("src_addr", pa.string(), nullable=False),
+            pa.field("dst_addr", pa.string(), nullable=False),
+            pa.field("ip_version", pa.int64(), nullable=False),
+            pa.field("rtt", pa.float64(), nullable=False),
+            pa.field("size", pa.int64(), nullable=False),
+            pa.field("packet_error_count", pa.int64(), nullable=False),
+            pa.field("prb_id", pa.int64(), nullable=True),
+        ]
+    )
+
+
+def max_time() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc) + FUTURE_SLACK
+
+
+# ---------------------------------------------------------------- addresses
+
+
+@lru_cache(maxsize=1 << 20)
+def parse_address(text: str) -> tuple[str, int] | None:
+    """(canonical text, version) or None. Canonical = `ipaddress`'s compressed lower-case form."""
+    if not isinstance(text, str) or not text or len(text) > 45:
+        return None
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return str(ip), ip.version
+
+
+@lru_cache(maxsize=1 << 16)
+def is_public(text: str) -> bool:
+    """False for private, link-local, loopback, unspecified, ULA, CGN, documentation ... ranges."""
+    try:
+        return ipaddress.ip_address(text).is_global
+    except ValueError:
+        return False
+
+
+def address_map(values: Iterable[str | None]):
+    """Arrow table (addr, canon, version) for distinct address strings; invalid -> nulls."""
+    import pyarrow as pa
+
+    addrs, canons, versions = [], [], []
+    for v in values:
+        if v is None:
+            continue
+        parsed = parse_address(v)
+        addrs.append(v)
+        canons.append(parsed[0] if parsed else None)
+        versions.append(parsed[1] if parsed else None)
+    return pa.table(
+        {
+            "addr": pa.array(addrs, pa.string()),
+            "canon": pa.array(canons, pa.string()),
+            "version": pa.array(versions, pa.int64()),
+        }
+    )
+
+
+def check_rtt(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 or value == FAILED_RTT)
+
+
+# ---------------------------------------------------------------- Parquet inputs
+
+
+def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".parquet",)) -> list[Path]:
+    """Expand files, directories (recursively) and globs; sorted, de-duplicated."""
+    found: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found.extend(
+                f for f in sorted(p.rglob("*")) if f.is_file() and f.name.endswith(suffixes) and not _hidden(f, p)
+            )
+        elif p.is_file():
+            found.append(p)
+        else:
+            matches = sorted(glob.glob(str(item), recursive=True))
+            if not matches:
+                raise PingctlError(f"input not found: {item}")
+            found.extend(Path(m) for m in matches if Path(m).is_file())
+    out, seen = [], set()
+    for f in found:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    if not out:
+        raise PingctlError("no input files found in " + ", ".join(map(str, items)))
+    return out
+
+
+def _hidden(f: Path, root: Path) -> bool:
+    # Temp outputs of interrupted runs (".x.tmp-*") must never be read as data.
+    return any(part.startswith(".") for part in f.relative_to(root).parts)
+
+
+def check_parquet_columns(files: list[Path]) -> bool:
+    """Raise unless every file has the eight seed columns; return whether all have prb_id."""
+    import pyarrow.parquet as pq
+
+    all_prb = True
+    for f in files:
+        try:
+            names = set(pq.read_schema(f).names)
+        except Exception as e:  # noqa: BLE001 - any pyarrow failure means unreadable
+            raise PingctlError(f"{f}: not a readable Parquet file ({e})") from None
+        missing = [c for c in SEED_COLUMNS if c not in names]
+        if missing:
+            raise PingctlError(
+                f"{f}: missing column(s) {', '.join(missing)}; a measurement table needs "
+                + ", ".join(SEED_COLUMNS)
+            )
+        all_prb &= "prb_id" in names
+    return all_prb
+
+
+def _sql_list(files: list[Path]) -> str:
+    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
+
+
+def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
+    """Create DuckDB view `view`: canonical columns + `reject_reason` (NULL = valid) + provenance.
+
+    Addresses are validated by parsing each *distinct* string once in Python (DuckDB's inet
+    extension would need a download); the result is joined back, so 100M rows cost one
+    parse per unique address.
+    """
+    has_prb = check_parquet_columns(files)
+    try:
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW _raw AS SELECT * FROM read_parquet({_sql_list(files)}, "
+            "filename=true, file_row_number=true, union_by_name=true)"
+        )
+        distinct = con.execute(
+            "SELECT DISTINCT a FROM (SELECT src_addr::VARCHAR AS a FROM _raw UNION ALL "
+            "SELECT dst_addr::VARCHAR FROM _raw)"
+        ).fetch_arrow_table()
+    except Exception as e:  # noqa: BLE001 - duckdb raises many types for unreadable data
+        raise PingctlError(f"cannot read input Parquet: {e}") from None
+    con.register("_addr_map", address_map(distinct.column(0).to_pylist()))
+    prb = "TRY_CAST(r.prb_id AS BIGINT)" if has_prb else "NULL::BIGINT"
+    lo = MIN_TIME.strftime("%Y-%m-%d %H:%M:%S+00")
+    hi = max_time().strftime("%Y-%m-%d %H:%M:%S+00")
+    # event_time may be a timestamp of any unit/zone, or integer Unix seconds.
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP VIEW {view} AS
+        WITH typed AS (
+          SELECT
+            TRY_CAST(r.msm_id AS BIGINT) AS msm_id,
+            CASE WHEN typeof(r.event_time) LIKE 'TIMESTAMP%' THEN TRY_CAST(r.event_time AS TIMESTAMPTZ)
+                 ELSE to_timestamp(TRY_CAST(r.event_time AS DOUBLE)) END AS event_time,
+            r.src_addr::VARCHAR AS raw_src, r.dst_addr::VARCHAR AS raw_dst,
+            TRY_CAST(r.ip_version AS BIGINT) AS ip_version,
+            TRY_CAST(r.rtt AS DOUBLE) AS rtt,
+            TRY_CAST(r.size AS BIGINT) AS size,
+            TRY_CAST(r.packet_error_count AS BIGINT) AS packet_error_count,
+            {prb} AS prb_id,
+            r.filename AS _file, r.file_row_number AS _row
+          FROM _raw r
+        )
+        SELECT
+          t.msm_id, t.event_time, COALESCE(s.canon, t.raw_src) AS src_addr,
+          COALESCE(d.canon, t.raw_dst) AS dst_addr, t.ip_version, t.rtt, t.size,
+          t.packet_error_count, t.prb_id, t._file, t._row,
+          CASE
+            WHEN t.msm_id IS NULL OR t.event_time IS NULL OR t.raw_src IS NULL OR t.raw_dst IS NULL
+              OR t.ip_version IS NULL OR t.rtt IS NULL OR t.size IS NULL OR t.packet_error_count IS NULL
+              THEN 'null_field'
+            WHEN s.canon IS NULL THEN 'bad_src_addr'
+            WHEN d.canon IS NULL THEN 'bad_dst_addr'
+            WHEN t.ip_version NOT IN (4, 6) THEN 'bad_ip_version'
+            WHEN s.version <> t.ip_version OR d.version <> t.ip_version THEN 'af_mismatch'
+            WHEN isnan(t.rtt) OR isinf(t.rtt) OR (t.rtt < 0 AND t.rtt <> -1.0) THEN 'bad_rtt'
+            WHEN t.event_time < TIMESTAMPTZ '{lo}' OR t.event_time > TIMESTAMPTZ '{hi}' THEN 'bad_time'
+            WHEN t.size < 0 THEN 'bad_size'
+            WHEN t.packet_error_count < 0 THEN 'bad_error_count'
+          END AS reject_reason
+        FROM typed t
+        LEFT JOIN _addr_map s ON s.addr = t.raw_src
+        LEFT JOIN _addr_map d ON d.addr = t.raw_dst
+        """
+    )
+
+
+CANONICAL_SELECT = ", ".join(COLUMNS)
+
+
+def connect(memory_limit: str = "8GB", threads: int = 0, temp_dir: Path | None = None):
+    """A DuckDB connection set up for UTC, bounded memory and spilling."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone='UTC'")
+    try:
+        con.execute(f"SET memory_limit='{memory_limit}'")
+    except duckdb.Error as e:
+        raise PingctlError(f"bad memory limit {memory_limit!r}: {e}") from None
+    if threads:
+        con.execute(f"SET threads={int(threads)}")
+    if temp_dir is not None:
+        con.execute(f"SET temp_directory='{temp_dir}'")
+    con.execute("SET preserve_insertion_order=false")
+    return con
