@@ -26,6 +26,10 @@ def _tmp_sibling(path: Path, is_dir: bool) -> Path:
     if isinstance(made, tuple):
         os.close(made[0])
         made = made[1]
+    # mkdtemp/mkstemp create 0700/0600; outputs should get the usual umask permissions.
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(made, (0o777 if is_dir else 0o666) & ~mask)
     return Path(made)
 
 

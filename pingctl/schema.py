@@ -191,10 +191,10 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
             f"CREATE OR REPLACE TEMP VIEW _raw AS SELECT * FROM read_parquet({_sql_list(files)}, "
             "filename=true, file_row_number=true, union_by_name=true)"
         )
-        distinct = con.execute(
+        distinct = con.sql(
             "SELECT DISTINCT a FROM (SELECT src_addr::VARCHAR AS a FROM _raw UNION ALL "
             "SELECT dst_addr::VARCHAR FROM _raw)"
-        ).fetch_arrow_table()
+        ).to_arrow_table()
     except Exception as e:  # noqa: BLE001 - duckdb raises many types for unreadable data
         raise PingctlError(f"cannot read input Parquet: {e}") from None
     con.register("_addr_map", address_map(distinct.column(0).to_pylist()))
@@ -231,7 +231,8 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
             WHEN d.canon IS NULL THEN 'bad_dst_addr'
             WHEN t.ip_version NOT IN (4, 6) THEN 'bad_ip_version'
             WHEN s.version <> t.ip_version OR d.version <> t.ip_version THEN 'af_mismatch'
-            WHEN isnan(t.rtt) OR isinf(t.rtt) OR (t.rtt < 0 AND t.rtt <> -1.0) THEN 'bad_rtt'
+            -- isfinite, not isnan: DuckDB 2.0 folds isnan() to false from Parquet statistics.
+            WHEN NOT isfinite(t.rtt) OR (t.rtt < 0 AND t.rtt <> -1.0) THEN 'bad_rtt'
             WHEN t.event_time < TIMESTAMPTZ '{lo}' OR t.event_time > TIMESTAMPTZ '{hi}' THEN 'bad_time'
             WHEN t.size < 0 THEN 'bad_size'
             WHEN t.packet_error_count < 0 THEN 'bad_error_count'
@@ -246,11 +247,20 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
 CANONICAL_SELECT = ", ".join(COLUMNS)
 
 
-def connect(memory_limit: str = "8GB", threads: int = 0, temp_dir: Path | None = None):
+def one(con, sql: str, params=None) -> tuple:
+    """First row of a query, with the result drained: DuckDB 2 refuses new work on a
+    connection while a partly fetched (fetchone) result is still open."""
+    rows = con.execute(sql, params).fetchall() if params else con.execute(sql).fetchall()
+    return rows[0]
+
+
+def connect(
+    memory_limit: str = "8GB", threads: int = 0, temp_dir: Path | None = None, database: Path | None = None
+):
     """A DuckDB connection set up for UTC, bounded memory and spilling."""
     import duckdb
 
-    con = duckdb.connect()
+    con = duckdb.connect(str(database) if database else ":memory:")
     con.execute("SET TimeZone='UTC'")
     try:
         con.execute(f"SET memory_limit='{memory_limit}'")

@@ -1,5 +1,85 @@
-"""`pingctl shard` (being written)."""
+"""`pingctl shard`: canonical table -> train/val/test Parquet shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, progress
+
+
+def shard(
+    inputs: Annotated[list[Path], typer.Argument(help="Canonical Parquet files, directories or globs.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (gets train/ val/ test/).")],
+    strategy: Annotated[
+        str | None, typer.Option(help="time | probe | pair | random  [config: data.shard.strategy]")
+    ] = None,
+    val: Annotated[float | None, typer.Option("--val", help="Validation fraction.")] = None,
+    test: Annotated[float | None, typer.Option("--test", help="Test fraction.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Assignment seed.")] = None,
+    memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")] = False,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Split a measurement table into train/val/test shards (DuckDB; by time, probe, pair or row).
+
+    Example: pingctl shard runs/demo/synth -o runs/demo/splits --strategy time --test 0.1
+    """
+    from pingctl.shard import shard as run
+
+    cfg = load(
+        config,
+        set_,
+        **{
+            "data.shard.strategy": strategy,
+            "data.shard.val_fraction": val,
+            "data.shard.test_fraction": test,
+            "data.shard.seed": seed,
+            "data.shard.memory_limit": memory_limit,
+        },
+    )
+    with progress(transient=True) as bar:
+        task = bar.add_task("shard", total=None)
+
+        def report(step: str, done: int, total: int) -> None:
+            bar.update(task, description=step, completed=done, total=total)
+
+        result = run(inputs, out, cfg.data.shard, force=force, progress=report)
+    if as_json:
+        emit(result, True)
+        return
+    from rich.table import Table
+
+    t = Table(title=f"splits ({result['strategy']}) -> {out}", title_justify="left")
+    for col in ("split", "rows", "share", "files", "probes", "pairs", "v6", "fail", "dates (UTC)"):
+        t.add_column(col, justify="left" if col in ("split", "dates (UTC)") else "right")
+    for s in result["splits"]:
+        span = f"{str(s.get('start'))[:10]} .. {str(s.get('end'))[:10]}" if s["rows"] else "-"
+        t.add_row(
+            s["split"], fmt(s["rows"]), f"{s.get('share', 0):.1%}", fmt(s.get("files", 0)), fmt(s.get("probes")),
+            fmt(s.get("pairs")), fmt(s.get("v6_rows")), f"{s.get('failure_share') or 0:.1%}", span,
+        )
+    summary = kv_table(
+        "shard summary",
+        [
+            ("input files", len(result["inputs"])),
+            ("rows read", result["rows_read"]),
+            ("rows written", result["rows_written"]),
+            ("rows rejected", result["rows_rejected"]),
+            *[(f"  rejected: {k}", v) for k, v in result["rejects_by_reason"].items()],
+            ("splits disjoint", result["checks"]["disjoint"]),
+            ("rows/s", result["rows_per_s"]),
+            ("elapsed s", result["elapsed_s"]),
+        ],
+    )
+    emit(result, False, [t, summary])
+    if result["rows_rejected"]:
+        console.print(f"[yellow]rejected rows and reasons: {out / 'rejects.jsonl'}[/]")
 
 
 def register(app) -> None:
-    pass
+    app.command("shard")(handle_errors(shard))

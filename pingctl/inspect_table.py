@@ -1,0 +1,75 @@
+"""Describe canonical measurement tables (a Parquet file/dir, or a shard output's splits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pingctl.errors import PingctlError
+from pingctl.schema import canonical_query, connect, one, resolve_inputs
+
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+
+
+def detect(path: Path) -> str:
+    """The kind of artifact at `path`: 'splits' or 'table'."""
+    path = Path(path)
+    if not path.exists():
+        raise PingctlError(f"{path}: no such file or directory")
+    if path.is_dir() and any((path / s).is_dir() for s in ("train", "val", "test")):
+        return "splits"
+    if path.is_file() and path.suffix != ".parquet":
+        raise PingctlError(f"{path}: not a Parquet file or a pingctl output directory")
+    return "table"
+
+
+def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB") -> dict:
+    files = resolve_inputs(paths)
+    con = connect(memory_limit)
+    canonical_query(con, files)
+    qs = ", ".join(f"quantile_cont(rtt, {q}) FILTER (WHERE rtt >= 0)" for q in QUANTILES)
+    total, invalid = one(con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical")
+    row = one(
+        con,
+        f"""SELECT min(event_time), max(event_time),
+               count(*) FILTER (WHERE ip_version = 4), count(*) FILTER (WHERE ip_version = 6),
+               count(DISTINCT COALESCE('prb:' || prb_id::VARCHAR, 'src:' || src_addr)),
+               count(DISTINCT src_addr), count(DISTINCT dst_addr), count(DISTINCT (src_addr, dst_addr)),
+               count(DISTINCT msm_id),
+               avg(CASE WHEN rtt = -1.0 THEN 1.0 ELSE 0.0 END),
+               avg(CASE WHEN packet_error_count > 0 THEN 1.0 ELSE 0.0 END),
+               count(*) FILTER (WHERE prb_id IS NOT NULL), {qs}
+            FROM canonical WHERE reject_reason IS NULL""",
+    )
+    names = [
+        "start", "end", "v4_rows", "v6_rows", "probes", "src_addrs", "dst_addrs",
+        "pairs", "msm_ids", "failure_share", "error_share", "rows_with_prb_id",
+    ]
+    out = {"rows": total, "invalid_rows": invalid, **dict(zip(names, row[: len(names)]))}
+    out["rtt_ms"] = {f"p{round(q * 100)}": v for q, v in zip(QUANTILES, row[len(names):])}
+    out["files"] = len(files)
+    out["bytes"] = sum(f.stat().st_size for f in files)
+    out["invalid_by_reason"] = dict(
+        con.execute(
+            "SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    )
+    if sample:
+        rel = con.sql(
+            "SELECT msm_id, event_time, src_addr, dst_addr, ip_version, rtt, size, packet_error_count, prb_id "
+            f"FROM canonical USING SAMPLE reservoir({int(sample)} ROWS) REPEATABLE (0) ORDER BY event_time"
+        )
+        out["sample"] = [dict(zip(rel.columns, r)) for r in rel.fetchall()]
+    con.close()
+    return out
+
+
+def describe(path: Path, sample: int = 0) -> dict:
+    kind = detect(path)
+    if kind == "splits":
+        splits = {}
+        for s in ("train", "val", "test"):
+            d = Path(path) / s
+            if d.is_dir() and any(d.glob("*.parquet")):
+                splits[s] = describe_table([d], sample)
+        return {"kind": "splits", "path": str(path), "splits": splits}
+    return {"kind": "table", "path": str(path), **describe_table([path], sample)}

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+RIPE_DIR = SHARED / "data" / "ripe-atlas"
+
+
+@pytest.fixture
+def ripe_files() -> list[Path]:
+    files = sorted(RIPE_DIR.glob("*.jsonl.bz2"))
+    if not files:
+        pytest.skip("../shared/data/ripe-atlas is not present")
+    return files
+
+
+def make_table(n: int = 2000, probes: int = 20, targets: int = 5, seed: int = 0, v6_every: int = 0, prb: bool = True):
+    """A small valid canonical table: each probe pings each target, one row per minute."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    i = np.arange(n)
+    p = i % probes
+    tgt = (i // probes) % targets
+    v6 = (i % v6_every == 0) if v6_every else np.zeros(n, bool)
+    src = np.where(v6, [f"2a00:{k:x}::1" for k in p], [f"193.0.{k}.1" for k in p])
+    dst = np.where(v6, [f"2600:{k:x}::8" for k in tgt], [f"8.8.{k}.8" for k in tgt])
+    t0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    rtt = rng.uniform(1, 200, n)
+    rtt[rng.random(n) < 0.05] = -1.0
+    cols = {
+        "msm_id": (1000 + tgt).astype(np.int64),
+        "event_time": pa.array([t0 + dt.timedelta(seconds=60 * int(k)) for k in i], pa.timestamp("us", tz="UTC")),
+        "src_addr": src.tolist(),
+        "dst_addr": dst.tolist(),
+        "ip_version": np.where(v6, 6, 4).astype(np.int64),
+        "rtt": rtt,
+        "size": np.full(n, 48, np.int64),
+        "packet_error_count": np.zeros(n, np.int64),
+    }
+    if prb:
+        cols["prb_id"] = (10_000 + p).astype(np.int64)
+    return pa.table(cols)

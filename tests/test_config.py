@@ -1,0 +1,69 @@
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+from pingctl.config import Config, commented_yaml, load_config
+from pingctl.errors import ConfigError
+
+runner = CliRunner()
+
+
+def test_defaults_roundtrip_through_commented_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(commented_yaml())
+    assert load_config(path) == Config()
+    # every key is documented by a comment line just above it
+    lines = commented_yaml().splitlines()
+    for i, line in enumerate(lines):
+        if ":" in line and not line.strip().startswith("#") and not line.rstrip().endswith(":"):
+            assert lines[i - 1].strip().startswith("#"), line
+
+
+def test_precedence_yaml_then_set_then_cli(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"data": {"synth": {"rows": 10, "seed": 5}}}))
+    cfg = load_config(path, ["data.synth.rows=20", "loader.mode_weights=[1, 0, 0]"], {"data.synth.seed": 9})
+    assert cfg.data.synth.rows == 20
+    assert cfg.data.synth.seed == 9
+    assert cfg.loader.mode_weights == (1.0, 0.0, 0.0)
+    # None from the CLI means "not given": the file wins
+    assert load_config(path, [], {"data.synth.seed": None}).data.synth.seed == 5
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("data.shard.strategy=bogus", "data.shard.strategy = 'bogus'"),
+        ("data.synth.rows=-3", "greater than 0"),
+        ("data.synt.rows=3", "did you mean data.synth"),
+        ("data.ingest.sample=2", "less than or equal to 1"),
+        ("noequals", "must look like"),
+    ],
+)
+def test_invalid_values_name_field_value_and_allowed(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("data:\n  synth:\n    rows: [1,\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml.*line"):
+        load_config(path)
+
+
+def test_cli_config_init_show_check(tmp_path):
+    path = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["config", "init", str(path)])
+    assert r.exit_code == 0 and path.exists()
+    assert runner.invoke(app, ["config", "init", str(path)]).exit_code == 1  # no silent overwrite
+    r = runner.invoke(app, ["config", "show", "-c", str(path), "--set", "data.shard.strategy=probe", "--json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["data"]["shard"]["strategy"] == "probe"
+    r = runner.invoke(app, ["config", "check", "--set", "train.steps=0"])
+    assert r.exit_code == 2
+    assert "train.steps" in r.output and "Traceback" not in r.output

@@ -1,0 +1,132 @@
+import json
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+from pingctl.config import ShardConfig
+from pingctl.errors import PingctlError
+from pingctl.schema import arrow_schema
+from pingctl.shard import shard
+from tests.conftest import make_table
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def table_dir(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    t = make_table(6000, probes=40, targets=6, v6_every=7)
+    pq.write_table(t.slice(0, 3000), d / "a.parquet")
+    pq.write_table(t.slice(3000), d / "b.parquet")
+    return d
+
+
+def _read_split(out, split):
+    return pq.read_table(out / split)
+
+
+@pytest.mark.parametrize("strategy", ["time", "probe", "pair", "random"])
+def test_splits_are_disjoint_complete_and_canonical(table_dir, tmp_path, strategy):
+    out = tmp_path / "out"
+    cfg = ShardConfig(strategy=strategy, val_fraction=0.1, test_fraction=0.2, rows_per_shard=1000)
+    res = shard([table_dir], out, cfg)
+    tables = {s: _read_split(out, s) for s in ("train", "val", "test")}
+    assert sum(t.num_rows for t in tables.values()) == 6000 == res["rows_written"]
+    for t in tables.values():
+        assert t.schema == arrow_schema()
+    # every input row appears exactly once across the splits
+    con = duckdb.connect()
+    for s, t in tables.items():
+        con.register(s, t)
+    n_distinct = con.execute(
+        "SELECT count(*) FROM (SELECT DISTINCT event_time, src_addr, dst_addr, rtt FROM "
+        "(SELECT * FROM train UNION ALL SELECT * FROM val UNION ALL SELECT * FROM test))"
+    ).fetchall()[0][0]
+    assert n_distinct == 6000
+    key = {"probe": "prb_id", "pair": "src_addr || dst_addr"}.get(strategy)
+    if key:
+        overlap = con.execute(
+            f"SELECT count(*) FROM (SELECT {key} k FROM train INTERSECT SELECT {key} FROM test)"
+        ).fetchall()[0][0]
+        assert overlap == 0
+    if strategy == "time":
+        assert max(tables["train"]["event_time"].to_pylist()) < min(tables["val"]["event_time"].to_pylist())
+        assert max(tables["val"]["event_time"].to_pylist()) < min(tables["test"]["event_time"].to_pylist())
+        assert tables["test"].num_rows == pytest.approx(1200, abs=2)
+    if strategy == "probe":
+        assert res["cuts"]["groups"] == {"train": 28, "val": 4, "test": 8}  # exact group shares of 40 probes
+    if strategy == "random":
+        assert tables["test"].num_rows == pytest.approx(1200, rel=0.15)
+    assert res["checks"]["disjoint"]
+    # shards of similar size
+    sizes = [pq.ParquetFile(f).metadata.num_rows for f in sorted((out / "train").glob("*.parquet"))]
+    assert len(sizes) >= 2 and max(sizes) - min(sizes) < 0.25 * max(sizes)
+
+
+def test_deterministic_bytes_and_seed_matters(table_dir, tmp_path):
+    cfg = ShardConfig(strategy="probe", seed=1)
+    shard([table_dir], tmp_path / "a", cfg)
+    shard([table_dir], tmp_path / "b", cfg)
+    for f in (tmp_path / "a").rglob("*.parquet"):
+        assert f.read_bytes() == (tmp_path / "b" / f.relative_to(tmp_path / "a")).read_bytes()
+    shard([table_dir], tmp_path / "c", ShardConfig(strategy="probe", seed=2))
+    test_a = set(_read_split(tmp_path / "a", "test")["prb_id"].to_pylist())
+    test_c = set(_read_split(tmp_path / "c", "test")["prb_id"].to_pylist())
+    assert test_a != test_c
+
+
+def test_rejects_reconcile_and_rerun_replaces(table_dir, tmp_path):
+    t = make_table(100, prb=False)
+    rtt = t.column("rtt").to_pylist()
+    rtt[3] = float("inf")
+    pq.write_table(t.set_column(5, "rtt", pa.array(rtt)), table_dir / "c.parquet")
+    out = tmp_path / "out"
+    res = shard([table_dir], out, ShardConfig())
+    assert res["rows_read"] == 6100 == res["rows_written"] + res["rows_rejected"]
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert rejects == [
+        {"file": str(table_dir / "c.parquet"), "row": 3, "reason": "bad_rtt", "raw": rejects[0]["raw"]}
+    ]
+    assert rejects[0]["raw"]["rtt"] == "inf"
+    res2 = shard([table_dir], out, ShardConfig())  # rerun: same output, no duplicates
+    assert res2["rows_written"] == res["rows_written"]
+    assert sum(pq.read_table(out / s).num_rows for s in ("train", "val", "test")) == res["rows_written"]
+
+
+def test_small_memory_limit_spills_instead_of_failing(table_dir, tmp_path):
+    res = shard([table_dir], tmp_path / "o", ShardConfig(memory_limit="64MB", threads=1))
+    assert res["rows_written"] == 6000
+
+
+def test_refuses_foreign_dir_and_leaves_nothing_on_failure(table_dir, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    with pytest.raises(PingctlError, match="did not write"):
+        shard([table_dir], foreign, ShardConfig())
+    assert (foreign / "keep.txt").read_text() == "mine"
+    with pytest.raises(PingctlError, match="val_fraction"):
+        shard([table_dir], tmp_path / "x", ShardConfig(val_fraction=0.6, test_fraction=0.5))
+    assert not (tmp_path / "x").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".x.tmp-")]
+
+
+def test_cli_json_and_inspect(table_dir, tmp_path):
+    out = tmp_path / "splits"
+    r = runner.invoke(app, ["shard", str(table_dir), "-o", str(out), "--strategy", "pair", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["strategy"] == "pair" and res["rows_written"] == 6000
+    r = runner.invoke(app, ["inspect", str(out), "--json", "--sample", "3"])
+    assert r.exit_code == 0, r.output
+    desc = json.loads(r.stdout)
+    assert desc["kind"] == "splits"
+    assert sum(d["rows"] for d in desc["splits"].values()) == 6000
+    assert len(desc["splits"]["train"]["sample"]) == 3
+    r = runner.invoke(app, ["shard", str(tmp_path / "missing"), "-o", str(tmp_path / "o2")])
+    assert r.exit_code == 1 and "input not found" in r.output
