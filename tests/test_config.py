@@ -67,3 +67,10 @@ def test_cli_config_init_show_check(tmp_path):
     r = runner.invoke(app, ["config", "check", "--set", "train.steps=0"])
     assert r.exit_code == 2
     assert "train.steps" in r.output and "Traceback" not in r.output
+
+
+def test_docs_show_the_current_defaults():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert commented_yaml() in doc, "docs/config.md is stale: regenerate its YAML block from commented_yaml()"

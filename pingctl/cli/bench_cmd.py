@@ -96,3 +96,20 @@ def bench_shard(
     from pingctl.shard import bench_shard as run
 
     report(run(rows, strategy.split(","), memory_limit), as_json, out)
+
+
+@app.command("tokenize")
+@handle_errors
+def bench_tokenize(
+    n: Annotated[int, typer.Option("--n", help="Measurements to encode.")] = 1_000_000,
+    scheme: Annotated[str, typer.Option(help="compact | full | both.")] = "both",
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Tokenizer throughput: from canonical rows (strings) and from pre-parsed rows, per core.
+
+    Example: pingctl bench tokenize --n 1000000 --scheme both
+    """
+    from pingctl.tokenizer.bench import bench_tokenize as run
+
+    report(run(n, scheme), as_json, out)

@@ -1,0 +1,5 @@
+"""`pingctl tokenize` (being written)."""
+
+
+def register(app) -> None:
+    pass
