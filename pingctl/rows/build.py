@@ -1,0 +1,229 @@
+"""`build-rows`: canonical Parquet (one split) -> probe-centric ArrayRecord records.
+
+DuckDB validates, maps every distinct address to an integer id and sorts by
+(probe, time); Python only walks probe boundaries (one step per record, not per
+measurement) and serializes NumPy slices. Addresses are parsed once per distinct string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
+from pingctl.errors import PingctlError
+from pingctl.rows.layout import BYTES_PER_MEASUREMENT, VERSION, ProbeRecord, encode
+from pingctl.schema import canonical_query, connect, one, resolve_inputs
+
+WRITER_OPTIONS = "group_size:1,zstd:1"  # group_size 1: Grain reads records at random
+FILE_TARGET_BYTES = 256 << 20
+BATCH_ROWS = 1 << 20
+Progress = Callable[[str, int, int], None]
+
+
+def _noop(_s: str, _d: int, _t: int) -> None:
+    pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _address_tables(con) -> tuple[np.ndarray, np.ndarray]:
+    """Give every distinct valid address an id; return (uint8[m,16], bool[m]) by id."""
+    con.execute(
+        """CREATE TEMP TABLE addr_ids AS
+           SELECT a, (row_number() OVER (ORDER BY a) - 1)::UINTEGER AS id FROM (
+             SELECT src_addr AS a FROM canonical WHERE reject_reason IS NULL
+             UNION SELECT dst_addr FROM canonical WHERE reject_reason IS NULL)"""
+    )
+    names = [r[0] for r in con.execute("SELECT a FROM addr_ids ORDER BY id").fetchall()]
+    packed = np.zeros((len(names), 16), np.uint8)
+    v6 = np.zeros(len(names), bool)
+    for i, a in enumerate(names):  # once per distinct address, already validated
+        b = ipaddress.ip_address(a).packed
+        packed[i, : len(b)] = np.frombuffer(b, np.uint8)
+        v6[i] = len(b) == 16
+    return packed, v6
+
+
+class _Writer:
+    """Rolls ArrayRecord files at ~FILE_TARGET_BYTES."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.files: list[str] = []
+        self.records = 0
+        self._w = None
+        self._bytes = 0
+
+    def write(self, blob: bytes) -> None:
+        from array_record.python import array_record_module
+
+        if self._w is None or self._bytes >= FILE_TARGET_BYTES:
+            self.close()
+            name = f"rows-{len(self.files):05d}.arrayrecord"
+            self._w = array_record_module.ArrayRecordWriter(str(self.out / name), WRITER_OPTIONS)
+            self.files.append(name)
+            self._bytes = 0
+        self._w.write(blob)
+        self._bytes += len(blob)
+        self.records += 1
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
+            self._w = None
+
+
+def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray, v6: np.ndarray, max_n: int) -> int:
+    """Write rows [lo, hi) of one probe as one or more records of <= max_n measurements."""
+    prb = cols["prb_id"][lo]
+    key = cols["probe_key"][lo]
+    parts = 0
+    for part, start in enumerate(range(lo, hi, max_n)):
+        end = min(start + max_n, hi)
+        src_u, src_idx = np.unique(cols["src_id"][start:end], return_inverse=True)
+        dst_u, dst_idx = np.unique(cols["dst_id"][start:end], return_inverse=True)
+        rec = ProbeRecord(
+            probe=key,
+            prb_id=None if prb < 0 else int(prb),
+            part=part,
+            time_s=cols["t"][start:end],
+            rtt_ms=cols["rtt"][start:end],
+            msm_id=cols["msm_id"][start:end],
+            src_idx=src_idx.astype(np.uint32),
+            dst_idx=dst_idx.astype(np.uint32),
+            size=cols["size"][start:end],
+            errors=cols["errors"][start:end],
+            src_addr=addr[src_u],
+            src_v6=v6[src_u],
+            dst_addr=addr[dst_u],
+            dst_v6=v6[dst_u],
+        )
+        writer.write(encode(rec))
+        parts += 1
+    return parts
+
+
+def build_rows(
+    inputs: list[str | Path],
+    out: Path,
+    max_row_mb: float = 8.0,
+    memory_limit: str = "4GB",
+    threads: int = 0,
+    force: bool = False,
+    progress: Progress = _noop,
+    config: dict | None = None,
+) -> dict:
+    from pingctl import __version__
+
+    t0 = time.perf_counter()
+    files = resolve_inputs(inputs)
+    out = Path(out)
+    check_replaceable(out, force)
+    max_n = max(1, int(max_row_mb * 1e6 // BYTES_PER_MEASUREMENT))
+    with atomic_dir(out) as tmp:
+        work = tmp / ".work"
+        work.mkdir()
+        con = connect(memory_limit, threads, temp_dir=work / "spill")
+        canonical_query(con, files)
+        progress("validate and index addresses", 0, 1)
+        read, rejected = one(con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical")
+        if read == rejected:
+            raise PingctlError(f"no valid rows in {len(files)} input file(s) ({read:,} read)")
+        by_reason = dict(
+            con.execute("SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1").fetchall()
+        )
+        if rejected:
+            con.execute(
+                f"""COPY (SELECT _file AS file, _row AS row, reject_reason AS reason FROM canonical
+                    WHERE reject_reason IS NOT NULL ORDER BY _file, _row) TO '{tmp / 'rejects.jsonl'}' (FORMAT json)"""
+            )
+        addr, v6 = _address_tables(con)
+        # Sub-second precision is dropped: the measurement language counts whole seconds.
+        reader = con.sql(
+            """SELECT CASE WHEN c.prb_id IS NOT NULL THEN 'prb:' || c.prb_id ELSE 'src:' || c.src_addr END AS probe_key,
+                      COALESCE(c.prb_id, -1) AS prb_id, epoch(c.event_time)::BIGINT AS t, c.rtt,
+                      c.msm_id, s.id AS src_id, d.id AS dst_id, c.size::INTEGER AS size,
+                      c.packet_error_count::INTEGER AS errors
+               FROM canonical c JOIN addr_ids s ON s.a = c.src_addr JOIN addr_ids d ON d.a = c.dst_addr
+               WHERE c.reject_reason IS NULL
+               ORDER BY probe_key, t, dst_id, rtt"""
+        ).to_arrow_reader(batch_size=BATCH_ROWS)
+        writer = _Writer(tmp)
+        probes = measurements = 0
+        carry = None
+        total_valid = read - rejected
+        try:
+            for batch in reader:
+                cols = _columns(batch)
+                if carry is not None:
+                    cols = {k: np.concatenate([carry[k], v]) for k, v in cols.items()}
+                keys = cols["probe_key"]
+                starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+                bounds = np.r_[starts, len(keys)]
+                # The last probe may continue in the next batch: keep it back.
+                for lo, hi in zip(bounds[:-2], bounds[1:-1]):
+                    _emit_probe(writer, cols, lo, hi, addr, v6, max_n)
+                    probes += 1
+                    measurements += int(hi - lo)
+                last = bounds[-2]
+                carry = {k: v[last:] for k, v in cols.items()}
+                progress("write records", measurements, total_valid)
+            if carry is not None and len(carry["t"]):
+                _emit_probe(writer, carry, 0, len(carry["t"]), addr, v6, max_n)
+                probes += 1
+                measurements += len(carry["t"])
+        finally:
+            writer.close()
+            reader.close()
+        span = one(con, "SELECT min(event_time), max(event_time) FROM canonical WHERE reject_reason IS NULL")
+        con.close()
+        import shutil
+
+        shutil.rmtree(work)
+        if measurements != total_valid:
+            raise PingctlError(f"internal: wrote {measurements:,} measurements, expected {total_valid:,}")
+        result = {
+            "command": "build-rows",
+            "out": str(out),
+            "layout_version": VERSION,
+            "records": writer.records,
+            "probes": probes,
+            "measurements": measurements,
+            "rows_read": read,
+            "rows_rejected": rejected,
+            "rejects_by_reason": by_reason,
+            "start": span[0],
+            "end": span[1],
+            "files": writer.files,
+            "bytes": sum((tmp / f).stat().st_size for f in writer.files),
+            "max_row_mb": max_row_mb,
+            "max_measurements_per_record": max_n,
+            "writer_options": WRITER_OPTIONS,
+            "sources": [{"path": str(f), "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files],
+            "config": config or {},
+            "pingctl_version": __version__,
+        }
+        write_json(tmp / MANIFEST, result)
+    result["elapsed_s"] = time.perf_counter() - t0
+    result["measurements_per_s"] = measurements / result["elapsed_s"]
+    return result
+
+
+def _columns(batch) -> dict:
+    names = batch.schema.names
+    cols = {n: batch.column(i) for i, n in enumerate(names)}
+    out = {n: cols[n].to_numpy(zero_copy_only=False) for n in names if n != "probe_key"}
+    out["probe_key"] = np.asarray(cols["probe_key"].to_numpy(zero_copy_only=False), dtype=object)
+    return out
