@@ -11,10 +11,12 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
 def detect(path: Path) -> str:
-    """The kind of artifact at `path`: 'splits' or 'table'."""
+    """The kind of artifact at `path`: 'splits', 'rows' or 'table'."""
     path = Path(path)
     if not path.exists():
         raise PingctlError(f"{path}: no such file or directory")
+    if path.suffix == ".arrayrecord" or (path.is_dir() and any(path.glob("*.arrayrecord"))):
+        return "rows"
     if path.is_dir() and any((path / s).is_dir() for s in ("train", "val", "test")):
         return "splits"
     if path.is_file() and path.suffix != ".parquet":
@@ -65,6 +67,10 @@ def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB"
 
 def describe(path: Path, sample: int = 0) -> dict:
     kind = detect(path)
+    if kind == "rows":
+        from pingctl.rows.inspect import describe_rows
+
+        return describe_rows(path, sample)
     if kind == "splits":
         splits = {}
         for s in ("train", "val", "test"):

@@ -49,6 +49,9 @@ def inspect(
     if as_json:
         emit(result, True)
         return
+    if result["kind"] == "rows":
+        _print_rows(result)
+        return
     from rich.table import Table
 
     parts = result["splits"] if result["kind"] == "splits" else {str(path): result}
@@ -81,6 +84,52 @@ def inspect(
             console.print(f"[yellow]{name}: {d['invalid_rows']:,} invalid rows: {d['invalid_by_reason']}[/]")
     if not parts:
         console.print("[yellow]no Parquet data found[/]")
+
+
+def _print_rows(r: dict) -> None:
+    def dist(d: dict) -> str:
+        return " / ".join(fmt(d.get(k)) for k in ("min", "p50", "mean", "max")) if d else "-"
+
+    rows = [
+        ("files", r["files"]),
+        ("records (readable)", r["records"]),
+        ("probes", r["probes"]),
+        ("measurements", r["measurements"]),
+        ("layout version", r["layout_version"]),
+        ("meas/record min/p50/mean/max", dist(r["measurements_per_record"])),
+        ("bytes/record min/p50/mean/max", dist(r["record_bytes"])),
+        ("span h min/p50/mean/max", dist(r["span_hours"])),
+        ("IPv4 / IPv6 measurements", f"{r['v4_measurements']:,} / {r['v6_measurements']:,}"),
+        ("failure share", f"{r['failure_share']:.2%}"),
+        *[(f"RTT {k} ms", v) for k, v in r["rtt_ms"].items()],
+    ]
+    if r.get("tokens_per_record"):
+        rows.append(("tokens/record min/p50/mean/max", dist(r["tokens_per_record"])))
+    tables = [kv_table(f"rows: {r['path']}", rows)]
+    from rich.table import Table
+
+    h = Table(title="measurements per record", title_justify="left", box=None)
+    h.add_column("measurements", justify="right")
+    h.add_column("records", justify="right")
+    h.add_column("")
+    peak = max(r["measurements_per_record_hist"].values() or [1]) or 1
+    for bucket, count in r["measurements_per_record_hist"].items():
+        if count:
+            h.add_row(bucket, fmt(count), "█" * max(1, round(30 * count / peak)))
+    tables.append(h)
+    for s in r["sample"]:
+        t = Table(title=f"{s['file']} record {s['record']}: {s['probe']} part {s['part']}, {s['n']:,} measurements",
+                  title_justify="left", box=None)
+        for c in ("time", "src", "dst", "rtt_ms", "msm_id"):
+            t.add_column(c, no_wrap=True)
+        for m in s["first"]:
+            t.add_row(str(m["time"]), m["src"], m["dst"], fmt(m["rtt_ms"]), str(m["msm_id"]))
+        tables.append(t)
+    emit(r, False, tables)
+    for e in r["errors"]:
+        console.print(f"[red]{e['file']} record {e['record']}: {e['error']}[/]", highlight=False)
+    if r["errors"]:
+        console.print(f"[yellow]{r['records']:,} records readable; {len(r['errors'])} error(s)[/]")
 
 
 def register(app) -> None:

@@ -1,0 +1,152 @@
+"""Describe probe-row ArrayRecord files; survive (and report) corrupt or truncated ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.errors import PingctlError
+from pingctl.rows.layout import RecordError, decode
+
+RTT_SAMPLE_PER_RECORD = 2048
+HIST_EDGES = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10**9)
+
+
+def row_files(path: Path) -> list[Path]:
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob("*.arrayrecord"))
+    if not files:
+        raise PingctlError(f"{path}: no .arrayrecord files")
+    return files
+
+
+def iter_records(files: list[Path], errors: list[dict]):
+    """Yield (file, index, raw bytes); unreadable files/records are appended to `errors`."""
+    from array_record.python import array_record_module
+
+    for f in files:
+        try:
+            reader = array_record_module.ArrayRecordReader(str(f))
+            n = reader.num_records()
+        except Exception as e:  # noqa: BLE001 - the C++ reader raises RuntimeError/ValueError/...
+            errors.append({"file": str(f), "record": None, "error": f"cannot open: {e}"})
+            continue
+        for i in range(n):
+            try:
+                raw = reader.read([i])[0]
+            except Exception as e:  # noqa: BLE001
+                errors.append({"file": str(f), "record": i, "error": f"unreadable: {e}"})
+                break  # a truncated file fails for every later record too
+            yield f, i, raw
+        try:
+            reader.close()
+        except Exception as e:  # noqa: BLE001 - a truncated file may only fail at close
+            errors.append({"file": str(f), "record": None, "error": f"corrupt: {e}"})
+
+
+def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> dict:
+    """Statistics over every record. `tokens_per_measurement(rec) -> int` estimates tokens."""
+    files = row_files(path)
+    errors: list[dict] = []
+    n_meas, sizes, spans, probes = [], [], [], set()
+    v4 = v6 = failures = 0
+    rtts: list[np.ndarray] = []
+    tokens: list[int] = []
+    samples = []
+    for f, i, raw in iter_records(files, errors):
+        try:
+            rec = decode(raw)
+        except RecordError as e:
+            errors.append({"file": str(f), "record": i, "error": str(e)})
+            continue
+        n_meas.append(rec.n)
+        sizes.append(len(raw))
+        probes.add(rec.probe)
+        if rec.n:
+            spans.append(int(rec.time_s[-1] - rec.time_s[0]))
+        is6 = rec.src_v6[rec.src_idx]
+        v6 += int(is6.sum())
+        v4 += rec.n - int(is6.sum())
+        ok = rec.rtt_ms >= 0
+        failures += rec.n - int(ok.sum())
+        good = rec.rtt_ms[ok]
+        if len(good):
+            step = max(1, len(good) // RTT_SAMPLE_PER_RECORD)
+            rtts.append(good[::step])
+        if tokens_per_measurement is not None:
+            tokens.append(int(tokens_per_measurement(rec)))
+        if len(samples) < sample:
+            samples.append(_sample(rec, f, i))
+    meta = _manifest(path)
+    total = int(sum(n_meas))
+    if not n_meas and errors:
+        raise PingctlError(
+            f"{path}: no readable records; first error: {errors[0]['file']} "
+            f"{'record ' + str(errors[0]['record']) if errors[0]['record'] is not None else '(whole file)'}: "
+            f"{errors[0]['error']}"
+        )
+    allr = np.concatenate(rtts) if rtts else np.array([])
+    pct = {f"p{q}": float(np.percentile(allr, q)) for q in (5, 50, 95, 99)} if len(allr) else {}
+    hist = np.histogram(n_meas, bins=HIST_EDGES)[0] if n_meas else np.zeros(len(HIST_EDGES) - 1)
+    return {
+        "kind": "rows",
+        "path": str(path),
+        "files": len(files),
+        "records": len(n_meas),
+        "readable_records": len(n_meas),
+        "errors": errors,
+        "probes": len(probes),
+        "measurements": total,
+        "measurements_per_record": _dist(n_meas),
+        "measurements_per_record_hist": {
+            f"{lo}-{hi - 1}": int(c) for lo, hi, c in zip(HIST_EDGES[:-1], HIST_EDGES[1:], hist)
+        },
+        "record_bytes": _dist(sizes),
+        "span_hours": _dist([s / 3600 for s in spans]),
+        "v4_measurements": v4,
+        "v6_measurements": v6,
+        "failure_share": failures / total if total else 0.0,
+        "rtt_ms": pct,
+        "tokens_per_record": _dist(tokens) if tokens else None,
+        "layout_version": meta.get("layout_version"),
+        "sample": samples,
+    }
+
+
+def _dist(values) -> dict:
+    if not len(values):
+        return {}
+    a = np.asarray(values, dtype=float)
+    return {"min": float(a.min()), "p50": float(np.median(a)), "mean": float(a.mean()), "max": float(a.max())}
+
+
+def _manifest(path: Path) -> dict:
+    m = (Path(path) if Path(path).is_dir() else Path(path).parent) / "manifest.json"
+    try:
+        return json.loads(m.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _sample(rec, f: Path, i: int, k: int = 5) -> dict:
+    import ipaddress
+
+    def ip(table, v6flags, idx):
+        b = bytes(table[idx])
+        return str(ipaddress.ip_address(b if v6flags[idx] else b[:4]))
+
+    first = [
+        {
+            "time": int(rec.time_s[j]),
+            "src": ip(rec.src_addr, rec.src_v6, rec.src_idx[j]),
+            "dst": ip(rec.dst_addr, rec.dst_v6, rec.dst_idx[j]),
+            "rtt_ms": float(rec.rtt_ms[j]),
+            "msm_id": int(rec.msm_id[j]),
+        }
+        for j in range(min(k, rec.n))
+    ]
+    return {"file": f.name, "record": i, "probe": rec.probe, "part": rec.part, "n": rec.n, "first": first}

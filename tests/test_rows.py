@@ -1,0 +1,142 @@
+import ipaddress
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+from pingctl.errors import PingctlError
+from pingctl.rows import build as build_mod
+from pingctl.rows.build import build_rows
+from pingctl.rows.inspect import iter_records
+from pingctl.rows.layout import ProbeRecord, RecordError, decode, encode
+from tests.conftest import make_table
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def split_dir(tmp_path):
+    d = tmp_path / "train"
+    d.mkdir()
+    t = make_table(3000, probes=12, targets=7, v6_every=5)
+    pq.write_table(t.slice(0, 1700), d / "a.parquet")
+    pq.write_table(t.slice(1700), d / "b.parquet")
+    return d, t
+
+
+def _all_records(out):
+    errors = []
+    recs = [decode(raw) for _, _, raw in iter_records(sorted(out.glob("*.arrayrecord")), errors)]
+    assert errors == []
+    return recs
+
+
+def _ip(table, v6, i):
+    b = bytes(table[i])
+    return str(ipaddress.ip_address(b if v6[i] else b[:4]))
+
+
+def test_records_reconstruct_the_input_exactly(split_dir, tmp_path):
+    d, t = split_dir
+    res = build_rows([d], tmp_path / "rows")
+    recs = _all_records(tmp_path / "rows")
+    assert res["measurements"] == 3000 == sum(r.n for r in recs)
+    assert res["probes"] == 12 == len({r.probe for r in recs})
+    got = []
+    for r in recs:
+        assert np.all(np.diff(r.time_s) >= 0), "time order within a record"
+        for j in range(r.n):
+            got.append((r.prb_id, int(r.time_s[j]), _ip(r.src_addr, r.src_v6, r.src_idx[j]),
+                        _ip(r.dst_addr, r.dst_v6, r.dst_idx[j]), float(r.rtt_ms[j]), int(r.msm_id[j])))
+    want = [
+        (p, int(e.timestamp()), str(ipaddress.ip_address(s)), str(ipaddress.ip_address(dd)), rt, m)
+        for p, e, s, dd, rt, m in zip(*(t.column(c).to_pylist() for c in
+                                         ("prb_id", "event_time", "src_addr", "dst_addr", "rtt", "msm_id")))
+    ]
+    assert sorted(got) == sorted(want)
+    manifest = json.loads((tmp_path / "rows" / "manifest.json").read_text())
+    assert manifest["layout_version"] == 1 and manifest["records"] == len(recs)
+    assert [len(s["sha256"]) for s in manifest["sources"]] == [64, 64]
+
+
+def test_long_histories_split_into_consecutive_records(split_dir, tmp_path):
+    d, _ = split_dir
+    # 250 measurements per probe; cap records at ~100 measurements
+    res = build_rows([d], tmp_path / "rows", max_row_mb=100 * 40 / 1e6)
+    recs = _all_records(tmp_path / "rows")
+    assert res["max_measurements_per_record"] == 100
+    by_probe = {}
+    for r in recs:
+        assert r.n <= 100
+        by_probe.setdefault(r.probe, []).append(r)
+    for parts in by_probe.values():
+        assert [p.part for p in parts] == list(range(len(parts))) == [0, 1, 2]
+        for a, b in zip(parts, parts[1:]):
+            assert a.time_s[-1] <= b.time_s[0]
+
+
+def test_interrupted_run_leaves_nothing_and_rerun_completes(split_dir, tmp_path, monkeypatch):
+    d, _ = split_dir
+    calls = {"n": 0}
+    real = build_mod.encode
+
+    def flaky(rec):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(rec)
+
+    monkeypatch.setattr(build_mod, "encode", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        build_rows([d], tmp_path / "rows")
+    assert list(tmp_path.glob("*rows*")) == []
+    monkeypatch.setattr(build_mod, "encode", real)
+    assert build_rows([d], tmp_path / "rows")["measurements"] == 3000
+
+
+def test_layout_rejects_corruption_cleanly():
+    n = 4
+    rec = ProbeRecord(
+        probe="prb:1", prb_id=1, time_s=np.arange(n), rtt_ms=np.ones(n), msm_id=np.ones(n, np.int64),
+        src_idx=np.zeros(n, np.uint32), dst_idx=np.zeros(n, np.uint32), size=np.ones(n), errors=np.zeros(n),
+        src_addr=np.zeros((1, 16), np.uint8), src_v6=np.zeros(1, bool), dst_addr=np.zeros((1, 16), np.uint8),
+        dst_v6=np.zeros(1, bool),
+    )
+    blob = encode(rec)
+    assert decode(blob).n == n
+    rng = np.random.default_rng(0)
+    for cut in range(0, len(blob)):
+        with pytest.raises(RecordError):
+            decode(blob[:cut])
+    for _ in range(300):  # random byte flips: either decodes or raises RecordError, nothing else
+        b = bytearray(blob)
+        b[rng.integers(len(b))] = rng.integers(256)
+        try:
+            decode(bytes(b))
+        except RecordError:
+            pass
+
+
+def test_cli_build_then_inspect(split_dir, tmp_path):
+    d, _ = split_dir
+    out = tmp_path / "rows"
+    r = runner.invoke(app, ["build-rows", str(d), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["inspect", str(out), "--json", "--sample", "2"])
+    assert r.exit_code == 0, r.output
+    desc = json.loads(r.stdout)
+    assert desc["kind"] == "rows" and desc["measurements"] == 3000 and desc["probes"] == 12
+    assert desc["v6_measurements"] == 600 and len(desc["sample"]) == 2
+    # a truncated file: clear error naming it, non-zero exit, no traceback
+    f = next(out.glob("*.arrayrecord"))
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    r = runner.invoke(app, ["inspect", str(out)])
+    assert r.exit_code == 1 and f.name in r.output and "Traceback" not in r.output
+
+
+def test_empty_input_is_a_clear_error(tmp_path):
+    with pytest.raises(PingctlError, match="input not found"):
+        build_rows([tmp_path / "nothing"], tmp_path / "rows")
