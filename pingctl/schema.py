@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import ipaddress
+import json
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -127,7 +128,10 @@ def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".p
     found: list[Path] = []
     for item in items:
         p = Path(item)
-        if p.is_dir():
+        listed = _manifest_files(p) if p.is_dir() else None
+        if listed is not None:
+            found.extend(listed)
+        elif p.is_dir():
             found.extend(
                 f for f in sorted(p.rglob("*")) if f.is_file() and f.name.endswith(suffixes) and not _hidden(f, p)
             )
@@ -147,6 +151,15 @@ def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".p
     if not out:
         raise PingctlError("no input files found in " + ", ".join(map(str, items)))
     return out
+
+
+def _manifest_files(d: Path) -> list[Path] | None:
+    """A pingctl output that lists its data files (synth has truth/ tables beside them)."""
+    try:
+        files = json.loads((d / "manifest.json").read_text()).get("data_files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [d / f for f in files] if isinstance(files, list) and files else None
 
 
 def _hidden(f: Path, root: Path) -> bool:

@@ -1,0 +1,330 @@
+"""`pingctl synth`: determinism, schema, addresses, physics, prefixes, failures, diurnal load,
+row count, bounded memory, and the ground-truth median."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pingctl.config import SynthConfig
+from pingctl.schema import arrow_schema, is_public, parse_address
+from pingctl.synth.generate import ROW_GROUP_ROWS, generate
+
+SMALL = dict(rows=300_000, probes=30, targets=12, targets_per_probe=6, step=600, seed=7)
+
+
+def _read(out: Path) -> pa.Table:
+    return pa.concat_tables(pq.read_table(f) for f in sorted(out.glob("part-*.parquet")))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "small"
+    summary = generate(SynthConfig(**SMALL), out)
+    return out, summary, _read(out)
+
+
+@pytest.fixture(scope="module")
+def hosts(small):
+    return pq.read_table(small[0] / "truth" / "hosts.parquet").to_pylist()
+
+
+def _addr_index(hosts):
+    idx = {}
+    for h in hosts:
+        idx[h["ipv4"]] = h
+        if h["ipv6"]:
+            idx[h["ipv6"]] = h
+    return idx
+
+
+# ---------------------------------------------------------------- determinism and layout
+
+
+def _bytes(out: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(out)): f.read_bytes() for f in sorted(out.rglob("*.parquet"))}
+
+
+def test_same_seed_identical_bytes_different_seed_differs(tmp_path):
+    cfg = dict(rows=40_000, probes=20, targets=8, targets_per_probe=4)
+    generate(SynthConfig(**cfg, seed=3), tmp_path / "a")
+    generate(SynthConfig(**cfg, seed=3), tmp_path / "b")
+    generate(SynthConfig(**cfg, seed=4), tmp_path / "c")
+    a, b, c = _bytes(tmp_path / "a"), _bytes(tmp_path / "b"), _bytes(tmp_path / "c")
+    assert a == b
+    assert (tmp_path / "a" / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
+    assert a["part-00000.parquet"] != c["part-00000.parquet"]
+    assert a["truth/hosts.parquet"] != c["truth/hosts.parquet"]
+
+
+def test_layout_and_manifest(small):
+    out, summary, table = small
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed"] == SMALL["seed"] and manifest["config"]["rows"] == SMALL["rows"]
+    assert manifest["rows"] == table.num_rows == summary["rows"]
+    assert manifest["data_files"] == [p.name for p in sorted(out.glob("part-*.parquet"))]
+    for name in ("hosts", "ases", "pairs", "routes", "outages"):
+        assert (out / "truth" / f"{name}.parquet").is_file()
+    assert manifest["pingctl_version"] and manifest["start"] == "2024-01-01T00:00:00Z"
+    assert not list(out.parent.glob(".small.tmp-*"))  # atomic: no temp left behind
+
+
+def test_schema_is_exactly_canonical(small):
+    out = small[0]
+    for f in out.glob("part-*.parquet"):
+        assert pq.read_schema(f).equals(arrow_schema(), check_metadata=False)
+        meta = pq.ParquetFile(f).metadata
+        assert all(meta.row_group(i).num_rows <= ROW_GROUP_ROWS for i in range(meta.num_row_groups))
+        assert meta.row_group(0).column(0).compression == "ZSTD"
+    assert small[2].schema.equals(arrow_schema(), check_metadata=False)
+
+
+def test_rows_close_to_requested_and_results_well_formed(small):
+    _, summary, t = small
+    packets = SynthConfig().packets
+    assert SMALL["rows"] <= t.num_rows < SMALL["rows"] + packets
+    times = t.column("event_time").cast(pa.int64()).to_numpy()
+    assert np.all(np.diff(times) >= 0)  # time-ordered output
+    # every packet of a result shares event_time: groups of exactly `packets` rows
+    g = t.group_by(["msm_id", "prb_id", "event_time"]).aggregate([("rtt", "count")])
+    assert set(g.column("rtt_count").to_pylist()) == {packets}
+    assert t.column("prb_id").null_count == 0
+    assert pc.min(t.column("msm_id")).as_py() >= 1_000_001
+    assert set(t.column("size").to_pylist()) <= {20, 32, 48, 64, 1000}
+    span = (times[-1] - times[0]) / 1e6
+    assert abs(span - summary["span_s"]) <= 1 and span > 2 * 86_400  # several days for the small world
+
+
+def test_addresses_parse_match_version_and_are_public(small):
+    t = small[2]
+    for col in ("src_addr", "dst_addr"):
+        pairs = t.group_by([col, "ip_version"]).aggregate([]).to_pylist()
+        for row in pairs:
+            parsed = parse_address(row[col])
+            assert parsed is not None, row
+            assert parsed[0] == row[col]  # already canonical
+            assert parsed[1] == row["ip_version"]
+            assert is_public(row[col]), row
+    assert set(t.column("ip_version").unique().to_pylist()) == {4, 6}
+
+
+# ---------------------------------------------------------------- physics and structure
+
+
+def _haversine_km(lat1, lon1, lat2, lon2, r=6371.0):
+    p1, p2 = math.radians(lat1), math.radians(lat2)
+    a = math.sin((p2 - p1) / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(math.radians(lon2 - lon1) / 2) ** 2
+    return 2 * r * math.asin(math.sqrt(min(1.0, a)))
+
+
+def test_no_packet_faster_than_light_in_fibre(small, hosts):
+    t = small[2].filter(pc.greater_equal(small[2].column("rtt"), 0))
+    mins = t.group_by(["src_addr", "dst_addr"]).aggregate([("rtt", "min")]).to_pylist()
+    by_addr = _addr_index(hosts)
+    fibre_km_per_ms = 299_792.458 * 2 / 3 / 1000
+    far = 0
+    for row in mins:
+        s, d = by_addr[row["src_addr"]], by_addr[row["dst_addr"]]
+        dist = _haversine_km(s["lat"], s["lon"], d["lat"], d["lon"])
+        bound = 2 * dist / fibre_km_per_ms
+        assert row["rtt_min"] >= bound, (row, dist, bound)
+        far += dist > 3000
+    assert far > 0  # some long paths exist, so the bound is not trivially small
+    assert pc.min(t.column("rtt")).as_py() > 0
+
+
+def test_prefixes_follow_as_and_region(small, hosts):
+    from pingctl.synth.world import V4_SLASH8, V6_SLASH12
+
+    ases = {a["asn"]: a for a in pq.read_table(small[0] / "truth" / "ases.parquet").to_pylist()}
+    assert len({a["region"] for a in ases.values()}) >= 3
+    for h in hosts:
+        a = ases[h["asn"]]
+        assert a["region"] == h["region"]
+        v4 = ipaddress.ip_address(h["ipv4"])
+        assert v4 in ipaddress.ip_network(h["v4_prefix"]) and h["v4_prefix"].endswith("/24")
+        assert ipaddress.ip_network(h["v4_prefix"]).subnet_of(ipaddress.ip_network(a["v4_prefix"]))
+        assert int(h["ipv4"].split(".")[0]) in V4_SLASH8[h["region"]]
+        if h["ipv6"]:
+            v6 = ipaddress.ip_address(h["ipv6"])
+            assert v6 in ipaddress.ip_network(h["v6_prefix"]) and h["v6_prefix"].endswith("/48")
+            assert ipaddress.ip_network(h["v6_prefix"]).subnet_of(ipaddress.ip_network(a["v6_prefix"]))
+            assert v6 in ipaddress.ip_network((V6_SLASH12[h["region"]] << 112, 12))
+        else:
+            assert not h["dual_stack"]
+    # hosts of one AS share its prefix; different ASes never share a /16
+    assert len({a["v4_prefix"] for a in ases.values()}) == len(ases)
+    assert len({a["v6_prefix"] for a in ases.values()}) == len(ases)
+
+
+def test_probe_ids_and_access_types(hosts):
+    probes = [h for h in hosts if h["role"] == "probe"]
+    targets = [h for h in hosts if h["role"] == "target"]
+    assert len(probes) == SMALL["probes"] and len(targets) == SMALL["targets"]
+    assert len({h["prb_id"] for h in probes}) == len(probes)
+    assert all(h["prb_id"] is None for h in targets)
+    assert {h["access"] for h in probes} >= {"home", "datacenter"}
+    assert sum(h["access"] == "datacenter" for h in targets) >= len(targets) // 2
+    sat = [h["access_ms"] for h in hosts if h["access"] == "satellite"]
+    assert all(25 <= x <= 50 for x in sat)
+
+
+def test_failure_share_and_errors(small):
+    t = small[2]
+    rtt = t.column("rtt").to_numpy()
+    err = t.column("packet_error_count").to_numpy()
+    failed = rtt == -1.0
+    assert 0.003 < failed.mean() < 0.10
+    assert np.all(failed[err > 0])  # errors are failures
+    assert 0 < np.count_nonzero(err) < np.count_nonzero(failed)
+    assert np.all((rtt > 0) | failed)
+
+
+def test_diurnal_evening_slower_than_morning_for_home_probes(small, hosts):
+    t = small[2].filter(pc.greater(small[2].column("rtt"), 0))
+    by_addr = _addr_index(hosts)
+    src = t.column("src_addr").to_pylist()
+    home = np.array([by_addr[s]["access"] == "home" for s in src])
+    lon = np.array([by_addr[s]["lon"] for s in src])
+    secs = t.column("event_time").cast(pa.int64()).to_numpy() / 1e6
+    local_h = ((secs / 3600.0) + lon / 15.0) % 24
+    rtt = t.column("rtt").to_numpy()
+    # remove each stream's level so the comparison is within streams
+    keys = pc.binary_join_element_wise(t.column("src_addr"), t.column("dst_addr"), ">").to_numpy(zero_copy_only=False)
+    _, inv = np.unique(keys, return_inverse=True)
+    med = np.array([np.median(rtt[inv == k]) for k in range(inv.max() + 1)])
+    resid = rtt - med[inv]
+    evening = home & (local_h >= 19) & (local_h < 23)
+    morning = home & (local_h >= 3) & (local_h < 7)
+    assert evening.sum() > 1000 and morning.sum() > 1000
+    assert resid[evening].mean() > resid[morning].mean() + 1.0  # ms
+
+
+# ---------------------------------------------------------------- ground truth
+
+
+def test_jitter_median_constant_matches_model():
+    from pingctl.synth import model as M
+
+    assert abs(M._solve_jitter_median() - M.JITTER_MEDIAN) < 1e-9
+    rng = np.random.default_rng(0)
+    z = M.JITTER_W * rng.standard_exponential(400_000) + (1 - M.JITTER_W) * M.jitter_packet(rng.random(400_000))
+    assert abs(np.mean(z <= M.JITTER_MEDIAN) - 0.5) < 0.003
+
+
+def test_truth_median_matches_empirical_medians(small):
+    from pingctl.synth.truth import load_truth, truth_median_ms
+
+    out, _, t = small
+    ok = t.filter(pc.greater(t.column("rtt"), 0))
+    truth = load_truth(out)
+    med = truth_median_ms(truth, ok.column("src_addr"), ok.column("dst_addr"), ok.column("ip_version"),
+                          ok.column("event_time"))
+    rtt = ok.column("rtt").to_numpy()
+    assert not np.isnan(med).any()
+    assert abs(np.mean(rtt < med) - 0.5) < 0.01  # it is the median, overall
+    # per stream and 12-hour window: empirical median of the packets vs mean true median
+    sid = truth.stream_index(ok.column("src_addr"), ok.column("dst_addr"), ok.column("ip_version"))
+    win = (ok.column("event_time").cast(pa.int64()).to_numpy() // 1_000_000 - truth.start_s) // 43_200
+    key = sid * 1000 + win
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    rel = []
+    for g in np.split(order, bounds):
+        if len(g) >= 150:
+            rel.append(abs(np.median(rtt[g]) / np.median(med[g]) - 1))
+    assert len(rel) > 100
+    assert np.median(rel) < 0.02 and np.percentile(rel, 90) < 0.08
+    # the truth is sharper than the data: predicting packets by it beats a per-stream constant
+    per_stream = np.array([np.median(rtt[sid == s]) for s in np.unique(sid)])
+    const = per_stream[np.searchsorted(np.unique(sid), sid)]
+    assert np.mean(np.abs(rtt - med)) < np.mean(np.abs(rtt - const))
+    # accepts plain Python inputs and flags unknown pairs
+    row = ok.slice(0, 1).to_pylist()[0]
+    got = truth_median_ms(out, [row["src_addr"], "192.0.2.1"], [row["dst_addr"], row["dst_addr"]],
+                          [row["ip_version"], 4], np.array([row["event_time"].timestamp()] * 2))
+    assert got[0] == pytest.approx(med[0]) and np.isnan(got[1])
+
+
+def test_route_changes_and_outages_recorded(small):
+    out = small[0]
+    routes = pq.read_table(out / "truth" / "routes.parquet")
+    pairs = pq.read_table(out / "truth" / "pairs.parquet")
+    assert routes.num_rows > pairs.num_rows  # some streams change route
+    assert pc.min(routes.column("shift_ms")).as_py() >= 0
+    assert pc.all(pc.less(routes.column("start"), routes.column("end"))).as_py()
+    assert pc.all(pc.greater_equal(pairs.column("inflation"), 1.0)).as_py()
+    outages = pq.read_table(out / "truth" / "outages.parquet")
+    assert outages.num_rows > 0
+    assert set(outages.column("kind").to_pylist()) <= {"timeout", "unreachable"}
+
+
+# ---------------------------------------------------------------- memory, CLI, bench
+
+
+_RSS = (
+    "import sys, tempfile, pathlib; from pingctl.config import SynthConfig; from pingctl.synth.generate import generate;"
+    "from pingctl.benchutil import peak_rss_mb;"
+    "d = tempfile.mkdtemp(); generate(SynthConfig(rows=int(sys.argv[1])), pathlib.Path(d) / 'o');"
+    "import shutil; shutil.rmtree(d); print(peak_rss_mb())"
+)
+
+
+def _peak(rows: int) -> float:
+    res = subprocess.run([sys.executable, "-c", _RSS, str(rows)], capture_output=True, text=True, check=True)
+    return float(res.stdout.strip())
+
+
+def test_memory_is_bounded_by_the_chunk_not_the_dataset():
+    small, big = _peak(300_000), _peak(3_000_000)
+    assert big - small < 60, (small, big)
+
+
+def test_cli_json_and_refuses_foreign_dir(tmp_path):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["synth", "-o", str(out), "--rows", "3000", "--probes", "10", "--targets", "4",
+                              "--set", "data.synth.seed=5", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["rows"] == 3000 and summary["probes"] == 10
+    assert json.loads((out / "manifest.json").read_text())["config"]["seed"] == 5
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "x.txt").write_text("mine")
+    res = runner.invoke(app, ["synth", "-o", str(foreign), "--rows", "100"])
+    assert res.exit_code != 0 and (foreign / "x.txt").exists()
+    res = runner.invoke(app, ["synth", "-o", str(tmp_path / "bad"), "--start", "yesterday"])
+    assert res.exit_code == 1 and "ISO 8601" in res.output
+
+
+def test_bench_synth_small():
+    from pingctl.synth.bench import bench_synth
+
+    r = bench_synth(20_000, 1)
+    assert r["name"] == "synth" and r["table"][0]["rows"] >= 20_000
+    assert {"rows_per_s", "mb_written", "peak_rss_mb"} <= set(r["table"][0])
+
+
+def test_city_table():
+    from pingctl.synth.world import load_cities
+
+    c = load_cities()
+    assert len(c["name"]) >= 150
+    assert set(c["region"]) == {"RIPE", "ARIN", "APNIC", "LACNIC", "AFRINIC"}
+    assert np.all(np.abs(c["lat"]) <= 90) and np.all(np.abs(c["lon"]) <= 180)
+    assert len(set(zip(c["name"], c["country"]))) == len(c["name"])
