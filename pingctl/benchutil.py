@@ -21,3 +21,31 @@ def timer():
         yield box
     finally:
         box["s"] = time.perf_counter() - t0
+
+
+def run_measured(args: list[str]) -> tuple[dict, float, float]:
+    """Run `python -m pingctl ARGS --json` in a child; return (its JSON, seconds, peak RSS MB).
+
+    A child process gives the command's own peak memory (wait4 rusage), untouched by
+    whatever the benchmark itself allocated. Output goes through temp files so waiting
+    on the child can never block on a full pipe.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from pingctl.errors import PingctlError
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "pingctl", *args, "--json"], stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise PingctlError(f"benchmark step `pingctl {args[0]}` failed: {err.read().decode()[-800:]}")
+        return json.loads(out.read()), elapsed, usage.ru_maxrss / 1024.0

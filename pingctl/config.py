@@ -71,7 +71,7 @@ class TokenizerConfig(Section):
 
 class RowsConfig(Section):
     max_row_mb: float = Field(8.0, gt=0, description="split a probe's history into records of at most this size")
-    memory_limit: str = Field("4GB", description="DuckDB memory limit for grouping and sorting")
+    memory_limit: str = Field("2GB", description="DuckDB memory limit for grouping and sorting (peak RSS stays below ~2x)")
 
 
 class LoaderConfig(Section):

@@ -256,10 +256,9 @@ def shard(
 
 def bench_shard(rows: int, strategies: list[str], memory_limit: str) -> dict:
     """Time `pingctl shard` per strategy on `rows` synthetic rows, each in a child process."""
-    import os
-    import subprocess
-    import sys
     import tempfile
+
+    from pingctl.benchutil import run_measured
 
     valid = {"time", "probe", "pair", "random"}
     bad = [s for s in strategies if s not in valid]
@@ -268,35 +267,19 @@ def bench_shard(rows: int, strategies: list[str], memory_limit: str) -> dict:
     table = []
     with tempfile.TemporaryDirectory(prefix="pingctl-bench-shard-") as d:
         data = Path(d) / "synth"
-        subprocess.run(
-            [sys.executable, "-m", "pingctl", "synth", "-o", str(data), "--rows", str(rows), "--json"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        run_measured(["synth", "-o", str(data), "--rows", str(rows)])
         for strategy in strategies:
-            out = Path(d) / f"split-{strategy}"
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pingctl", "shard", str(data), "-o", str(out), "--strategy", strategy,
-                 "--set", f"data.shard.memory_limit={memory_limit}", "--json"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+            res, elapsed, peak = run_measured(
+                ["shard", str(data), "-o", str(Path(d) / strategy), "--strategy", strategy,
+                 "--memory-limit", memory_limit]
             )
-            stdout = proc.stdout.read()
-            _, status, usage = os.wait4(proc.pid, 0)
-            elapsed = time.perf_counter() - t0
-            if status != 0:
-                raise PingctlError(f"shard --strategy {strategy} failed in the benchmark")
-            import json
-
-            res = json.loads(stdout)
             table.append(
                 {
                     "case": strategy,
                     "rows": res["rows_read"],
                     "seconds": round(elapsed, 2),
                     "rows_per_s": int(res["rows_read"] / elapsed),
-                    "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+                    "peak_rss_mb": round(peak, 1),
                     "files": sum(len(v) for v in res["files"].values()),
                 }
             )
@@ -304,5 +287,5 @@ def bench_shard(rows: int, strategies: list[str], memory_limit: str) -> dict:
         "name": "shard",
         "table": table,
         "memory_limit": memory_limit,
-        "notes": ["seconds include process start-up and input validation; peak RSS is the shard process's"],
+        "notes": ["seconds are wall time of the whole command (start-up, validation, sort, write)"],
     }

@@ -73,4 +73,4 @@ def test_docs_show_the_current_defaults():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
-    assert commented_yaml() in doc, "docs/config.md is stale: regenerate its YAML block from commented_yaml()"
+    assert commented_yaml() in doc, "docs/config.md is stale: run `python scripts/update_config_doc.py`"

@@ -113,3 +113,21 @@ def bench_tokenize(
     from pingctl.tokenizer.bench import bench_tokenize as run
 
     report(run(n, scheme), as_json, out)
+
+
+@app.command("build-rows")
+@handle_errors
+def bench_build_rows(
+    rows: Annotated[int, typer.Option(help="Rows of synthetic input.")] = 10_000_000,
+    memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit.")] = "2GB",
+    max_row_mb: Annotated[float, typer.Option(help="Record size cap.")] = 8.0,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Measurements/s and peak memory of `pingctl build-rows` on synthetic data.
+
+    Example: pingctl bench build-rows --rows 10000000
+    """
+    from pingctl.rows.build import bench_build_rows as run
+
+    report(run(rows, memory_limit, max_row_mb), as_json, out)
