@@ -14,7 +14,7 @@ def shard(
     inputs: Annotated[list[Path], typer.Argument(help="Canonical Parquet files, directories or globs.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (gets train/ val/ test/).")],
     strategy: Annotated[
-        str | None, typer.Option(help="time | probe | pair | random  [config: data.shard.strategy]")
+        str | None, typer.Option(help="time | probe | pair | random (config data.shard.strategy)")
     ] = None,
     val: Annotated[float | None, typer.Option("--val", help="Validation fraction.")] = None,
     test: Annotated[float | None, typer.Option("--test", help="Test fraction.")] = None,

@@ -1,0 +1,311 @@
+"""Decoding of arbitrary token streams: never raises, reports malformed spans, resynchronises.
+
+The stream is cut at every `MeasurementStart`; all segments are parsed in lock-step, one
+block per step for every segment at once (k + 1 steps for k block kinds), so the cost is a
+handful of array passes over the stream however many measurements it holds.
+
+A segment with any error is not decoded; its first error is reported with the segment's
+token span. Timestamps: the delta reference is the last timestamp block the decoder *read*
+(in stream order, including blocks read before the error of a rejected measurement), so
+one bad measurement does not shift the times of the good ones after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from pingctl.tokenizer import compact, full
+from pingctl.tokenizer.layout import from_be_bytes
+from pingctl.tokenizer.measurements import FAILED_RTT, Measurements
+from pingctl.tokenizer.rtt_codec import decode_rtt
+from pingctl.tokenizer.spec import IPV6, SchemeSpec, get_spec
+
+ERROR_KINDS = {
+    "stray_tokens": "tokens before the first MeasurementStart",
+    "invalid_token": "an id outside the vocabulary",
+    "unexpected_token": "a token that cannot start a field at this point",
+    "bad_family": "SrcIpStart/DestIpStart not followed by Ipv4Start/Ipv6Start (full scheme)",
+    "truncated": "a field cut short by the next MeasurementStart or the end of the stream",
+    "non_byte_in_field": "a non-byte token where a field's byte was expected",
+    "duplicate_field": "a field that already appeared in this measurement",
+    "missing_field": "a required field is absent",
+    "family_mismatch": "source and destination address families differ",
+    "delta_without_reference": "a timestamp delta before any absolute timestamp in the context",
+    "trailing_tokens": "tokens after the last field of a measurement",
+}
+_KIND = list(ERROR_KINDS)
+_CODE = {k: i + 1 for i, k in enumerate(_KIND)}  # 0 = no error
+
+
+@dataclass
+class DecodeError:
+    start: int  # token span [start, end) of the rejected measurement (or stray run)
+    end: int
+    pos: int  # the offending token
+    kind: str
+    message: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Decoded:
+    scheme: str
+    measurements: Measurements
+    spans: np.ndarray  # int64[n, 2] token span of each decoded measurement
+    time_kind: np.ndarray  # int8[n]: compact 0 none / 1 abs / 2 delta1 / 3 delta4; full always 1
+    blocks: np.ndarray  # int64[n, k] position of each block's first token, -1 if absent
+    errors: list[DecodeError] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def __len__(self) -> int:
+        return len(self.measurements)
+
+
+def as_ids(tokens) -> np.ndarray:
+    """int32/int64 ids; anything that is not an integer in int64 range becomes -1 (invalid)."""
+    try:
+        arr = np.asarray(tokens)
+    except (ValueError, TypeError, OverflowError):
+        arr = None
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iub":
+        if arr.dtype in (np.int32, np.int64):
+            return arr  # the encoder's own dtype: no copy of a large stream
+        if arr.dtype == np.uint64:
+            return arr.astype(np.int64)  # values >= 2**63 wrap negative: invalid ids, as they should be
+        return arr.astype(np.int64)
+    if arr is not None and arr.ndim > 1:
+        raise ValueError(f"decode takes one 1-D token stream, got shape {arr.shape}")
+    out = []
+    for t in tokens:
+        ok = isinstance(t, (int, np.integer)) and not isinstance(t, bool) and -(2**63) <= int(t) < 2**63
+        out.append(int(t) if ok else -1)
+    return np.array(out, np.int64)
+
+
+def _payload(u8: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
+    """uint8[m, width] of the bytes at start..start+width (rows of a strided view: one copy)."""
+    if len(u8) < width:
+        return np.zeros((0, width), np.uint8)
+    return np.lib.stride_tricks.sliding_window_view(u8, width)[start]
+
+
+def decode(tokens, scheme: str = "compact") -> Decoded:
+    spec = get_spec(scheme)
+    tok = as_ids(tokens)
+    V, off, L = spec.vocab.size, spec.vocab.byte_offset, len(tok)
+    k = len(spec.blocks)
+    valid = tok.view(np.uint32 if tok.dtype == np.int32 else np.uint64) < V  # negatives wrap to huge values
+    tc = np.where(valid, tok, V).astype(np.int32, copy=False)  # ids with V as the invalid sentinel
+    # int32 throughout: these stream-wide arrays dominate the memory traffic.
+    cum_t = np.int32 if L < 2**31 - 1 else np.int64
+    nonbyte_cum = np.zeros(L + 1, cum_t)
+    np.cumsum(((tc < off) | (tc == V)).astype(cum_t), out=nonbyte_cum[1:])
+    u8 = (tc - off).astype(np.uint8)  # byte values wherever a byte token stands
+
+    errors: list[DecodeError] = []
+    ms = np.flatnonzero(tok == 0)
+    first = int(ms[0]) if ms.size else L
+    if first > 0:
+        errors.append(DecodeError(0, first, 0, "stray_tokens", f"{first} token(s) before the first MeasurementStart"))
+    ns = ms.size
+    seg_end = np.append(ms[1:], L).astype(np.int64)
+    cur = ms + 1
+    err = np.zeros(ns, np.int8)
+    epos = np.zeros(ns, np.int64)
+    eblock = np.zeros(ns, np.int64)
+    bpos = np.full((ns, k), -1, np.int64)
+    bvar = np.zeros((ns, k), np.int8)
+    bhdr = np.ones((ns, k), np.int64)
+    cut_hdr = np.full(ns, -1, np.int64)
+    cut_var = np.zeros(ns, np.int8)
+
+    # Flat views: 1-D fancy indexing is much cheaper than (row, column) pairs.
+    bpos_f, bvar_f, bhdr_f = bpos.reshape(-1), bvar.reshape(-1), bhdr.reshape(-1)
+    for _ in range(k + 1):
+        a = np.flatnonzero((err == 0) & (cur < seg_end))
+        if a.size == 0:
+            break
+        c, end = cur[a], seg_end[a]
+        t = tc[c]
+        blk = spec.role_block[t]
+        plen = spec.role_payload[t]
+        var = spec.role_variant[t]
+        hdr = np.ones(a.size, np.int64)
+        code = np.zeros(a.size, np.int8)
+        code[blk < 0] = np.where(valid[c[blk < 0]], _CODE["unexpected_token"], _CODE["invalid_token"])
+        pos = c.copy()
+        # Checks run in token order, so each segment's error is where the grammar rejects it.
+        row = a * k
+        slot = row + np.maximum(blk, 0)
+        code[(code == 0) & (bpos_f[slot] >= 0)] = _CODE["duplicate_field"]
+        fam = (code == 0) & (plen == -2)
+        if fam.any():
+            c2 = c[fam] + 1
+            inside = c2 < end[fam]
+            ft = np.where(inside, tc[np.minimum(c2, L - 1)], V)
+            fp = spec.family_payload[ft]
+            code[fam] = np.where(~inside, _CODE["truncated"], np.where(fp < 0, _CODE["bad_family"], 0))
+            pos[fam] = np.where(inside & (fp < 0), c2, c[fam])
+            plen = plen.copy()
+            var = var.copy()
+            plen[fam] = fp
+            var[fam] = spec.family_variant[ft]
+            hdr[fam] = 2
+        is_ip = (blk == spec.src) | (blk == spec.dst)
+        other = row + np.where(blk == spec.src, spec.dst, spec.src)
+        clash = (code == 0) & is_ip & (bpos_f[other] >= 0) & (bvar_f[other] != var)
+        code[clash] = _CODE["family_mismatch"]
+        pos[clash] = c[clash] + hdr[clash] - 1
+        pstart = c + hdr
+        bend = pstart + np.maximum(plen, 0)
+        nb = (code == 0) & (nonbyte_cum[np.minimum(bend, end)] > nonbyte_cum[np.minimum(pstart, end)])
+        if nb.any():
+            code[nb] = _CODE["non_byte_in_field"]
+            pos[nb] = np.searchsorted(nonbyte_cum, nonbyte_cum[pstart[nb]] + 1) - 1
+        code[(code == 0) & (bend > end)] = _CODE["truncated"]
+        live = code == 0
+        if live.all():
+            bpos_f[slot], bvar_f[slot], bhdr_f[slot], cur[a] = c, var, hdr, bend
+            continue
+        sl = slot[live]
+        bpos_f[sl], bvar_f[sl], bhdr_f[sl] = c[live], var[live], hdr[live]
+        cur[a[live]] = bend[live]
+        b = a[~live]
+        err[b], epos[b], eblock[b] = code[~live], pos[~live], np.maximum(blk[~live], 0)
+        # A timestamp block broken after its header: the grammar judges the header (delta
+        # without reference?) before the bytes, so keep it for that check.
+        cut_time = ~live & (blk == spec.time) & np.isin(code, (_CODE["truncated"], _CODE["non_byte_in_field"]))
+        cut_hdr[a[cut_time]], cut_var[a[cut_time]] = c[cut_time], var[cut_time]
+
+    left = (err == 0) & (cur < seg_end)
+    err[left], epos[left] = _CODE["trailing_tokens"], cur[left]
+
+    time_s = np.zeros(ns, np.int64)
+    has_time = bpos[:, spec.time] >= 0
+    if scheme == "compact":
+        _time_chain(u8, bpos[:, spec.time], bvar[:, spec.time], time_s, err, epos, eblock)
+        _orphan_headers(bpos[:, spec.time], bvar[:, spec.time], cut_hdr, cut_var, err, epos, eblock)
+    else:
+        tp = bpos[has_time, spec.time] + 1
+        time_s[has_time] = from_be_bytes(_payload(u8, tp, 8), ">i8")
+
+    req = np.array(spec.required)
+    missing = (err == 0) & (bpos[:, req] < 0).any(axis=1)
+    if missing.any():
+        err[missing] = _CODE["missing_field"]
+        epos[missing] = seg_end[missing] - 1
+        eblock[missing] = req[np.argmax(bpos[missing][:, req] < 0, axis=1)]
+
+    good = np.flatnonzero(err == 0)
+    bad = np.flatnonzero(err != 0)
+    for i in bad:
+        kind = _KIND[err[i] - 1]
+        errors.append(DecodeError(int(ms[i]), int(seg_end[i]), int(epos[i]), kind,
+                                  _message(spec, tok, kind, int(epos[i]), int(eblock[i]))))
+    errors.sort(key=lambda e: e.start)
+
+    m = _values(spec, u8, bpos[good], bvar[good], bhdr[good], time_s[good], has_time[good])
+    tk = bvar[good, spec.time] if scheme == "compact" else np.ones(len(good), np.int8)
+    tk = np.where(has_time[good], tk, 0).astype(np.int8)
+    spans = np.stack([ms[good], seg_end[good]], axis=1) if good.size else np.zeros((0, 2), np.int64)
+    return Decoded(scheme, m, spans.astype(np.int64), tk, bpos[good], errors)
+
+
+def _time_chain(u8, tpos, tvar, time_s, err, epos, eblock) -> None:
+    ev = np.flatnonzero(tpos >= 0)
+    if ev.size == 0:
+        return
+    kind = tvar[ev]
+    p = tpos[ev] + 1
+    value = np.zeros(ev.size, np.int64)
+    for kk, width, dtype in ((compact.ABS, 8, ">i8"), (compact.DELTA1, 1, ">u1"), (compact.DELTA4, 4, ">u4")):
+        sel = kind == kk
+        if sel.any():
+            value[sel] = from_be_bytes(_payload(u8, p[sel], width), dtype).astype(np.int64)
+    is_abs = kind == compact.ABS
+    grp = np.cumsum(is_abs)
+    no_ref = ~is_abs & (grp == 0)
+    # The timestamp block was read, so any error already recorded lies after it: the orphan
+    # delta is the segment's first error (where the grammar would have stopped).
+    orphan = ev[no_ref]
+    err[orphan] = _CODE["delta_without_reference"]
+    epos[orphan] = tpos[orphan]
+    eblock[orphan] = compact.TIME
+    step = np.where(is_abs, 0, value)
+    cs = np.cumsum(step)
+    anchors = np.flatnonzero(is_abs)
+    has_ref = grp > 0
+    a = anchors[grp[has_ref] - 1]
+    # Deliberately wrapping int64 arithmetic: garbage streams must not raise.
+    with np.errstate(over="ignore"):
+        time_s[ev[has_ref]] = value[a] + (cs[has_ref] - cs[a])
+
+
+def _orphan_headers(tpos, tvar, cut_hdr, cut_var, err, epos, eblock) -> None:
+    """Delta headers of broken timestamp fields with no absolute timestamp read before them."""
+    broken = np.flatnonzero((cut_hdr >= 0) & (cut_var != compact.ABS))
+    if broken.size == 0:
+        return
+    abs_before = np.cumsum((tpos >= 0) & (tvar == compact.ABS)) - ((tpos >= 0) & (tvar == compact.ABS))
+    orphan = broken[abs_before[broken] == 0]
+    err[orphan] = _CODE["delta_without_reference"]
+    epos[orphan] = cut_hdr[orphan]
+    eblock[orphan] = compact.TIME
+
+
+def _values(spec: SchemeSpec, u8, bpos, bvar, bhdr, time_s, has_time) -> Measurements:
+    n = len(bpos)
+    m = Measurements.empty(n)
+    for col, addr, v6 in ((spec.src, m.src, m.src_v6), (spec.dst, m.dst, m.dst_v6)):
+        is6 = bvar[:, col] == IPV6
+        v6[:] = is6
+        start = bpos[:, col] + bhdr[:, col]
+        addr[~is6, :4] = _payload(u8, start[~is6], 4)
+        addr[is6] = _payload(u8, start[is6], 16)
+    m.time_s = np.where(has_time, time_s, 0)
+    m.has_time = has_time.copy()
+    if spec.scheme == "compact":
+        r = bpos[:, compact.RESULT]
+        ok = bvar[:, compact.RESULT] == 0
+        m.rtt_ms[:] = FAILED_RTT
+        m.rtt_ms[ok] = decode_rtt(from_be_bytes(_payload(u8, r[ok] + 1, 2), ">u2"))
+        return m
+    for col, width, dtype, name in (
+        (full.RTT, 8, ">f8", "rtt_ms"), (full.SIZE, 2, ">u2", "size"), (full.ERRORS, 1, ">u1", "errors"),
+        (full.MSM_ID, 8, ">i8", "msm_id"),
+    ):
+        vals = from_be_bytes(_payload(u8, bpos[:, col] + 1, width), dtype)
+        setattr(m, name, vals.astype(getattr(m, name).dtype))
+    return m
+
+
+def _message(spec: SchemeSpec, tok, kind: str, pos: int, block: int) -> str:
+    v = spec.vocab
+    name = v.name(int(tok[pos])) if 0 <= pos < len(tok) else "end of stream"
+    field_name = spec.blocks[block]
+    if kind == "invalid_token":
+        return f"id {int(tok[pos])} at {pos} is outside the {spec.scheme} vocabulary (0..{v.size - 1})"
+    if kind == "unexpected_token":
+        return f"{name} at {pos} cannot start a field"
+    if kind == "bad_family":
+        return f"{name} at {pos}: an address field needs Ipv4Start or Ipv6Start here"
+    if kind == "truncated":
+        return f"{field_name} field starting at {pos} ({name}) is cut short"
+    if kind == "non_byte_in_field":
+        return f"{name} at {pos} inside a field where a byte was expected"
+    if kind == "duplicate_field":
+        return f"second {field_name} field at {pos} ({name})"
+    if kind == "missing_field":
+        return f"measurement has no {field_name} field"
+    if kind == "family_mismatch":
+        return f"source and destination address families differ (at {pos})"
+    if kind == "delta_without_reference":
+        return f"{name} at {pos} has no earlier absolute timestamp to count from"
+    return f"{ERROR_KINDS.get(kind, kind)} (at {pos})"

@@ -1,0 +1,54 @@
+"""The compact scheme's 16-bit RTT float: value_us = mantissa * 2**exponent.
+
+Code layout (big-endian on the wire): bits 15..11 = exponent e (0..31), bits 10..0 =
+mantissa m (0..2047). Encoding rounds to the nearest representable value (ties to even):
+
+- below 2048 us the exponent is 0 and the value is the integer number of microseconds,
+  so the error is at most 0.5 us (RIPE Atlas reports 1 us resolution: exact there);
+- from 2048 us up the mantissa is normalised to 1024..2047, a relative step of at most
+  1/1024, so round-to-nearest keeps the relative error <= 1/2048;
+- 0 ms is code 0 (exactly 0); above MAX_US (2047 * 2**31 us, about 50.9 days) the code
+  saturates at 0xFFFF.
+
+Non-canonical codes (e > 0 with m < 1024) never come out of the encoder but decode to
+their value like any other code, so every 16-bit pattern is a legal RTT.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MANTISSA_BITS = 11
+EXPONENT_BITS = 5
+MAX_CODE = 0xFFFF
+MAX_US = 2047 * 2**31  # 4,395,899,027,456 us = 50.88 days
+MAX_MS = MAX_US / 1000.0
+
+
+def encode_rtt(rtt_ms) -> np.ndarray:
+    """uint16 codes for RTTs in ms (>= 0; negatives are treated as 0, NaN as the max)."""
+    us = np.asarray(rtt_ms, dtype=np.float64) * 1000.0
+    # Clamp first so frexp/rint only see finite values; 2**44 > MAX_US still saturates below.
+    us = np.clip(np.nan_to_num(us, nan=2.0**44, posinf=2.0**44), 0.0, 2.0**44)
+    _, k = np.frexp(us)  # us = f * 2**k with f in [0.5, 1)
+    e = np.maximum(k - MANTISSA_BITS, 0).astype(np.int64)
+    m = np.rint(np.ldexp(us, -e)).astype(np.int64)
+    carry = m >= 1 << MANTISSA_BITS  # rounded up to 2048: renormalise
+    m[carry] >>= 1
+    e[carry] += 1
+    code = (e << MANTISSA_BITS) | m
+    code[e >= 1 << EXPONENT_BITS] = MAX_CODE
+    return code.astype(np.uint16)
+
+
+def decode_rtt(codes) -> np.ndarray:
+    """RTT in ms (float64) for uint16 codes."""
+    c = np.asarray(codes).astype(np.int64)
+    us = np.ldexp((c & 0x7FF).astype(np.float64), (c >> MANTISSA_BITS).astype(np.int32))
+    return us / 1000.0
+
+
+def error_bound_ms(rtt_ms) -> np.ndarray:
+    """The guaranteed |decode(encode(x)) - x| for 0 <= x <= MAX_MS: max(0.5 us, x / 2048)."""
+    x = np.asarray(rtt_ms, dtype=np.float64)
+    return np.maximum(0.0005, x / 2048.0)
