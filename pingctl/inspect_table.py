@@ -65,12 +65,18 @@ def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB"
     return out
 
 
-def describe(path: Path, sample: int = 0) -> dict:
+def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
     kind = detect(path)
     if kind == "rows":
         from pingctl.rows.inspect import describe_rows
+        from pingctl.rows.layout import to_measurements
+        from pingctl.tokenizer import measurement_lengths
 
-        return describe_rows(path, sample)
+        def tokens(rec) -> int:
+            # one context per record, every measurement timestamped: the `full` loader mode
+            return int(measurement_lengths(to_measurements(rec), scheme).sum())
+
+        return describe_rows(path, sample, tokens)
     if kind == "splits":
         splits = {}
         for s in ("train", "val", "test"):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on built-in synthetic data: generate a world, split it, describe it.
+# The main job on built-in synthetic data: generate a world, split it, build probe rows,
+# describe them.
 # Run through `./run demo` (which prepares .venv first). Output: runs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,12 +11,21 @@ ROWS="${PINGCTL_DEMO_ROWS:-2000000}"
 step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
 
 step "pingctl synth: $ROWS synthetic RIPE-Atlas-like ping rows with ground truth"
-$PINGCTL synth -o "$OUT/synth" --rows "$ROWS" --seed 0
+# 15-minute rounds stretch 2M rows over ~2 days, so daily cycles show up in the data.
+$PINGCTL synth -o "$OUT/synth" --rows "$ROWS" --seed 0 --step 900
 
 step "pingctl shard: train/val/test by time (the last 10% of time is test)"
 $PINGCTL shard "$OUT/synth" -o "$OUT/splits" --strategy time --val 0.1 --test 0.1
 
 step "pingctl inspect: the splits"
-$PINGCTL inspect "$OUT/splits" --sample 3
+$PINGCTL inspect "$OUT/splits"
 
-printf '\n\033[1;32mdone\033[0m: data in %s (synth/ canonical table + truth/, splits/ train val test)\n' "$OUT"
+for split in train val test; do
+  step "pingctl build-rows: $split split -> probe-centric ArrayRecord rows"
+  $PINGCTL build-rows "$OUT/splits/$split" -o "$OUT/rows/$split"
+done
+
+step "pingctl inspect: the training rows"
+$PINGCTL inspect "$OUT/rows/train" --sample 1
+
+printf '\n\033[1;32mdone\033[0m: data in %s (synth/ table + truth/, splits/, rows/)\n' "$OUT"

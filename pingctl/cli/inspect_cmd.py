@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import JsonOpt, console, emit, fmt, handle_errors, kv_table
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load
 
 
 def _table_rows(d: dict) -> list[tuple[str, object]]:
@@ -36,7 +36,9 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 
 def inspect(
     path: Annotated[Path, typer.Argument(help="A canonical Parquet file/dir, or a `pingctl shard` output dir.")],
-    sample: Annotated[int, typer.Option("--sample", "-n", help="Also show N random rows.")] = 0,
+    sample: Annotated[int, typer.Option("--sample", "-n", help="Also show N random rows (or decoded records).")] = 0,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Describe a dataset: rows, time span, address families, probes, pairs, RTT percentiles.
@@ -45,7 +47,8 @@ def inspect(
     """
     from pingctl.inspect_table import describe
 
-    result = describe(path, sample)
+    cfg = load(config, set_)
+    result = describe(path, sample, cfg.tokenizer.scheme)
     if as_json:
         emit(result, True)
         return
@@ -104,7 +107,7 @@ def _print_rows(r: dict) -> None:
         *[(f"RTT {k} ms", v) for k, v in r["rtt_ms"].items()],
     ]
     if r.get("tokens_per_record"):
-        rows.append(("tokens/record min/p50/mean/max", dist(r["tokens_per_record"])))
+        rows.append(("est. tokens/record min/p50/mean/max", dist(r["tokens_per_record"])))
     tables = [kv_table(f"rows: {r['path']}", rows)]
     from rich.table import Table
 

@@ -152,3 +152,24 @@ def _decode(mv: memoryview) -> ProbeRecord:
 def record_bytes(n: int, n_src: int, n_dst: int) -> int:
     """Approximate encoded size, used to cut long histories into records."""
     return 128 + n * BYTES_PER_MEASUREMENT + 17 * (n_src + n_dst) + 16
+
+
+def to_measurements(rec: ProbeRecord, idx: np.ndarray | None = None, has_time: np.ndarray | bool = True):
+    """The tokenizer's `Measurements` for rows `idx` of a record (all rows when None)."""
+    from pingctl.tokenizer import Measurements
+
+    sel = slice(None) if idx is None else idx
+    src_i, dst_i = rec.src_idx[sel], rec.dst_idx[sel]
+    n = len(src_i)
+    return Measurements(
+        src=rec.src_addr[src_i],
+        src_v6=rec.src_v6[src_i],
+        dst=rec.dst_addr[dst_i],
+        dst_v6=rec.dst_v6[dst_i],
+        rtt_ms=rec.rtt_ms[sel],
+        time_s=rec.time_s[sel],
+        has_time=np.broadcast_to(np.asarray(has_time, bool), (n,)).copy(),
+        size=rec.size[sel].astype(np.int64),
+        errors=rec.errors[sel].astype(np.int64),
+        msm_id=rec.msm_id[sel],
+    )
