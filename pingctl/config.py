@@ -6,12 +6,13 @@ overrides < explicit command-line options of the subcommand.
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pingctl.errors import ConfigError
 
@@ -29,6 +30,16 @@ class IngestConfig(Section):
     probe_ids: list[int] = Field(default_factory=list, description="keep only these probe ids (empty = all)")
     since: str | None = Field(None, description="keep results at/after this UTC time (ISO 8601 or Unix seconds)")
     until: str | None = Field(None, description="keep results before this UTC time (ISO 8601 or Unix seconds)")
+
+    @field_validator("since", "until", mode="before")
+    @classmethod
+    def _time_as_text(cls, v):
+        # YAML turns 2024-01-01 into a date and 1700000000 into an int; ingest parses text.
+        if isinstance(v, (dt.date, dt.datetime)):
+            return v.isoformat()
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return str(v)
+        return v
     sample: float = Field(1.0, gt=0.0, le=1.0, description="deterministic fraction of results to keep")
     drop_dups: bool = Field(False, description="drop duplicate replies (\"dup\": 1) instead of keeping them")
     workers: int = Field(0, ge=0, description="parallel file workers (0 = one per core)")

@@ -1,0 +1,379 @@
+"""`pingctl ingest`: RIPE Atlas ping results (JSON lines/arrays, any compression) -> Parquet.
+
+Layout of the output directory (written atomically: a hidden temp sibling renamed into
+place only when everything succeeded):
+
+    part-00000.parquet   rows of input #0 (inputs sorted by path), zstd, row groups of
+    part-00001.parquet   `row_group_rows`; an input without rows has no part file
+    rejects.jsonl        {"file", "line", "reason", "raw"[, "detail"]} per rejected record
+    manifest.json        inputs (size, sha256, part, counts), totals, config, version
+
+Files are processed in parallel (one process per file, largest first); each worker
+streams its file and writes its own part, so memory is bounded by a few row groups per
+worker whatever the input size, and the output does not depend on the worker count.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from pingctl.errors import PingctlError
+from pingctl.ingest.parse import Batch, Options, Rejects, merge_counts, new_counts, parse_records, reconcile
+from pingctl.ingest.reader import INPUT_SUFFIXES, HashingReader, ThreadedChunks, decoded_chunks, detect_codec, iter_records
+
+REJECTS = "rejects.jsonl"
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def resolve(inputs: Iterable[str | Path], out: Path | None = None) -> list[Path]:
+    """Files, directories (recursive, known suffixes) and globs -> sorted unique files."""
+    from pingctl.schema import resolve_inputs
+
+    items = [str(i) for i in inputs]
+    if not items:
+        raise PingctlError("no inputs given: pass RIPE Atlas result files, directories or globs")
+    files = resolve_inputs(items, suffixes=INPUT_SUFFIXES)
+    if out is not None:  # never read our own output (e.g. `ingest data/ -o data/out`)
+        o = Path(out).resolve()
+        files = [f for f in files if o != f.resolve() and o not in f.resolve().parents]
+    files = sorted(set(files), key=lambda p: str(p))
+    if not files:
+        raise PingctlError("no input files found in " + ", ".join(items))
+    return files
+
+
+class PartWriter:
+    """Parquet part with row groups of exactly `rows` rows (the last one may be shorter)."""
+
+    def __init__(self, path: Path, rows: int):
+        self.path = path
+        self.rows = rows
+        self.pending: list = []
+        self.pending_rows = 0
+        self.writer = None
+        self.written = 0
+
+    def write(self, table) -> None:
+        if table.num_rows == 0:
+            return
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        if self.pending_rows >= self.rows:
+            import pyarrow as pa
+
+            t = pa.concat_tables(self.pending)
+            full = (t.num_rows // self.rows) * self.rows
+            self._write(t.slice(0, full))
+            rest = t.slice(full)
+            self.pending = [rest] if rest.num_rows else []
+            self.pending_rows = rest.num_rows
+
+    def _write(self, table) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
+        self.writer.write_table(table, row_group_size=self.rows)
+        self.written += table.num_rows
+
+    def close(self) -> bool:
+        """Flush and close; returns whether a file was written."""
+        if self.pending_rows:
+            import pyarrow as pa
+
+            self._write(pa.concat_tables(self.pending))
+        self.pending, self.pending_rows = [], 0
+        if self.writer is not None:
+            self.writer.close()
+            return True
+        return False
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def ingest_file(
+    index: int,
+    path: str,
+    tmpdir: str | None,
+    opts: Options,
+    on_bytes: Callable[[int], None] | None = None,
+    threaded: bool = True,
+) -> dict:
+    """Ingest one input file into `tmpdir/part-INDEX.parquet` (+ a hidden rejects piece).
+
+    With `tmpdir=None` nothing is written (rows are counted, rejects kept in memory).
+    `threaded`: decompress in a second thread (worth it when a core is spare).
+    """
+    p = Path(path)
+    try:
+        raw = open(p, "rb")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise PingctlError(f"cannot read {p}: {e.strerror or e}") from None
+    hr = HashingReader(raw, on_bytes)
+    codec = detect_codec(p, raw)
+    chunks = None
+    writer = None
+    rej_fh = None
+    gc_was = gc.isenabled()
+    gc.disable()  # no reference cycles are made; the collector only costs time here
+    try:
+        if codec == "plain":
+            read_chunk = lambda: hr.read(1 << 20)  # noqa: E731
+        elif not threaded:
+            read_chunk = functools.partial(next, decoded_chunks(codec, hr), b"")
+        else:
+            # The decoder thread re-takes the GIL several times per chunk (libbzip2's
+            # output buffer grows in steps); a short switch interval keeps it from
+            # waiting the default 5 ms each time while this thread parses.
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(2e-4)
+            chunks = ThreadedChunks(decoded_chunks(codec, hr))
+            read_chunk = chunks.read
+        out = None if tmpdir is None else Path(tmpdir)
+        if out is not None:
+            writer = PartWriter(out / part_name(index), opts.row_group_rows)
+            rej_fh = open(out / f".rejects-{index:05d}.jsonl", "wb")  # noqa: SIM115
+        rejects = Rejects(str(path), rej_fh)
+        batch = Batch()
+
+        def flush():
+            table = batch.take_table()
+            if writer is not None:
+                writer.write(table)
+
+        counts = parse_records(iter_records(read_chunk), opts, batch, rejects, flush)
+        wrote = writer.close() if writer is not None else False
+        if chunks is not None:
+            chunks.close()  # stop the decoder thread before reading the raw file here
+        hr.drain()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        if chunks is not None:
+            chunks.close()
+            sys.setswitchinterval(switch)
+        if rej_fh is not None:
+            rej_fh.close()
+        raw.close()
+        if gc_was:
+            gc.enable()
+    return {
+        "index": index,
+        "path": str(path),
+        "bytes": hr.nbytes,
+        "sha256": hr.sha.hexdigest(),
+        "codec": codec,
+        "part": part_name(index) if wrote else None,
+        "counts": counts,
+        "rejects": rejects.kept if rej_fh is None else None,
+    }
+
+
+def ingest_bytes(data: bytes, opts: Options | None = None, label: str = "<bytes>", chunk: int = 1 << 20):
+    """Ingest an in-memory (decompressed) JSON-lines/array text: (table, counts, rejects).
+
+    The same code path as a file, without files: for tests and quick experiments.
+    """
+    import pyarrow as pa
+
+    from pingctl.schema import arrow_schema
+
+    opts = opts or Options()
+    pos = 0
+
+    def read_chunk() -> bytes:
+        nonlocal pos
+        piece = data[pos : pos + chunk]
+        pos += len(piece)
+        return piece
+
+    batch = Batch()
+    tables = []
+    rejects = Rejects(label)
+    counts = parse_records(iter_records(read_chunk), opts, batch, rejects, lambda: tables.append(batch.take_table()))
+    table = pa.concat_tables(tables) if tables else arrow_schema().empty_table()
+    return table, counts, rejects.kept
+
+
+def _ingest_task(args) -> dict:
+    return ingest_file(*args)
+
+
+def run_files(
+    files: list[Path],
+    tmpdir: Path | None,
+    opts: Options,
+    workers: int,
+    on_bytes: Callable[[int], None] | None = None,
+) -> list[dict]:
+    """Ingest every file (in this process when workers == 1); results in input order."""
+    # A decoder thread per worker pays off only when there are cores to spare for it.
+    threaded = workers < (os.cpu_count() or 1)
+    if workers <= 1 or len(files) <= 1:
+        return [
+            ingest_file(i, str(f), str(tmpdir) if tmpdir else None, opts, on_bytes, threaded)
+            for i, f in enumerate(files)
+        ]
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    sizes = {i: _size(f) for i, f in enumerate(files)}
+    order = sorted(sizes, key=lambda i: (-sizes[i], i))  # largest first: better balance
+    results: dict[int, dict] = {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        futs = {
+            pool.submit(_ingest_task, (i, str(files[i]), str(tmpdir) if tmpdir else None, opts, None, threaded)): i
+            for i in order
+        }
+        try:
+            pending = set(futs)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for fut in done:
+                    res = fut.result()  # re-raises a worker's error
+                    results[futs[fut]] = res
+                    if on_bytes is not None:
+                        on_bytes(sizes[futs[fut]])
+        except BaseException:
+            for fut in futs:
+                fut.cancel()
+            raise
+    return [results[i] for i in range(len(files))]
+
+
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
+def ingest(
+    inputs: Iterable[str | Path],
+    out: Path,
+    cfg,
+    *,
+    force: bool = False,
+    on_start: Callable[[int, int], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> dict:
+    """Run `pingctl ingest`; returns the summary (also the basis of manifest.json).
+
+    `cfg` is the IngestConfig section. `on_start(total_bytes, n_files)` and
+    `on_bytes(n)` drive a progress bar.
+    """
+    from pingctl import __version__
+    from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
+    from pingctl.schema import COLUMNS
+
+    out = Path(out)
+    files = resolve(inputs, out)
+    check_replaceable(out, force)
+    opts = Options.from_config(cfg)
+    workers = min(cfg.workers or os.cpu_count() or 1, len(files))
+    if on_start is not None:
+        on_start(sum(_size(f) for f in files), len(files))
+    t0 = time.perf_counter()
+    with atomic_dir(out) as tmp:
+        results = run_files(files, tmp, opts, workers, on_bytes)
+        with open(tmp / REJECTS, "wb") as dst:
+            for r in results:
+                piece = tmp / f".rejects-{r['index']:05d}.jsonl"
+                with open(piece, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                piece.unlink()
+        totals = new_counts()
+        for r in results:
+            merge_counts(totals, r["counts"])
+        config = cfg.model_dump(mode="json")
+        config.pop("workers", None)  # does not change the output
+        manifest = {
+            "kind": "pingctl-ingest",
+            "pingctl_version": __version__,
+            "columns": list(COLUMNS),
+            "config": config,
+            "inputs": [
+                {
+                    "path": r["path"],
+                    "bytes": r["bytes"],
+                    "sha256": r["sha256"],
+                    "codec": r["codec"],
+                    "part": r["part"],
+                    "records": r["counts"]["records"],
+                    "rows": r["counts"]["rows"],
+                    "rejected": sum(r["counts"]["rejected"].values()),
+                }
+                for r in results
+            ],
+            "data_files": [r["part"] for r in results if r["part"]],  # what downstream commands read
+            "rejects": REJECTS,
+            "counts": _public_counts(totals),
+        }
+        problems = reconcile(totals)
+        if problems:  # a bug, never the input's fault: refuse to publish
+            raise RuntimeError("ingest counts do not reconcile: " + "; ".join(problems))
+        write_json(tmp / MANIFEST, manifest)
+    elapsed = time.perf_counter() - t0
+    summary = dict(manifest["counts"])
+    summary.update(
+        out=str(out),
+        files=len(files),
+        workers=workers,
+        elapsed_s=round(elapsed, 3),
+        results_per_s=round(totals["records"] / elapsed, 1) if elapsed > 0 else None,
+        rows_per_s=round(totals["rows"] / elapsed, 1) if elapsed > 0 else None,
+        mb_per_s=round(sum(r["bytes"] for r in results) / 1e6 / elapsed, 2) if elapsed > 0 else None,
+        input_bytes=sum(r["bytes"] for r in results),
+    )
+    return summary
+
+
+def _iso(us: int | None) -> str | None:
+    if us is None:
+        return None
+    import datetime as dt
+
+    from pingctl.ingest.parse import EPOCH
+
+    return (EPOCH + dt.timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
+
+
+def _public_counts(c: dict) -> dict:
+    out = {k: v for k, v in c.items() if k not in ("first_us", "last_us")}
+    out["filtered"] = dict(c["filtered"])
+    out["rejected"] = dict(sorted(c["rejected"].items()))
+    out["filtered_total"] = sum(c["filtered"].values())
+    out["rejected_total"] = sum(c["rejected"].values())
+    out["first_time"] = _iso(c["first_us"])
+    out["last_time"] = _iso(c["last_us"])
+    return out
+
+
+def exit_status(summary: dict, strict: bool) -> tuple[int, str | None]:
+    """(exit code, message): 1 when no valid result was written, or --strict and rejects."""
+    if summary["results_written"] == 0:
+        why = (
+            f"{summary['records']} record(s) read: {summary['rejected_total']} rejected, "
+            f"{summary['filtered_total']} filtered, {summary['summary_only']} summary-only"
+        )
+        return 1, f"no valid ping result with a packet list was written ({why}); see {summary['out']}/{REJECTS}"
+    if strict and summary["rejected_total"]:
+        return 1, f"--strict: {summary['rejected_total']} record(s) rejected; see {summary['out']}/{REJECTS}"
+    return 0, None

@@ -1,0 +1,662 @@
+"""RIPE Atlas ping result -> canonical rows: the per-result rules of `pingctl ingest`.
+
+One loop over results (a loop over results is inherent in JSON); per result the scalar
+columns are appended once as a tuple and the packet RTTs to one flat list, and Arrow
+arrays are built once per batch (`np.repeat`/`take` expand the per-result columns).
+
+Every record read ends up as exactly one of: written (>= 0 rows), summary-only,
+filtered (by the first filter that excludes it) or rejected (with a reason), so
+`records == results_written + summary_only + filtered + rejected` always holds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from pingctl.errors import PingctlError
+from pingctl.ingest.reader import NO_EOL
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+US = dt.timedelta(microseconds=1)
+
+REJECT_REASONS = {
+    "bad_json": "not valid JSON (or broken JSON-array structure: rest of file skipped)",
+    "truncated": "file ends early or its compressed stream is corrupt: rest of file skipped",
+    "too_large": "a line/element over 64 MiB (not a result)",
+    "not_an_object": "JSON value is not an object",
+    "not_ping": "`type` is present and is not \"ping\"",
+    "bad_msm_id": "`msm_id` missing or not a non-negative 64-bit integer",
+    "bad_prb_id": "`prb_id` present but not a non-negative 64-bit integer",
+    "bad_time": "`timestamp` missing, not a number, or before 2000-01-01 / in the future",
+    "no_dst_addr": "no `dst_addr`/`addr`, and `dst_name`/`name` is not an IP address (e.g. DNS failure)",
+    "bad_dst_addr": "`dst_addr`/`addr` is not an IP address",
+    "bad_af": "`af` (old firmware: `pf`, `mode`) is not 4 or 6",
+    "af_mismatch": "source or destination address family differs from `af`",
+    "no_src_addr": "the chosen source field(s) are missing or empty",
+    "bad_src_addr": "the chosen source address is not an IP address",
+    "no_result": "no per-packet `result` list and no avg/min/max summary",
+    "bad_packet": "`result` contains an entry that is not an object",
+    "bad_rtt": "an `rtt` is not a finite number >= 0",
+    "bad_size": "`size` present but not a non-negative 64-bit integer",
+}
+FILTERS = ("msm", "probe", "time", "sample", "af")
+I64 = (1 << 63) - 1
+
+
+def parse_when(value: Any, what: str) -> int | None:
+    """ISO 8601 (naive = UTC) or Unix seconds -> Unix microseconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dt.datetime):
+        when = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return (when - EPOCH) // US
+    text = str(value).strip()
+    try:
+        secs = float(text)
+    except ValueError:
+        pass
+    else:
+        if secs != secs or secs in (float("inf"), float("-inf")):
+            raise PingctlError(f"{what} {value!r}: not a valid time")
+        return round(secs * 1_000_000)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise PingctlError(
+            f"{what} {value!r}: expected ISO 8601 (e.g. 2024-01-31T12:00:00Z) or Unix seconds"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return (when - EPOCH) // US
+
+
+@dataclass(frozen=True)
+class Options:
+    """Plain, picklable per-run settings (resolved once in the parent process)."""
+
+    src_field: str = "auto"
+    af: int = 0
+    msm_ids: frozenset = frozenset()
+    probe_ids: frozenset = frozenset()
+    since_us: int | None = None
+    until_us: int | None = None
+    sample: float = 1.0
+    drop_dups: bool = False
+    row_group_rows: int = 262_144
+    tmin_us: int = 946_684_800_000_000  # schema.MIN_TIME
+    tmax_us: int = field(default_factory=lambda: _max_time_us())
+
+    @classmethod
+    def from_config(cls, cfg) -> "Options":
+        from pingctl.schema import MIN_TIME
+
+        since = parse_when(cfg.since, "since")
+        until = parse_when(cfg.until, "until")
+        if since is not None and until is not None and since >= until:
+            raise PingctlError(f"since ({cfg.since}) must be before until ({cfg.until})")
+        return cls(
+            src_field=cfg.src_field,
+            af=int(cfg.af),
+            msm_ids=frozenset(cfg.msm_ids),
+            probe_ids=frozenset(cfg.probe_ids),
+            since_us=since,
+            until_us=until,
+            sample=float(cfg.sample),
+            drop_dups=bool(cfg.drop_dups),
+            row_group_rows=int(cfg.row_group_rows),
+            tmin_us=(MIN_TIME - EPOCH) // US,
+            tmax_us=_max_time_us(),
+        )
+
+
+def _max_time_us() -> int:
+    from pingctl.schema import max_time
+
+    return (max_time() - EPOCH) // US
+
+
+def sample_keep(msm: int, prb: int | None, ts_us: int, threshold: int) -> bool:
+    """Deterministic sampling: blake2b-64 of "msm/prb/timestamp_us" below fraction * 2^64."""
+    key = b"%d/%s/%d" % (msm, b"-" if prb is None else b"%d" % prb, ts_us)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") < threshold
+
+
+def new_counts() -> dict:
+    return {
+        "records": 0,
+        "results_written": 0,
+        "empty_results": 0,
+        "summary_only": 0,
+        "rows": 0,
+        "rows_v4": 0,
+        "rows_v6": 0,
+        "replies": 0,
+        "dups": 0,
+        "dups_dropped": 0,
+        "timeouts": 0,
+        "errors": 0,
+        "late": 0,
+        "other_packets": 0,
+        "src_from": 0,
+        "src_private": 0,
+        "filtered": {k: 0 for k in FILTERS},
+        "rejected": {},
+        "first_us": None,
+        "last_us": None,
+    }
+
+
+def merge_counts(total: dict, part: dict) -> dict:
+    for k, v in part.items():
+        if k in ("filtered", "rejected"):
+            for r, n in v.items():
+                total[k][r] = total[k].get(r, 0) + n
+        elif k == "first_us":
+            if v is not None and (total[k] is None or v < total[k]):
+                total[k] = v
+        elif k == "last_us":
+            if v is not None and (total[k] is None or v > total[k]):
+                total[k] = v
+        else:
+            total[k] += v
+    return total
+
+
+class Rejects:
+    """Streams reject records as JSON lines (to a file object, or keeps them in a list)."""
+
+    RAW_MAX = 2000
+
+    def __init__(self, file_label: str, fh=None):
+        import orjson
+
+        self.file = file_label
+        self.fh = fh
+        self.kept: list[dict] = []
+        self._dumps = orjson.dumps
+
+    def add(self, reason: str, line: int, raw: bytes | str | None, detail: str | None = None) -> None:
+        if isinstance(raw, bytes):
+            raw = raw[: self.RAW_MAX * 4].decode("utf-8", "replace")
+        rec = {"file": self.file, "line": line, "reason": reason, "raw": (raw or "")[: self.RAW_MAX]}
+        if detail:
+            rec["detail"] = detail
+        if self.fh is None:
+            self.kept.append(rec)
+        else:
+            self.fh.write(self._dumps(rec) + b"\n")
+
+
+class Batch:
+    """Per-result tuples + flat RTT list -> one Arrow table per flush.
+
+    Totals that can be read off the columns (rows, failed rows, errors, IPv4 rows, time
+    span ...) are computed here with numpy, once per batch, instead of per packet.
+    """
+
+    def __init__(self):
+        self.results: list[tuple] = []
+        self.rtts: list[float] = []
+        self.stats = {
+            "results_written": 0,
+            "empty_results": 0,
+            "rows": 0,
+            "rows_v4": 0,
+            "failed_rows": 0,
+            "errors": 0,
+            "first_us": None,
+            "last_us": None,
+        }
+
+    def __len__(self) -> int:
+        return len(self.rtts)
+
+    def take_table(self):
+        import numpy as np
+        import pyarrow as pa
+
+        from pingctl.schema import arrow_schema
+
+        schema = arrow_schema()
+        res, rtts = self.results, self.rtts
+        self.results, self.rtts = [], []
+        if not res:
+            return schema.empty_table()
+        msm, ts, src, dst, ipv, size, nerr, prb, nrows = zip(*res)
+        counts = np.array(nrows, dtype=np.int64)
+        ts_a = np.array(ts, dtype=np.int64)
+        ipv_a = np.array(ipv, dtype=np.int64)
+        nerr_a = np.array(nerr, dtype=np.int64)
+        rtt_a = np.array(rtts, dtype=np.float64)
+        idx = pa.array(np.repeat(np.arange(len(res), dtype=np.int64), counts))
+        arrays = [
+            pa.array(np.repeat(np.array(msm, dtype=np.int64), counts)),
+            pa.array(np.repeat(ts_a, counts)).cast(schema.field("event_time").type),
+            pa.array(src, pa.string()).take(idx),
+            pa.array(dst, pa.string()).take(idx),
+            pa.array(np.repeat(ipv_a, counts)),
+            pa.array(rtt_a),
+            pa.array(np.repeat(np.array(size, dtype=np.int64), counts)),
+            pa.array(np.repeat(nerr_a, counts)),
+            pa.array(prb, pa.int64()).take(idx),
+        ]
+        st = self.stats
+        st["results_written"] += len(res)
+        st["empty_results"] += int(np.count_nonzero(counts == 0))
+        st["rows"] += len(rtt_a)
+        st["rows_v4"] += int(counts[ipv_a == 4].sum())
+        st["failed_rows"] += int(np.count_nonzero(rtt_a == -1.0))
+        st["errors"] += int(nerr_a.sum())  # every error entry is one row
+        lo, hi = int(ts_a.min()), int(ts_a.max())
+        st["first_us"] = lo if st["first_us"] is None else min(lo, st["first_us"])
+        st["last_us"] = hi if st["last_us"] is None else max(hi, st["last_us"])
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _address_lookup():
+    """(cache dict, lookup): text -> (canonical, version, is_public, public_version) or None.
+
+    `public_version` is the version for public addresses and 0 otherwise, so the common
+    "public and of the right family" test is one comparison. Only strings are cached.
+    """
+    from pingctl.schema import is_public, parse_address
+
+    cache: dict = {}
+
+    def lookup(text):
+        if type(text) is not str or not text:
+            return None
+        info = cache.get(text, False)
+        if info is False:
+            parsed = parse_address(text)
+            if parsed is None:
+                info = None
+            else:
+                pub = is_public(parsed[0])
+                info = (parsed[0], parsed[1], pub, parsed[1] if pub else 0)
+            if len(cache) > 1_000_000:
+                cache.clear()
+            cache[text] = info
+        return info
+
+    return cache, lookup
+
+
+def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, int]:
+    """(dups, dups dropped, late, other) among the valid entries before the first bad one:
+    what the main loop counted for a result it then rejected, so it can be taken back."""
+    dup = late = other = 0
+    for e in res:
+        if type(e) is not dict:
+            break
+        r = e.get("rtt")
+        if r is not None:
+            if type(r) not in (int, float) or not (0 <= r < float("inf")):
+                break
+            if len(e) > 1:
+                if "late" in e:
+                    late += 1
+                if e.get("dup"):
+                    dup += 1
+        elif "error" in e or "x" in e:
+            pass
+        elif "rtt" in e:
+            break
+        else:
+            other += 1
+            if "late" in e:
+                late += 1
+    return dup, dup if drop_dups else 0, late, other
+
+
+def _default_flush(batch: "Batch"):
+    return lambda: batch.take_table()
+
+
+def parse_records(
+    blocks: Iterable[tuple],
+    opts: Options,
+    batch: Batch,
+    rejects: Rejects,
+    flush: Callable[[], None] | None = None,
+) -> dict:
+    """Run the per-result rules over `(line0, raws, bad)` blocks; rows go to `batch`.
+
+    `flush()` must empty the batch (`batch.take_table()`) and is called whenever it holds
+    >= row_group_rows rows, and once at the end. Returns the counts.
+    """
+    import math
+
+    import orjson
+
+    if flush is None:
+        flush = _default_flush(batch)
+    loads = orjson.loads
+    JSONDecodeError = orjson.JSONDecodeError
+    dumps = orjson.dumps
+    acache, lookup = _address_lookup()
+    aget = acache.get
+    c = new_counts()
+    filtered = c["filtered"]
+    rejected = c["rejected"]
+    reject_add = rejects.add
+
+    def reject(reason, line, raw, d=None, detail=None):
+        rejected[reason] = rejected.get(reason, 0) + 1
+        if raw is None:
+            try:
+                raw = dumps(d)
+            except Exception:  # noqa: BLE001 - raw is best effort
+                raw = repr(d)
+        reject_add(reason, line, raw, detail)
+
+    msm_set = opts.msm_ids
+    prb_set = opts.probe_ids
+    tmin, tmax = opts.tmin_us, opts.tmax_us
+    since = opts.since_us if opts.since_us is not None else -(1 << 62)
+    until = opts.until_us if opts.until_us is not None else 1 << 62
+    lo_ok = max(tmin, since)  # lo_ok <= ts < hi_ok: valid and inside --since/--until
+    hi_ok = min(tmax + 1, until)
+    sampling = opts.sample < 1.0
+    threshold = int(opts.sample * (1 << 64))
+    af_keep = opts.af
+    drop_dups = opts.drop_dups
+    src_mode = opts.src_field
+    auto_src = src_mode == "auto"
+    rgr = opts.row_group_rows
+    inf = math.inf
+
+    results_append = batch.results.append
+    rtts = batch.rtts
+    rtt_append = rtts.append
+
+    n_records = n_summary = 0
+    n_dup = n_dup_drop = n_late = n_other = 0
+    n_src_from = n_src_private = 0
+
+    for line0, raws, bad in blocks:
+        if bad is not None and bad is not NO_EOL:
+            n_records += 1
+            reject(bad[0], line0, raws[0], detail=bad[1])
+            continue
+        for j, raw in enumerate(raws):
+            if not raw:
+                continue  # blank line
+            try:
+                obj = loads(raw)
+            except JSONDecodeError as e:
+                if not raw.strip():
+                    continue
+                n_records += 1
+                reject("truncated" if bad is NO_EOL else "bad_json", line0 + j, raw, detail=str(e))
+                continue
+            if type(obj) is dict:
+                items = (obj,)
+                single = True
+            elif type(obj) is list:  # a JSON array on one line (e.g. an API page)
+                items = obj
+                single = False
+            else:
+                n_records += 1
+                reject("not_an_object", line0 + j, raw)
+                continue
+
+            for d in items:
+                n_records += 1
+                if type(d) is not dict:
+                    reject("not_an_object", line0 + j, raw if single else None, d)
+                    continue
+                t = d.get("type")
+                if t != "ping" and t is not None:
+                    reject("not_ping", line0 + j, raw if single else None, d)
+                    continue
+                msm = d.get("msm_id")
+                if type(msm) is not int or not (0 <= msm <= I64):
+                    reject("bad_msm_id", line0 + j, raw if single else None, d)
+                    continue
+                if msm_set and msm not in msm_set:
+                    filtered["msm"] += 1
+                    continue
+                prb = d.get("prb_id")
+                if (type(prb) is not int or not (0 <= prb <= I64)) and prb is not None:
+                    reject("bad_prb_id", line0 + j, raw if single else None, d)
+                    continue
+                if prb_set and prb not in prb_set:
+                    filtered["probe"] += 1
+                    continue
+                ts = d.get("timestamp")
+                if type(ts) is int:
+                    ts_us = ts * 1_000_000
+                elif type(ts) is float and -inf < ts < inf:
+                    ts_us = round(ts * 1_000_000)
+                else:
+                    reject("bad_time", line0 + j, raw if single else None, d)
+                    continue
+                if not (lo_ok <= ts_us < hi_ok):
+                    if not (tmin <= ts_us <= tmax):
+                        reject("bad_time", line0 + j, raw if single else None, d)
+                    else:
+                        filtered["time"] += 1
+                    continue
+                if sampling and not sample_keep(msm, prb, ts_us, threshold):
+                    filtered["sample"] += 1
+                    continue
+
+                # destination: dst_addr (fw >= 4460) / addr (older); else an IP-literal name
+                dst = d.get("dst_addr")
+                try:
+                    dinfo = aget(dst)
+                except TypeError:  # unhashable junk
+                    dinfo = None
+                if dinfo is None:
+                    if dst is None or dst == "":
+                        dst = d.get("addr")
+                    if dst is None or dst == "":
+                        name = d.get("dst_name")
+                        if name is None or name == "":
+                            name = d.get("name")
+                        dinfo = lookup(name)
+                        if dinfo is None:
+                            reject("no_dst_addr", line0 + j, raw if single else None, d)
+                            continue
+                    else:
+                        dinfo = lookup(dst)
+                        if dinfo is None:
+                            reject("bad_dst_addr", line0 + j, raw if single else None, d)
+                            continue
+
+                # address family: af (>= 4460) / pf (4400) / mode ICMP4|ICMP6 / destination
+                af = d.get("af")
+                if af is None:
+                    af = d.get("pf")
+                    if af is None:
+                        mode = d.get("mode")
+                        af = 4 if mode == "ICMP4" else 6 if mode == "ICMP6" else dinfo[1]
+                if type(af) is not int or (af != 4 and af != 6):
+                    reject("bad_af", line0 + j, raw if single else None, d)
+                    continue
+                if af_keep and af != af_keep:
+                    filtered["af"] += 1
+                    continue
+                if dinfo[1] != af:
+                    reject("af_mismatch", line0 + j, raw if single else None, d, "dst_addr")
+                    continue
+
+                res = d.get("result")
+                if type(res) is not list:
+                    if "avg" in d or "min" in d or "max" in d:
+                        n_summary += 1  # oldest firmware: summary only, no per-packet list
+                    else:
+                        reject("no_result", line0 + j, raw if single else None, d)
+                    continue
+
+                # source address
+                if auto_src:
+                    s = d.get("src_addr")
+                    try:
+                        sinfo = aget(s)
+                    except TypeError:
+                        sinfo = None
+                    if sinfo is not None and sinfo[3] == af:
+                        src = sinfo[0]
+                    else:
+                        if sinfo is None:  # missing, old name, not cached yet, or junk
+                            if s is None or s == "":
+                                s = d.get("srcaddr")
+                            sinfo = lookup(s)
+                        f = d.get("from")
+                        try:
+                            finfo = aget(f)
+                        except TypeError:
+                            finfo = None
+                        if finfo is None:
+                            finfo = lookup(f)
+                        if sinfo is not None and sinfo[3] == af:
+                            src = sinfo[0]
+                        elif finfo is not None and finfo[3] == af:
+                            src = finfo[0]
+                            n_src_from += 1
+                        elif sinfo is not None and sinfo[1] == af:
+                            src = sinfo[0]
+                            n_src_private += 1
+                        elif finfo is not None and finfo[1] == af:
+                            src = finfo[0]
+                            n_src_from += 1
+                            n_src_private += 1
+                        else:
+                            if (s is None or s == "") and (f is None or f == ""):
+                                why = "no_src_addr"
+                            elif sinfo is not None or finfo is not None:
+                                why = "af_mismatch"
+                            else:
+                                why = "bad_src_addr"
+                            reject(why, line0 + j, raw if single else None, d, "src_addr/from")
+                            continue
+                else:
+                    if src_mode == "from":
+                        s = d.get("from")
+                    else:
+                        s = d.get("src_addr")
+                        if s is None or s == "":
+                            s = d.get("srcaddr")
+                    if s is None or s == "":
+                        reject("no_src_addr", line0 + j, raw if single else None, d, src_mode)
+                        continue
+                    sinfo = lookup(s)
+                    if sinfo is None:
+                        reject("bad_src_addr", line0 + j, raw if single else None, d, src_mode)
+                        continue
+                    if sinfo[1] != af:
+                        reject("af_mismatch", line0 + j, raw if single else None, d, src_mode)
+                        continue
+                    src = sinfo[0]
+                    if not sinfo[2]:
+                        n_src_private += 1
+
+                size = d.get("size", 0)
+                if type(size) is not int or not (0 <= size <= I64):
+                    if size is None:
+                        size = 0
+                    else:
+                        reject("bad_size", line0 + j, raw if single else None, d)
+                        continue
+
+                # packets: replies/timeouts/errors are read off the RTT column per batch;
+                # only the rare kinds (dup, late, other) are counted here.
+                n0 = len(rtts)
+                err = 0
+                try:
+                    for e in res:
+                        r = e.get("rtt")  # AttributeError: not an object
+                        if r is not None:
+                            tr = type(r)
+                            if tr is float:
+                                if not (0.0 <= r < inf):
+                                    raise ValueError
+                            elif tr is int:
+                                if r < 0:
+                                    raise ValueError
+                                r = float(r)
+                            else:
+                                raise ValueError
+                            if len(e) > 1:
+                                if "late" in e:
+                                    n_late += 1
+                                if e.get("dup"):
+                                    n_dup += 1
+                                    if drop_dups:
+                                        n_dup_drop += 1
+                                        continue
+                            rtt_append(r)
+                        elif "error" in e:
+                            err += 1
+                            rtt_append(-1.0)
+                        elif "x" in e:
+                            rtt_append(-1.0)
+                        elif "rtt" in e:  # "rtt": null
+                            raise ValueError
+                        else:  # e.g. {"late": n} without rtt, or {}: no usable RTT
+                            n_other += 1
+                            if "late" in e:
+                                n_late += 1
+                            rtt_append(-1.0)
+                except (AttributeError, ValueError) as ex:
+                    del rtts[n0:]
+                    dup, dup_drop, late, other = _packet_prefix_counts(res, drop_dups)
+                    n_dup -= dup
+                    n_dup_drop -= dup_drop
+                    n_late -= late
+                    n_other -= other
+                    why = "bad_packet" if isinstance(ex, AttributeError) else "bad_rtt"
+                    reject(why, line0 + j, raw if single else None, d)
+                    continue
+
+                results_append((msm, ts_us, src, dinfo[0], af, size, err, prb, len(rtts) - n0))
+
+        if len(rtts) >= rgr:
+            flush()
+            results_append = batch.results.append
+            rtts = batch.rtts
+            rtt_append = rtts.append
+
+    flush()
+    st = batch.stats
+    kept_dups = n_dup - n_dup_drop
+    c.update(
+        records=n_records,
+        results_written=st["results_written"],
+        empty_results=st["empty_results"],
+        summary_only=n_summary,
+        rows=st["rows"],
+        rows_v4=st["rows_v4"],
+        rows_v6=st["rows"] - st["rows_v4"],
+        replies=st["rows"] - st["failed_rows"] - kept_dups,
+        dups=n_dup,
+        dups_dropped=n_dup_drop,
+        timeouts=st["failed_rows"] - st["errors"] - n_other,
+        errors=st["errors"],
+        late=n_late,
+        other_packets=n_other,
+        src_from=n_src_from,
+        src_private=n_src_private,
+        first_us=st["first_us"],
+        last_us=st["last_us"],
+    )
+    return c
+
+
+def reconcile(c: dict) -> list[str]:
+    """Problems with the bookkeeping identities (empty list = all counts add up)."""
+    bad = []
+    accounted = c["results_written"] + c["summary_only"] + sum(c["filtered"].values()) + sum(c["rejected"].values())
+    if c["records"] != accounted:
+        bad.append(f"records {c['records']} != written+summary+filtered+rejected {accounted}")
+    packets = c["replies"] + c["dups"] - c["dups_dropped"] + c["timeouts"] + c["errors"] + c["other_packets"]
+    if c["rows"] != packets:
+        bad.append(f"rows {c['rows']} != packets {packets}")
+    if c["rows_v4"] + c["rows_v6"] != c["rows"]:
+        bad.append("rows_v4 + rows_v6 != rows")
+    return bad

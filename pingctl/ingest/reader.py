@@ -1,0 +1,436 @@
+"""Streaming input for `pingctl ingest`: decompression, JSON lines and streamed JSON arrays.
+
+Nothing here holds more than a few chunks of a file in memory: a multi-GB daily dump is
+read in 1 MiB chunks, split into records, and each record is handed on as raw bytes.
+
+`iter_records(read_chunk)` yields blocks `(line0, raws, bad)`; `raws[j]` is on line
+`line0 + j` (an empty bytes object is a blank line):
+  * `bad is None`      -> each raw is one JSON text (a line of a JSON-lines file, or one
+                           element of a top-level JSON array, then alone in its block);
+  * `bad is NO_EOL`    -> one raw: the last line, without a trailing newline (if it does
+                           not parse, the file was probably cut off);
+  * `bad` is a tuple   -> `(reason, detail)` for one raw: a stream-level problem (corrupt or
+                           truncated compressed data, a record over the size limit, broken
+                           array structure). After `truncated`/`bad_json` at stream level the
+                           rest of the file is skipped, so it is one reject, not thousands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import re
+import threading
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+CHUNK = 1 << 20
+MAX_RECORD = 64 << 20  # one RIPE result is < 100 kB; anything this big is not a result
+
+# Suffix -> codec. A file without one of these suffixes is sniffed by its magic bytes.
+SUFFIX_CODECS = {
+    ".bz2": "bz2",
+    ".gz": "gzip",
+    ".gzip": "gzip",
+    ".zst": "zstd",
+    ".zstd": "zstd",
+    ".xz": "xz",
+}
+MAGIC = ((b"BZh", "bz2"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"))
+# What a directory scan picks up (explicit files and globs are always taken as given).
+INPUT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".txt") + tuple(SUFFIX_CODECS)
+
+NO_EOL = ("no_eol", None)
+_BOM = b"\xef\xbb\xbf"  # sentinel `bad` value: last line without a trailing newline
+
+
+class HashingReader:
+    """Wraps the raw file: counts and hashes every byte read, reports progress."""
+
+    def __init__(self, raw: BinaryIO, on_bytes: Callable[[int], None] | None = None):
+        self.raw = raw
+        self.sha = hashlib.sha256()
+        self.nbytes = 0
+        self.on_bytes = on_bytes
+        self.name = ""  # GzipFile looks for .name
+        self.mode = "rb"
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if data:
+            self.sha.update(data)
+            self.nbytes += len(data)
+            if self.on_bytes is not None:
+                self.on_bytes(len(data))
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def drain(self) -> None:
+        """Read (and hash) whatever the decoder left unread, so sha256 covers the file."""
+        while self.read(CHUNK):
+            pass
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def detect_codec(path: Path, raw) -> str:
+    """Codec from the suffix, else from the magic bytes (`raw` must support peek)."""
+    codec = SUFFIX_CODECS.get(path.suffix.lower())
+    if codec:
+        return codec
+    head = raw.peek(8)[:8]
+    for magic, name in MAGIC:
+        if head.startswith(magic):
+            return name
+    return "plain"
+
+
+def open_decoder(codec: str, fileobj):
+    """A binary stream of decompressed bytes (errors surface on read)."""
+    if codec == "plain":
+        return fileobj
+    if codec == "bz2":
+        import bz2
+
+        return bz2.BZ2File(fileobj)
+    if codec == "gzip":
+        import gzip
+
+        return gzip.GzipFile(fileobj=fileobj, mode="rb")
+    if codec == "xz":
+        import lzma
+
+        return lzma.LZMAFile(fileobj)
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(fileobj, read_across_frames=True, closefd=False)
+    raise ValueError(f"unknown codec {codec}")
+
+
+RAW_CHUNK = 256 << 10
+
+
+def _block_chunks(decompressor_factory, f, out_max: int = CHUNK) -> Iterator[bytes]:
+    """Decompress bz2/xz with large input blocks (one GIL release per call, not per 8 KiB
+    as BZ2File does), output capped at `out_max` per call; multi-stream files work."""
+    d = decompressor_factory()
+    started = False  # the current stream has been fed bytes
+    while True:
+        data = f.read(RAW_CHUNK)
+        if not data:
+            if started and not d.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            return
+        while True:
+            if data:
+                started = True
+            out = d.decompress(data, out_max)
+            if out:
+                yield out
+            if d.eof:
+                data = d.unused_data
+                d = decompressor_factory()
+                started = False
+                if not data:
+                    break
+                continue
+            if d.needs_input:
+                break
+            data = b""
+
+
+def decoded_chunks(codec: str, fileobj) -> Iterator[bytes]:
+    """Decompressed chunks of about 1 MiB (errors surface while iterating)."""
+    if codec == "bz2":
+        import bz2
+
+        yield from _block_chunks(bz2.BZ2Decompressor, fileobj)
+        return
+    if codec == "xz":
+        import lzma
+
+        yield from _block_chunks(lzma.LZMADecompressor, fileobj)
+        return
+    if codec == "zstd":
+        import zstandard
+
+        stream = zstandard.ZstdDecompressor().stream_reader(
+            fileobj, read_size=RAW_CHUNK, read_across_frames=True, closefd=False
+        )
+    else:
+        stream = open_decoder(codec, fileobj)
+    while True:
+        data = stream.read(CHUNK)
+        if not data:
+            return
+        yield data
+
+
+class ThreadedChunks:
+    """Decompress in a background thread (bz2/zlib/lzma/zstd release the GIL) so parsing
+    overlaps decompression. At most `depth` chunks are buffered: memory stays bounded."""
+
+    _END = object()
+
+    def __init__(self, chunks: Iterator[bytes], depth: int = 4):
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.done = False
+        self.t = threading.Thread(target=self._run, args=(chunks,), daemon=True)
+        self.t.start()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, chunks: Iterator[bytes]) -> None:
+        try:
+            for data in chunks:
+                if not self._put(data):
+                    return
+            self._put(self._END)
+        except BaseException as e:  # noqa: BLE001 - handed to the reader, raised there
+            self._put(e)
+
+    def read(self) -> bytes:
+        if self.done:
+            return b""
+        item = self.q.get()
+        if item is self._END:
+            self.done = True
+            return b""
+        if isinstance(item, BaseException):
+            self.done = True
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.stop.set()
+        self.done = True
+        self.t.join(timeout=5)
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------- records
+
+
+def iter_records(read_chunk: Callable[[], bytes], max_record: int = MAX_RECORD) -> Iterator[tuple]:
+    """(line, raw, bad) for every record of a JSON-lines or JSON-array stream."""
+    buf = b""
+    while True:  # find the first non-blank byte to decide the layout
+        try:
+            data = read_chunk()
+        except Exception as e:  # noqa: BLE001 - any decoder error means a corrupt/truncated file
+            yield 1 + buf.count(b"\n"), [buf], ("truncated", _err(e))
+            return
+        if not data:
+            break
+        buf += data
+        if len(buf) < 3 and _BOM.startswith(buf):
+            continue  # could still be a byte-order mark
+        if buf.startswith(_BOM):
+            buf = buf[3:]
+        if buf.lstrip():
+            break
+    stripped = buf.lstrip()
+    if not stripped:
+        return
+    if stripped[:1] == b"[":
+        yield from _ArraySplitter(buf, read_chunk, max_record).run()
+    else:
+        yield from _iter_lines(buf, read_chunk, max_record)
+
+
+def _iter_lines(first: bytes, read_chunk, max_record: int) -> Iterator[tuple]:
+    line_no = 0  # lines completed so far
+    rest = b""
+    skipping = False  # inside an oversized line: drop bytes up to the next newline
+    data = first
+    while True:
+        if data:
+            parts = (rest + data if rest else data).split(b"\n")
+            rest = parts.pop()
+            if skipping and parts:
+                parts[0] = b""  # tail of the oversized line, already reported
+                skipping = False
+            if parts:
+                yield line_no + 1, parts, None
+                line_no += len(parts)
+            if skipping:
+                rest = b""
+            elif len(rest) > max_record:
+                yield line_no + 1, [rest[:4096]], ("too_large", f"line longer than {max_record} bytes; skipped")
+                rest = b""
+                skipping = True
+        try:
+            data = read_chunk()
+        except Exception as e:  # noqa: BLE001
+            yield line_no + 1, [b"" if skipping else rest], ("truncated", _err(e))
+            return
+        if not data:
+            break
+    if rest and not skipping:
+        yield line_no + 1, [rest], NO_EOL
+
+
+# A run of bytes outside brackets: plain bytes and complete strings (escapes handled).
+_SPAN = re.compile(rb'(?:[^"\[\]{}]+|"[^"\\]*(?:\\.[^"\\]*)*")*', re.S)
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_SCALAR = re.compile(rb'[^,\]\[{}"\s]*')
+_WS = re.compile(rb"[ \t\r\n]*")
+
+
+class _NeedMore(Exception):
+    pass
+
+
+class _ArraySplitter:
+    """Incremental splitter of top-level JSON arrays into their elements.
+
+    Tracks strings (with escapes) and bracket depth over chunk boundaries, so one-line
+    arrays, pretty-printed arrays and several arrays in a row (API pages) all stream.
+    Each element's bytes are yielded unparsed; `orjson` validates them afterwards.
+    """
+
+    def __init__(self, buf: bytes, read_chunk, max_record: int):
+        self.buf = buf
+        self.read_chunk = read_chunk
+        self.max_record = max_record
+        self.eof = False
+        self.error: str | None = None
+        self.line = 1  # line number at position `counted`
+        self.counted = 0
+
+    def _more(self, keep_from: int) -> int:
+        """Append a chunk, dropping bytes before `keep_from`; returns the shift applied."""
+        if self.eof:
+            raise _NeedMore
+        try:
+            data = self.read_chunk()
+        except Exception as e:  # noqa: BLE001
+            self.error = _err(e)
+            self.eof = True
+            raise _NeedMore from None
+        if not data:
+            self.eof = True
+            raise _NeedMore
+        self.line += self.buf.count(b"\n", self.counted, keep_from)
+        self.buf = self.buf[keep_from:] + data
+        self.counted = 0
+        return keep_from
+
+    def _line_at(self, pos: int) -> int:
+        self.line += self.buf.count(b"\n", self.counted, pos)
+        self.counted = pos
+        return self.line
+
+    def _skip_ws(self, pos: int) -> int:
+        while True:
+            pos = _WS.match(self.buf, pos).end()
+            if pos < len(self.buf):
+                return pos
+            pos -= self._more(pos)
+
+    def _value_end(self, s: int) -> tuple[int, int]:
+        """End of the value starting at s (may refill: returns (new start, end))."""
+        c = self.buf[s]
+        if c in b"{[":
+            depth = 0
+            i = s
+            while True:
+                i = _SPAN.match(self.buf, i).end()
+                if i >= len(self.buf) or self.buf[i] == 0x22:  # end of data or unterminated string
+                    if i - s > self.max_record:
+                        raise OverflowError
+                    shift = self._more(s)
+                    s -= shift
+                    i -= shift
+                    continue
+                if self.buf[i] in b"{[":
+                    depth += 1
+                else:
+                    depth -= 1
+                i += 1
+                if depth == 0:
+                    return s, i
+        pat = _STRING if c == 0x22 else _SCALAR
+        while True:
+            m = pat.match(self.buf, s)
+            if m is not None and m.end() < len(self.buf):
+                return s, m.end()
+            if m is not None and self.eof:
+                return s, m.end()
+            if len(self.buf) - s > self.max_record:
+                raise OverflowError
+            s -= self._more(s)
+
+    def run(self) -> Iterator[tuple]:
+        pos = 0
+        state = "open"  # open: expect '[' or end; first: after '['; next: after a value
+        try:
+            while True:
+                try:
+                    pos = self._skip_ws(pos)
+                except _NeedMore:
+                    if state == "open" and self.error is None:
+                        return
+                    raise
+                c = self.buf[pos]
+                if state == "open":
+                    if c != 0x5B:  # '['
+                        yield self._line_at(pos), [self.buf[pos : pos + 2000]], (
+                            "bad_json",
+                            "unexpected data after the JSON array; rest of file skipped",
+                        )
+                        return
+                    pos += 1
+                    state = "first"
+                    continue
+                if c == 0x5D:  # ']'
+                    pos += 1
+                    state = "open"
+                    continue
+                if state == "next":
+                    if c != 0x2C:  # ','
+                        yield self._line_at(pos), [self.buf[pos : pos + 2000]], (
+                            "bad_json",
+                            "expected ',' or ']' between array elements; rest of file skipped",
+                        )
+                        return
+                    pos += 1
+                    state = "first"  # tolerate a trailing comma before ']'
+                    continue
+                if c == 0x2C:
+                    yield self._line_at(pos), [self.buf[pos : pos + 2000]], (
+                        "bad_json",
+                        "empty array element; rest of file skipped",
+                    )
+                    return
+                s, e = self._value_end(pos)
+                line = self._line_at(s)
+                yield line, [self.buf[s:e]], None
+                pos = e
+                state = "next"
+        except _NeedMore:
+            # EOF or a decoder error in the middle of the array.
+            pos = min(pos, len(self.buf))
+            tail = self.buf[pos:]
+            detail = self.error or "file ends inside the JSON array (truncated?)"
+            yield self._line_at(pos), [tail[:2000].lstrip()], ("truncated", detail)
+        except OverflowError:
+            yield self._line_at(pos), [self.buf[pos : pos + 4096]], (
+                "too_large",
+                f"array element longer than {self.max_record} bytes; rest of file skipped",
+            )
