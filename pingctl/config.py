@@ -88,12 +88,25 @@ class RowsConfig(Section):
 class LoaderConfig(Section):
     seq_len: int = Field(1024, ge=32, description="packed sequence length (max_target_length)")
     batch_size: int = Field(8, ge=1, description="sequences per batch")
-    contexts_per_record: int = Field(4, ge=1, description="contexts sampled from each record per epoch")
+    contexts_per_record: int = Field(
+        2, ge=1, description="rows drawn per record per epoch, at least (long records get ~1 per seq_len tokens)"
+    )
     mode_weights: tuple[float, float, float] = Field(
         (0.4, 0.3, 0.3), description="timestamp modes full / partial / none"
     )
-    workers: int = Field(0, ge=-1, description="Grain worker processes (-1 = automatic)")
+    workers: int = Field(-1, ge=-1, description="Grain worker processes (-1 = automatic: 0 on <= 2 cores)")
     seed: int = Field(0, description="shuffle and augmentation seed")
+    eval_seed: int = Field(1234, description="fixed seed of the deterministic eval iterator")
+    shuffle_window: int = Field(1024, ge=1, description="rows mixed by the window shuffle (rows of many probes per batch)")
+    debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries")
+    visualize_dir: str | None = Field(None, description="write Grain's pipeline visualization here")
+
+    @field_validator("mode_weights")
+    @classmethod
+    def _weights(cls, v):
+        if any(w < 0 for w in v) or sum(v) <= 0:
+            raise ValueError("weights must be non-negative and not all zero")
+        return v
 
 
 class ModelConfig(Section):

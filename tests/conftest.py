@@ -46,3 +46,16 @@ def make_table(n: int = 2000, probes: int = 20, targets: int = 5, seed: int = 0,
     if prb:
         cols["prb_id"] = (10_000 + p).astype(np.int64)
     return pa.table(cols)
+
+
+@pytest.fixture(scope="session")
+def synth_rows(tmp_path_factory):
+    """A small synthetic world -> rows (train split): shared by loader/train tests."""
+    from pingctl.config import SynthConfig
+    from pingctl.rows.build import build_rows
+    from pingctl.synth.generate import generate
+
+    d = tmp_path_factory.mktemp("synthrows")
+    generate(SynthConfig(rows=60_000, probes=24, targets=12, targets_per_probe=6, step=600, seed=3), d / "synth")
+    build_rows([d / "synth"], d / "rows")
+    return d

@@ -63,10 +63,11 @@ class _Writer:
         self.out = out
         self.files: list[str] = []
         self.records = 0
+        self.sizes: list[list[int]] = []  # measurements per record, per file
         self._w = None
         self._bytes = 0
 
-    def write(self, blob: bytes) -> None:
+    def write(self, blob: bytes, n: int) -> None:
         from array_record.python import array_record_module
 
         if self._w is None or self._bytes >= FILE_TARGET_BYTES:
@@ -74,10 +75,12 @@ class _Writer:
             name = f"rows-{len(self.files):05d}.arrayrecord"
             self._w = array_record_module.ArrayRecordWriter(str(self.out / name), WRITER_OPTIONS)
             self.files.append(name)
+            self.sizes.append([])
             self._bytes = 0
         self._w.write(blob)
         self._bytes += len(blob)
         self.records += 1
+        self.sizes[-1].append(n)
 
     def close(self) -> None:
         if self._w is not None:
@@ -110,7 +113,7 @@ def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray,
             dst_addr=addr[dst_u],
             dst_v6=v6[dst_u],
         )
-        writer.write(encode(rec))
+        writer.write(encode(rec), end - start)
         parts += 1
     return parts
 
@@ -207,6 +210,7 @@ def build_rows(
             "start": span[0],
             "end": span[1],
             "files": writer.files,
+            "record_measurements": writer.sizes,
             "bytes": sum((tmp / f).stat().st_size for f in writer.files),
             "max_row_mb": max_row_mb,
             "max_measurements_per_record": max_n,

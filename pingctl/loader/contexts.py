@@ -1,0 +1,190 @@
+"""Training contexts from one probe record, packed into full rows of `seq_len` tokens.
+
+Per context: a multi-scale window (length log-uniform in [1, n]) at a random start; a
+timestamp mode (full / partial / none); when the window holds more than the row's
+remaining room, an even subsample in time; a fresh field order per measurement.
+Contexts are appended until a row has less room than the shortest measurement, so
+padding is a few tokens per row at most.
+
+Cost model: a record is read and decoded once per call and yields many rows. Choosing
+contexts is a short loop over contexts (never over measurements) using per-record
+length arithmetic; then one gather and one `encode` call cover every context of every
+row, and the encoder's own offsets are checked against the lengths used for packing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pingctl.rows.layout import ProbeRecord, to_measurements
+from pingctl.tokenizer import encode
+
+FULL, PARTIAL, NONE = 0, 1, 2
+MODES = ("full", "partial", "none")
+MAX_CONTEXTS_PER_ROW = 64
+FILL_RETRIES = 4  # fresh windows tried when the next context's first measurement does not fit
+# compact: MeasurementStart + Src(1+4|16) + Dst(1+4|16) + RttStart+2 | Failed
+_COMPACT_TIME = (9, 2, 5)  # TimestampAbs+8, Delta1+1, Delta4+4
+_FULL_V4, _FULL_V6 = 45, 69  # the full scheme always carries every block
+
+
+@dataclass
+class Rows:
+    tokens: np.ndarray  # int32[R, seq_len], 0-padded
+    segment: np.ndarray  # int32[R, seq_len], 1..k per context, 0 = padding
+    position: np.ndarray  # int32[R, seq_len], restarts at 0 per context
+    modes: np.ndarray  # int32[R, 3]: contexts per timestamp mode in each row
+    measurements: np.ndarray  # int32[R]
+
+
+def min_measurement_tokens(scheme: str) -> int:
+    """The shortest measurement (IPv4, failed, no timestamp): below this, a row is full."""
+    return 12 if scheme == "compact" else _FULL_V4
+
+
+def _base_lengths(rec: ProbeRecord, scheme: str) -> np.ndarray:
+    """Tokens per measurement without its timestamp block."""
+    v6 = rec.src_v6[rec.src_idx]
+    if scheme == "full":
+        return np.where(v6, _FULL_V6, _FULL_V4).astype(np.int64)
+    dv6 = rec.dst_v6[rec.dst_idx]
+    return 1 + np.where(v6, 17, 5) + np.where(dv6, 17, 5) + np.where(rec.rtt_ms < 0, 1, 3)
+
+
+def _time_lengths(t: np.ndarray, has_time: np.ndarray) -> np.ndarray:
+    """Compact timestamp tokens of a context in its final order (the tokenizer's rule:
+    first timestamp absolute, later ones delta1/delta4 to the previous timestamped one,
+    absolute again when the delta is negative or >= 2**32)."""
+    out = np.zeros(len(t), np.int64)
+    idx = np.flatnonzero(has_time)
+    if idx.size == 0:
+        return out
+    tt = t[idx]
+    d = np.diff(tt)
+    lens = np.empty(idx.size, np.int64)
+    lens[0] = _COMPACT_TIME[0]
+    lens[1:] = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, _COMPACT_TIME[1], _COMPACT_TIME[2]), _COMPACT_TIME[0])
+    out[idx] = lens
+    return out
+
+
+def _window(n: int, rng: np.random.Generator) -> tuple[int, int]:
+    length = int(np.exp(rng.uniform(0.0, np.log(n + 1))))
+    length = min(max(length, 1), n)
+    return int(rng.integers(0, n - length + 1)), length
+
+
+def _even_in_time(t: np.ndarray, k: int) -> np.ndarray:
+    """k positions into sorted times `t`, spread evenly over the time span."""
+    if k >= len(t):
+        return np.arange(len(t))
+    idx = np.unique(np.searchsorted(t, np.linspace(t[0], t[-1], k), side="left").clip(0, len(t) - 1))
+    if len(idx) < k:  # bursts at one timestamp collapse: top up evenly by rank
+        rest = np.setdiff1d(np.arange(len(t)), idx, assume_unique=True)
+        idx = np.union1d(idx, rest[np.linspace(0, len(rest) - 1, k - len(idx)).astype(np.int64)])
+    return idx
+
+
+def _arrange(idx: np.ndarray, mode: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Order and timestamp flags of a time-ordered context for its mode."""
+    n = len(idx)
+    if mode == FULL:
+        return idx, np.ones(n, bool)
+    if mode == NONE:
+        return idx[rng.permutation(n)], np.zeros(n, bool)
+    timed = rng.random(n) < rng.uniform(0.2, 0.8)
+    if not timed.any():
+        timed[rng.integers(n)] = True
+    # Timed measurements keep temporal order; the others take random slots among them.
+    slot_untimed = np.zeros(n, bool)
+    slot_untimed[rng.choice(n, size=n - int(timed.sum()), replace=False)] = True
+    order = np.empty(n, np.int64)
+    order[~slot_untimed] = np.flatnonzero(timed)
+    order[slot_untimed] = rng.permutation(np.flatnonzero(~timed))
+    return idx[order], slot_untimed == False  # noqa: E712 - elementwise
+
+
+def build_rows(
+    rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str
+) -> Rows:
+    """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec`."""
+    base = _base_lengths(rec, scheme)
+    cum = np.concatenate([[0], np.cumsum(base)])
+    t = rec.time_s
+    floor = min_measurement_tokens(scheme)
+    ctx_idx: list[np.ndarray] = []
+    ctx_time: list[np.ndarray] = []
+    ctx_len: list[int] = []
+    ctx_row: list[int] = []
+    modes = np.zeros((n_rows, 3), np.int32)
+    for r in range(n_rows):
+        room = seq_len
+        misses = 0
+        mode = int(rng.choice(3, p=mode_p))
+        for _ in range(MAX_CONTEXTS_PER_ROW + FILL_RETRIES):
+            if room < floor or misses > FILL_RETRIES:
+                break
+            # A miss re-draws only the window: re-drawing the mode too would favour the
+            # timestamp-free mode in the last, tight slot of every row.
+            start, length = _window(rec.n, rng)
+            # Cheap upper-ish estimate (timestamps as delta1) decides whether to subsample.
+            est = int(cum[start + length] - cum[start])
+            if scheme == "compact" and mode != NONE:
+                est += 7 + 2 * length * (1 if mode == FULL else 0.5)
+            idx = np.arange(start, start + length)
+            if est > room:
+                idx = idx[_even_in_time(t[idx], max(1, int(length * room / est)))]
+            idx, has_time = _arrange(idx, mode, rng)
+            lens = base[idx]
+            if scheme == "compact":
+                lens = lens + _time_lengths(t[idx], has_time)
+            cs = np.cumsum(lens)
+            keep = int(np.searchsorted(cs, room, side="right"))  # a prefix keeps its lengths
+            if keep == 0:
+                misses += 1
+                continue
+            ctx_idx.append(idx[:keep])
+            ctx_time.append(has_time[:keep])
+            ctx_len.append(int(cs[keep - 1]))
+            ctx_row.append(r)
+            modes[r, mode] += 1
+            room -= ctx_len[-1]
+            misses = 0
+            mode = int(rng.choice(3, p=mode_p))
+    return _assemble(rec, rng, n_rows, seq_len, scheme, ctx_idx, ctx_time, ctx_len, ctx_row, modes)
+
+
+def _assemble(rec, rng, n_rows, seq_len, scheme, ctx_idx, ctx_time, ctx_len, ctx_row, modes) -> Rows:
+    tokens = np.zeros((n_rows, seq_len), np.int32)
+    segment = np.zeros((n_rows, seq_len), np.int32)
+    position = np.zeros((n_rows, seq_len), np.int32)
+    n_meas = np.zeros(n_rows, np.int32)
+    if not ctx_idx:
+        return Rows(tokens, segment, position, modes, n_meas)
+    sizes = np.array([len(i) for i in ctx_idx])
+    m = to_measurements(rec, np.concatenate(ctx_idx), np.concatenate(ctx_time))
+    enc = encode(m, scheme, rng=rng, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+    lens = np.asarray(ctx_len, np.int64)
+    bounds = enc.offsets[np.concatenate([[0], np.cumsum(sizes)])]
+    if not np.array_equal(np.diff(bounds), lens):
+        raise AssertionError("packing lengths disagree with the encoder")  # a tokenizer rule changed
+    rows = np.asarray(ctx_row)
+    # Position of each context inside its row: running sum of lengths, restarting per row.
+    first_in_row = np.concatenate([[True], rows[1:] != rows[:-1]])
+    run = np.cumsum(lens) - lens
+    row_base = np.maximum.accumulate(np.where(first_in_row, run, 0))
+    col0 = run - row_base
+    # Segment ids count contexts within the row from 1.
+    ctx_no = np.arange(len(lens))
+    seg_id = ctx_no - np.maximum.accumulate(np.where(first_in_row, ctx_no, 0)) + 1
+    tok_ctx = np.repeat(ctx_no, lens)
+    tok_pos = np.arange(len(enc.tokens)) - np.repeat(bounds[:-1], lens)
+    flat_r = rows[tok_ctx]
+    flat_c = col0[tok_ctx] + tok_pos
+    tokens[flat_r, flat_c] = enc.tokens
+    segment[flat_r, flat_c] = seg_id[tok_ctx]
+    position[flat_r, flat_c] = tok_pos
+    np.add.at(n_meas, rows, sizes.astype(np.int32))
+    return Rows(tokens, segment, position, modes, n_meas)

@@ -1,0 +1,207 @@
+"""The Grain pipeline: probe rows -> packed MaxText batches.
+
+    elements (record, rows) -> seed/shuffle/repeat (per-epoch reseeding) -> shard by
+    process -> random_map(MakeRows) -> to_iter_dataset -> flat_map(rows)
+    -> window shuffle (train) -> batch -> MaxText features -> mp_prefetch (workers)
+
+An element reads and decodes one record once and packs up to `ROWS_PER_ELEMENT` full
+rows from it (a record can be 8 MB; one read per row would be the bottleneck). A record
+gets about one row per `seq_len` tokens of its history per epoch, at least
+`contexts_per_record`, split over several elements when long. The window shuffle mixes
+rows of many records into each batch. Grain derives every element's RNG from the seed,
+the epoch and the element index, so the pipeline is deterministic and its iterator
+state (Grain checkpointing) restores the exact data position.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.config import LoaderConfig
+from pingctl.errors import PingctlError
+
+FEATURES = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position", "targets_segmentation")
+TOKENS_PER_MEASUREMENT_GUESS = 16  # compact IPv4 with a delta timestamp
+ROWS_PER_ELEMENT = 32
+
+
+def rows_manifest(rows_dir: Path) -> dict:
+    rows_dir = Path(rows_dir)
+    try:
+        manifest = json.loads((rows_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raise PingctlError(f"{rows_dir}: not a `pingctl build-rows` output (no readable manifest.json)") from None
+    if "record_measurements" not in manifest:
+        raise PingctlError(f"{rows_dir}: built by an older pingctl; rerun `pingctl build-rows`")
+    return manifest
+
+
+def element_plan(manifest: dict, seq_len: int, min_per_record: int) -> np.ndarray:
+    """int64[E, 2]: (record id over all files in order, rows to pack) per element of an epoch."""
+    sizes = np.array([n for per_file in manifest["record_measurements"] for n in per_file], np.int64)
+    per_row = max(1, seq_len // TOKENS_PER_MEASUREMENT_GUESS)
+    rows = np.maximum(min_per_record, np.ceil(sizes / per_row)).astype(np.int64)
+    chunks = -(-rows // ROWS_PER_ELEMENT)
+    rows_each = -(-rows // chunks)
+    return np.stack([np.repeat(np.arange(len(sizes)), chunks), np.repeat(rows_each, chunks)], axis=1)
+
+
+def auto_workers(requested: int) -> int:
+    if requested >= 0:
+        return requested
+    cpus = os.cpu_count() or 1
+    # On a 2-core box the trainer needs the cores; workers only pay off with spare ones.
+    return 0 if cpus <= 2 else min(cpus // 2, 16)
+
+
+class _RecordReader:
+    """Lazily opened in each worker process (ArrayRecord readers do not pickle)."""
+
+    def __init__(self, files: list[str]):
+        self.files = files
+        self._source = None
+
+    def __getstate__(self):
+        return {"files": self.files, "_source": None}
+
+    def get(self, record_id: int):
+        if self._source is None:
+            from grain.sources import ArrayRecordDataSource
+
+            self._source = ArrayRecordDataSource(self.files)
+        return self._source[int(record_id)]
+
+
+def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str):
+    import grain
+
+    from pingctl.loader.contexts import build_rows
+    from pingctl.rows.layout import decode
+
+    class MakeRows(grain.transforms.RandomMap):
+        def __init__(self):
+            self.reader = _RecordReader(files)
+
+        def random_map(self, element, rng: np.random.Generator):
+            record_id, n_rows = int(element[0]), int(element[1])
+            rec = decode(self.reader.get(record_id))
+            rows = build_rows(rec, rng, n_rows, seq_len, mode_p, scheme)
+            return {
+                "tokens": rows.tokens,
+                "segment": rows.segment,
+                "position": rows.position,
+                "modes": rows.modes,
+                "measurements": rows.measurements,
+            }
+
+    class SplitRows(grain.experimental.FlatMapTransform):
+        max_fan_out = ROWS_PER_ELEMENT
+
+        def flat_map(self, element):
+            return [{k: v[i] for k, v in element.items()} for i in range(len(element["tokens"]))]
+
+    return MakeRows(), SplitRows()
+
+
+def to_features(batch: dict) -> dict:
+    """Stacked rows -> the six int32 [batch, seq_len] arrays the MaxText train step takes."""
+    tokens, seg, pos = batch["tokens"], batch["segment"], batch["position"]
+    targets = np.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]
+    # A target counts only when the next token is in the same segment (never padding,
+    # never the first token of the next context).
+    tseg = np.zeros_like(seg)
+    same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
+    tseg[:, :-1] = np.where(same, seg[:, :-1], 0)
+    out = {
+        "inputs": tokens.astype(np.int32),
+        "inputs_position": pos.astype(np.int32),
+        "inputs_segmentation": seg.astype(np.int32),
+        "targets": targets.astype(np.int32),
+        "targets_position": pos.astype(np.int32),
+        "targets_segmentation": tseg.astype(np.int32),
+    }
+    # Side statistics for benches and logs; MaxText ignores keys it does not know.
+    out["stat_modes"] = batch["modes"].reshape(-1, 3).sum(axis=0).astype(np.int32)
+    out["stat_measurements"] = np.int32(batch["measurements"].sum())
+    return out
+
+
+def make_dataset(
+    rows_dir: Path | str,
+    cfg: LoaderConfig,
+    scheme: str = "compact",
+    *,
+    train: bool = True,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    num_epochs: int | None = None,
+    batch_size: int | None = None,
+    with_stats: bool = False,
+):
+    """A Grain IterDataset of MaxText batches. Eval (`train=False`): one deterministic pass."""
+    import grain
+
+    rows_dir = Path(rows_dir)
+    manifest = rows_manifest(rows_dir)
+    files = [str(rows_dir / f) for f in manifest["files"]]
+    weights = np.asarray(cfg.mode_weights, float)
+    if weights.sum() <= 0 or (weights < 0).any():
+        raise PingctlError(f"loader.mode_weights must be non-negative and not all zero, got {cfg.mode_weights}")
+    mode_p = weights / weights.sum()
+    plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record)
+    if len(plan) == 0:
+        raise PingctlError(f"{rows_dir}: no records")
+    _configure_grain(cfg)
+    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme)
+    ds = grain.MapDataset.source(plan)
+    if train:
+        ds = ds.seed(cfg.seed).shuffle().repeat(num_epochs)
+    else:
+        ds = ds.seed(cfg.eval_seed)
+    if shard_count > 1:
+        ds = ds[shard_index::shard_count]
+    it = grain.experimental.FlatMapIterDataset(ds.random_map(make_rows).to_iter_dataset(), split_rows)
+    if train and cfg.shuffle_window > 1:
+        it = grain.experimental.WindowShuffleIterDataset(it, window_size=cfg.shuffle_window, seed=cfg.seed)
+    bsz = batch_size or cfg.batch_size
+    it = it.batch(bsz, drop_remainder=train)
+    if not train:  # the step is compiled for one batch shape: pad the last eval batch
+        it = it.map(lambda b: _pad_batch(b, bsz))
+    it = it.map(to_features if with_stats else _maxtext_only)
+    workers = auto_workers(cfg.workers)
+    if workers > 0:
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
+    return it
+
+
+def _pad_batch(batch: dict, size: int) -> dict:
+    """Fill a short batch with empty rows (segment 0 everywhere: no loss, no attention)."""
+    n = len(batch["tokens"])
+    if n == size:
+        return batch
+    return {k: np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
+
+
+def _maxtext_only(batch: dict) -> dict:
+    feats = to_features(batch)
+    return {k: feats[k] for k in FEATURES}
+
+
+def _configure_grain(cfg: LoaderConfig) -> None:
+    import grain
+
+    if cfg.debug:
+        grain.config.update("py_debug_mode", True)
+    if cfg.visualize_dir:
+        Path(cfg.visualize_dir).mkdir(parents=True, exist_ok=True)
+        grain.config.update("py_dataset_visualization_output_dir", str(cfg.visualize_dir))
+
+
+def epoch_rows(rows_dir: Path | str, cfg: LoaderConfig) -> int:
+    manifest = rows_manifest(rows_dir)
+    return int(element_plan(manifest, cfg.seq_len, cfg.contexts_per_record)[:, 1].sum())

@@ -1,0 +1,155 @@
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pingctl.config import LoaderConfig
+from pingctl.loader.pipeline import FEATURES, make_dataset
+from pingctl.tokenizer import decode, validate
+
+SEQ = 512
+
+
+def _cfg(**kw):
+    base = dict(seq_len=SEQ, batch_size=4, workers=0, shuffle_window=64)
+    base.update(kw)
+    return LoaderConfig(**base)
+
+
+def _batches(rows, n, **kw):
+    it = iter(make_dataset(rows, _cfg(**kw), with_stats=True))
+    return [next(it) for _ in range(n)]
+
+
+def _segments(batch):
+    for b in range(batch["inputs"].shape[0]):
+        seg = batch["inputs_segmentation"][b]
+        for s in range(1, seg.max() + 1):
+            yield batch["inputs"][b][seg == s], batch["inputs_position"][b][seg == s]
+
+
+def test_batch_format_targets_and_segments(synth_rows):
+    for batch in _batches(synth_rows / "rows", 6):
+        for k in FEATURES:
+            assert batch[k].shape == (4, SEQ) and batch[k].dtype == np.int32
+        inp, tgt = batch["inputs"], batch["targets"]
+        seg, tseg = batch["inputs_segmentation"], batch["targets_segmentation"]
+        assert np.array_equal(tgt[:, :-1], inp[:, 1:])  # targets are inputs shifted left
+        live = tseg[:, :-1] != 0
+        # a counted target never crosses into another segment or padding
+        assert np.all(seg[:, 1:][live] == seg[:, :-1][live])
+        assert np.all(tseg[:, -1] == 0) and np.all(tseg[seg == 0] == 0)
+        assert np.array_equal(batch["targets_position"], batch["inputs_position"])
+        for tokens, pos in _segments(batch):
+            assert np.array_equal(pos, np.arange(len(pos)))  # positions restart per segment
+            assert validate(tokens, "compact") == []  # every segment is grammatical
+        # padding only at the end of a row, never inside
+        for row in seg:
+            used = int((row > 0).sum())
+            assert np.all(row[:used] > 0)
+
+
+def test_padding_below_one_percent(synth_rows):
+    it = iter(make_dataset(synth_rows / "rows", _cfg(seq_len=1024, batch_size=8), with_stats=True))
+    used = total = 0
+    for _ in range(30):
+        b = next(it)
+        used += int((b["inputs_segmentation"] > 0).sum())
+        total += b["inputs_segmentation"].size
+    assert 1 - used / total < 0.01
+
+
+def _truth_times(synth_rows):
+    t = pq.read_table(synth_rows / "synth" / "part-00000.parquet", columns=["dst_addr", "event_time"])
+    return {(d, int(e.timestamp())) for d, e in zip(t.column(0).to_pylist(), t.column(1).to_pylist())}
+
+
+def test_timestamp_modes(synth_rows):
+    truth = _truth_times(synth_rows)
+    batches = _batches(synth_rows / "rows", 100)
+    counts = sum(b["stat_modes"] for b in batches).astype(float)
+    for batch in batches[:20]:
+        for tokens, _ in _segments(batch):
+            dec = decode(tokens, "compact")
+            assert dec.errors == []
+            m = dec.measurements
+            times = m.time_s[m.has_time]
+            assert np.all(np.diff(times) >= 0)  # timestamped measurements keep temporal order
+            dst = m.dst_text()
+            for i in np.flatnonzero(m.has_time):  # deltas reconstruct real measurement times
+                assert (dst[i], int(m.time_s[i])) in truth
+    shares = counts / counts.sum()
+    assert counts.sum() > 800
+    assert np.allclose(shares, [0.4, 0.3, 0.3], atol=0.05), shares
+    only_none = _batches(synth_rows / "rows", 5, mode_weights=(0, 0, 1))
+    for batch in only_none:
+        assert batch["stat_modes"][0] == batch["stat_modes"][1] == 0
+        for tokens, _ in _segments(batch):
+            assert not np.isin(tokens, [5, 6, 7]).any()  # no timestamp role tokens at all
+    only_full = _batches(synth_rows / "rows", 5, mode_weights=(1, 0, 0))
+    for batch in only_full:
+        for tokens, _ in _segments(batch):
+            assert decode(tokens, "compact").measurements.has_time.all()
+
+
+def test_deterministic_and_seed_dependent(synth_rows):
+    a = _batches(synth_rows / "rows", 3)
+    b = _batches(synth_rows / "rows", 3)
+    c = _batches(synth_rows / "rows", 3, seed=7)
+    assert all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+    assert not all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, c))
+
+
+RESTORE = """
+import pickle, sys, numpy as np
+from pingctl.config import LoaderConfig
+from pingctl.loader.pipeline import make_dataset
+rows, state_file, out_file = sys.argv[1:4]
+cfg = LoaderConfig(seq_len=512, batch_size=4, workers=0, shuffle_window=64)
+it = iter(make_dataset(rows, cfg))
+it.set_state(pickle.load(open(state_file, "rb")))
+np.save(out_file, np.stack([next(it)["inputs"] for _ in range(3)]))
+"""
+
+
+def test_state_restores_in_a_fresh_process(synth_rows, tmp_path):
+    it = iter(make_dataset(synth_rows / "rows", _cfg()))
+    for _ in range(5):
+        next(it)
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps(it.get_state()))
+    expected = np.stack([next(it)["inputs"] for _ in range(3)])
+    subprocess.run(
+        [sys.executable, "-c", RESTORE, str(synth_rows / "rows"), str(tmp_path / "state.pkl"), str(tmp_path / "o.npy")],
+        check=True,
+    )
+    assert np.array_equal(np.load(tmp_path / "o.npy"), expected)
+
+
+def test_eval_iterator_is_one_deterministic_padded_pass(synth_rows):
+    cfg = _cfg(batch_size=5)
+    a = list(make_dataset(synth_rows / "rows", cfg, train=False))
+    b = list(make_dataset(synth_rows / "rows", cfg, train=False))
+    assert len(a) == len(b) > 0
+    assert all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+    assert all(x["inputs"].shape == (5, SEQ) for x in a)
+
+
+def test_sharding_splits_elements(synth_rows):
+    cfg = _cfg()
+    s0 = next(iter(make_dataset(synth_rows / "rows", cfg, shard_index=0, shard_count=2)))["inputs"]
+    s1 = next(iter(make_dataset(synth_rows / "rows", cfg, shard_index=1, shard_count=2)))["inputs"]
+    assert not np.array_equal(s0, s1)
+
+
+def test_worker_processes_give_the_same_batches(synth_rows):
+    a = _batches(synth_rows / "rows", 2)
+    it = iter(make_dataset(synth_rows / "rows", _cfg(workers=1), with_stats=True))
+    try:
+        b = [next(it) for _ in range(2)]
+    finally:
+        it.close()
+    assert all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
