@@ -131,3 +131,25 @@ def bench_build_rows(
     from pingctl.rows.build import bench_build_rows as run
 
     report(run(rows, memory_limit, max_row_mb), as_json, out)
+
+
+@app.command("loader")
+@handle_errors
+def bench_loader(
+    rows: Annotated[Path | None, typer.Argument(help="A build-rows output (default: synthetic rows).")] = None,
+    workers: Annotated[str, typer.Option(help="Comma-separated Grain worker counts.")] = "0,1,2",
+    seq_len: Annotated[int, typer.Option(help="Sequence length.")] = 1024,
+    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 8,
+    batches: Annotated[int, typer.Option(help="Batches timed per case (after warm-up).")] = 600,
+    scheme: Annotated[str, typer.Option(help="compact | full.")] = "compact",
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Loader throughput (rows -> packed batches) per worker count, padding, mode shares, stages.
+
+    Example: pingctl bench loader --workers 0,1,2 --seq-len 1024
+    """
+    from pingctl.loader.bench import bench_loader as run
+
+    result = run(rows, [int(w) for w in workers.split(",")], seq_len, batch_size, batches, scheme)
+    report(result, as_json, out)

@@ -106,10 +106,28 @@ def _arrange(idx: np.ndarray, mode: int, rng: np.random.Generator) -> tuple[np.n
     return idx[order], slot_untimed == False  # noqa: E712 - elementwise
 
 
+@dataclass
+class Plan:
+    """Which measurements form each context, and where each context goes."""
+
+    idx: list[np.ndarray]  # record positions per context, in context order
+    has_time: list[np.ndarray]
+    length: list[int]  # tokens per context
+    row: list[int]  # row of each context
+    modes: np.ndarray  # int32[R, 3]
+
+
 def build_rows(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str
 ) -> Rows:
     """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec`."""
+    plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme)
+    return pack(plan, tokenize(rec, rng, plan, scheme), n_rows, seq_len)
+
+
+def choose_contexts(
+    rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str
+) -> Plan:
     base = _base_lengths(rec, scheme)
     cum = np.concatenate([[0], np.cumsum(base)])
     t = rec.time_s
@@ -153,24 +171,32 @@ def build_rows(
             room -= ctx_len[-1]
             misses = 0
             mode = int(rng.choice(3, p=mode_p))
-    return _assemble(rec, rng, n_rows, seq_len, scheme, ctx_idx, ctx_time, ctx_len, ctx_row, modes)
+    return Plan(ctx_idx, ctx_time, ctx_len, ctx_row, modes)
 
 
-def _assemble(rec, rng, n_rows, seq_len, scheme, ctx_idx, ctx_time, ctx_len, ctx_row, modes) -> Rows:
+def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str):
+    """One gather and one encode for every context of the plan (None when empty)."""
+    if not plan.idx:
+        return None
+    sizes = np.array([len(i) for i in plan.idx])
+    m = to_measurements(rec, np.concatenate(plan.idx), np.concatenate(plan.has_time))
+    return encode(m, scheme, rng=rng, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+
+
+def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> Rows:
+    """Scatter the encoded contexts into rows, with segment ids and positions."""
     tokens = np.zeros((n_rows, seq_len), np.int32)
     segment = np.zeros((n_rows, seq_len), np.int32)
     position = np.zeros((n_rows, seq_len), np.int32)
     n_meas = np.zeros(n_rows, np.int32)
-    if not ctx_idx:
-        return Rows(tokens, segment, position, modes, n_meas)
-    sizes = np.array([len(i) for i in ctx_idx])
-    m = to_measurements(rec, np.concatenate(ctx_idx), np.concatenate(ctx_time))
-    enc = encode(m, scheme, rng=rng, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
-    lens = np.asarray(ctx_len, np.int64)
+    if enc is None:
+        return Rows(tokens, segment, position, plan.modes, n_meas)
+    sizes = np.array([len(i) for i in plan.idx])
+    lens = np.asarray(plan.length, np.int64)
     bounds = enc.offsets[np.concatenate([[0], np.cumsum(sizes)])]
     if not np.array_equal(np.diff(bounds), lens):
         raise AssertionError("packing lengths disagree with the encoder")  # a tokenizer rule changed
-    rows = np.asarray(ctx_row)
+    rows = np.asarray(plan.row)
     # Position of each context inside its row: running sum of lengths, restarting per row.
     first_in_row = np.concatenate([[True], rows[1:] != rows[:-1]])
     run = np.cumsum(lens) - lens
@@ -187,4 +213,4 @@ def _assemble(rec, rng, n_rows, seq_len, scheme, ctx_idx, ctx_time, ctx_len, ctx
     segment[flat_r, flat_c] = seg_id[tok_ctx]
     position[flat_r, flat_c] = tok_pos
     np.add.at(n_meas, rows, sizes.astype(np.int32))
-    return Rows(tokens, segment, position, modes, n_meas)
+    return Rows(tokens, segment, position, plan.modes, n_meas)

@@ -1,0 +1,136 @@
+"""`pingctl bench loader`: end-to-end throughput per worker count, and time per stage."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.config import LoaderConfig, SynthConfig
+
+SEED_ANCHOR = "seed pipeline: 320-850k tokens/s on 8 CPUs (~40-106k per CPU); MaxText Grain on C4: ~58k tokens/s per worker"
+
+
+def _ensure_rows(rows_dir: Path | None, tmp: Path, synth_rows: int) -> Path:
+    if rows_dir is not None:
+        return Path(rows_dir)
+    from pingctl.rows.build import build_rows
+    from pingctl.synth.generate import generate
+
+    generate(SynthConfig(rows=synth_rows, step=900), tmp / "synth")
+    build_rows([tmp / "synth"], tmp / "rows")
+    return tmp / "rows"
+
+
+def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) -> dict:
+    """Single-process time per stage over `elements` elements of the real plan."""
+    from grain.sources import ArrayRecordDataSource
+
+    from pingctl.loader.contexts import choose_contexts, pack, tokenize
+    from pingctl.loader.pipeline import element_plan, rows_manifest, to_features
+    from pingctl.rows.layout import decode
+
+    manifest = rows_manifest(rows_dir)
+    src = ArrayRecordDataSource([str(rows_dir / f) for f in manifest["files"]])
+    plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record)
+    rng = np.random.default_rng(0)
+    pick = rng.choice(len(plan), size=min(elements, len(plan)), replace=False)
+    mode_p = np.asarray(cfg.mode_weights, float) / sum(cfg.mode_weights)
+    t = dict(read=0.0, decode=0.0, sample=0.0, tokenize=0.0, pack=0.0)
+    tokens = rows = 0
+    for rec_id, n_rows in plan[pick]:
+        t0 = time.perf_counter()
+        raw = src[int(rec_id)]
+        t1 = time.perf_counter()
+        rec = decode(raw)
+        t2 = time.perf_counter()
+        p = choose_contexts(rec, rng, int(n_rows), cfg.seq_len, mode_p, scheme)
+        t3 = time.perf_counter()
+        enc = tokenize(rec, rng, p, scheme)
+        t4 = time.perf_counter()
+        out = pack(p, enc, int(n_rows), cfg.seq_len)
+        to_features({"tokens": out.tokens, "segment": out.segment, "position": out.position,
+                     "modes": out.modes, "measurements": out.measurements})
+        t5 = time.perf_counter()
+        for k, a, b in (("read", t0, t1), ("decode", t1, t2), ("sample", t2, t3), ("tokenize", t3, t4), ("pack", t4, t5)):
+            t[k] += b - a
+        tokens += int((out.segment > 0).sum())
+        rows += int(n_rows)
+    total = sum(t.values())
+    return {"seconds": t, "tokens": tokens, "rows": rows, "tokens_per_s": tokens / total if total else 0.0}
+
+
+def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) -> dict:
+    from pingctl.loader.pipeline import make_dataset
+
+    it = iter(make_dataset(rows_dir, cfg, scheme, with_stats=True))
+    try:
+        for _ in range(10):  # warm-up: worker start, first window fill
+            next(it)
+        used = total = 0
+        modes = np.zeros(3)
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            b = next(it)
+            used += int((b["inputs_segmentation"] > 0).sum())
+            total += b["inputs_segmentation"].size
+            modes += b["stat_modes"]
+        dt = time.perf_counter() - t0
+    finally:
+        if hasattr(it, "close"):
+            it.close()
+    return {
+        "tokens_per_s": used / dt,
+        "sequences_per_s": batches * cfg.batch_size / dt,
+        "padding": 1 - used / total,
+        "modes": (modes / modes.sum()).tolist() if modes.sum() else [0, 0, 0],
+    }
+
+
+def bench_loader(
+    rows_dir: Path | None, workers: list[int], seq_len: int, batch_size: int, batches: int, scheme: str,
+    synth_rows: int = 2_000_000,
+) -> dict:
+    with tempfile.TemporaryDirectory(prefix="pingctl-bench-loader-") as d:
+        rows = _ensure_rows(rows_dir, Path(d), synth_rows)
+        base = LoaderConfig(seq_len=seq_len, batch_size=batch_size, workers=0)
+        stages = _stage_times(rows, base, scheme, elements=60)
+        table = []
+        for w in workers:
+            cfg = base.model_copy(update={"workers": w})
+            r = _end_to_end(rows, cfg, scheme, batches)
+            cores_used = max(1, w)
+            table.append(
+                {
+                    "case": f"{w} worker{'s' if w != 1 else ''}",
+                    "tokens_per_s": int(r["tokens_per_s"]),
+                    "tokens_per_s_per_core": int(r["tokens_per_s"] / cores_used),
+                    "seq_per_s": round(r["sequences_per_s"], 1),
+                    "padding_pct": round(100 * r["padding"], 3),
+                    "full_pct": round(100 * r["modes"][0], 1),
+                    "partial_pct": round(100 * r["modes"][1], 1),
+                    "none_pct": round(100 * r["modes"][2], 1),
+                }
+            )
+    secs = stages["seconds"]
+    total = sum(secs.values())
+    stage_rows = [
+        {"case": f"stage {k}", "seconds": round(v, 4), "share_pct": round(100 * v / total, 1)} for k, v in secs.items()
+    ]
+    return {
+        "name": "loader",
+        "table": table,
+        "stages": stage_rows,
+        "stage_tokens_per_s_one_core": int(stages["tokens_per_s"]),
+        "config": {"seq_len": seq_len, "batch_size": batch_size, "scheme": scheme, "batches": batches},
+        "cpus": os.cpu_count(),
+        "notes": [
+            f"in-process stage sum: {int(stages['tokens_per_s']):,} tokens/s on one core; "
+            + ", ".join(f"{r['case'][6:]} {r['share_pct']}%" for r in stage_rows),
+            "N workers run in N processes; per-core figures divide by max(1, N). Goal: 5M tokens/s per core, padding < 1%",
+            SEED_ANCHOR,
+        ],
+    }
