@@ -116,11 +116,48 @@ class ModelConfig(Section):
     overrides: dict[str, Any] = Field(default_factory=dict, description="extra MaxText keys")
 
 
+class SlurmConfig(Section):
+    job_name: str = Field("pingctl-train", description="SLURM job name")
+    partition: str | None = Field(None, description="partition (-p)")
+    account: str | None = Field(None, description="account (-A)")
+    qos: str | None = Field(None, description="quality of service (--qos)")
+    nodes: int = Field(1, ge=1, description="nodes; >1 starts one JAX process per node via srun")
+    gpus_per_node: int = Field(1, ge=0, description="GPUs per node (--gpus-per-node)")
+    cpus_per_task: int = Field(16, ge=1, description="CPUs per task")
+    mem: str = Field("64G", description="memory per node (--mem)")
+    time: str = Field("24:00:00", description="wall-clock limit (--time)")
+    setup: str = Field("", description="shell lines run before training, e.g. module loads")
+    venv: str | None = Field(None, description="virtual environment to activate (default: the current one)")
+
+
+class ModalConfig(Section):
+    app_name: str = Field("pingctl-train", description="Modal app name")
+    gpu: str = Field("H100", description="GPU type")
+    gpu_count: int = Field(1, ge=1, description="GPUs per container")
+    volume: str = Field("pingctl-data", description="Modal Volume holding rows, checkpoints and TensorBoard")
+    timeout_s: int = Field(86_400, ge=60, description="function timeout in seconds")
+    wandb_secret: str | None = Field(None, description="name of a Modal secret holding WANDB_API_KEY (optional)")
+
+
 class TrainConfig(Section):
-    steps: int = Field(200, ge=1, description="training steps")
-    learning_rate: float = Field(3e-3, gt=0, description="peak learning rate")
     target: Literal["local", "slurm", "modal"] = Field("local", description="where to train")
-    run_dir: str = Field("runs/train", description="run directory")
+    run_dir: str = Field("runs/train", description="run directory (config, MaxText yml, checkpoints, logs)")
+    train_rows: str = Field("", description="build-rows output of the training split")
+    eval_rows: str | None = Field(None, description="build-rows output of the validation split")
+    hardware: Literal["cpu", "gpu", "tpu"] = Field("cpu", description="MaxText hardware")
+    attention: str = Field("dot_product", description="MaxText attention kernel (cudnn_flash_te on GPU)")
+    steps: int = Field(200, ge=1, description="training steps")
+    learning_rate: float = Field(3e-3, gt=0, description="peak learning rate (cosine schedule)")
+    warmup_fraction: float = Field(0.05, ge=0, lt=1, description="share of steps spent warming up")
+    eval_interval: int = Field(50, ge=-1, description="evaluate every N steps (-1 = never)")
+    eval_steps: int = Field(10, ge=1, description="eval batches per evaluation")
+    checkpoint_period: int = Field(50, ge=1, description="save a checkpoint every N steps")
+    log_period: int = Field(10, ge=1, description="TensorBoard flush period in steps")
+    jax_cache_dir: str = Field("~/.cache/pingctl/jax", description="persistent XLA compilation cache")
+    wandb: bool = Field(False, description="also log to Weights & Biases (WANDB_API_KEY from the environment)")
+    wandb_project: str = Field("pingctl", description="W&B project")
+    slurm: SlurmConfig = SlurmConfig()
+    modal: ModalConfig = ModalConfig()
 
 
 class SampleConfig(Section):

@@ -26,7 +26,18 @@ from typing import Callable, Iterable
 
 from pingctl.errors import PingctlError
 from pingctl.ingest.parse import Batch, Options, Rejects, merge_counts, new_counts, parse_records, reconcile
-from pingctl.ingest.reader import INPUT_SUFFIXES, HashingReader, ThreadedChunks, decoded_chunks, detect_codec, iter_records
+from pingctl.ingest.reader import (
+    INPUT_SUFFIXES,
+    HashingReader,
+    ParallelBz2Failed,
+    ThreadedChunks,
+    decoded_chunks,
+    detect_codec,
+    iter_records,
+    open_parallel_bz2,
+    parallel_bz2_chunks,
+    usable_cores,
+)
 
 REJECTS = "rejects.jsonl"
 
@@ -113,11 +124,17 @@ def ingest_file(
     opts: Options,
     on_bytes: Callable[[int], None] | None = None,
     threaded: bool = True,
+    bz2_threads: int = 0,
 ) -> dict:
     """Ingest one input file into `tmpdir/part-INDEX.parquet` (+ a hidden rejects piece).
 
     With `tmpdir=None` nothing is written (rows are counted, rejects kept in memory).
     `threaded`: decompress in a second thread (worth it when a core is spare).
+    `bz2_threads`: a `.bz2` file (seekable) is decoded by indexed_bzip2 with this many
+    blocks in parallel (0: always the `bz2` module). If indexed_bzip2 fails or decoded
+    something other than what libbzip2 would (a damaged file), what it produced is
+    discarded and the file is read again with the `bz2` module: the rows and rejects of
+    a file never depend on the decoder.
     """
     p = Path(path)
     try:
@@ -126,25 +143,74 @@ def ingest_file(
         raise PingctlError(f"cannot read {p}: {e.strerror or e}") from None
     hr = HashingReader(raw, on_bytes)
     codec = detect_codec(p, raw)
+    out = None if tmpdir is None else Path(tmpdir)
     chunks = None
-    writer = None
-    rej_fh = None
+    switch = None
     gc_was = gc.isenabled()
     gc.disable()  # no reference cycles are made; the collector only costs time here
     try:
-        if codec == "plain":
-            read_chunk = lambda: hr.read(1 << 20)  # noqa: E731
-        elif not threaded:
-            read_chunk = functools.partial(next, decoded_chunks(codec, hr), b"")
-        else:
-            # The decoder thread re-takes the GIL several times per chunk (libbzip2's
-            # output buffer grows in steps); a short switch interval keeps it from
-            # waiting the default 5 ms each time while this thread parses.
-            switch = sys.getswitchinterval()
-            sys.setswitchinterval(2e-4)
-            chunks = ThreadedChunks(decoded_chunks(codec, hr))
-            read_chunk = chunks.read
-        out = None if tmpdir is None else Path(tmpdir)
+        done = None
+        decoder = codec
+        reader = open_parallel_bz2(p, raw, bz2_threads) if codec == "bz2" and bz2_threads > 0 else None
+        if reader is not None:
+
+            def behind(pos: int) -> None:  # hash (and report) what the decoder has read
+                if pos > hr.nbytes:
+                    hr.read(pos - hr.nbytes)
+
+            par = parallel_bz2_chunks(reader, p, os.fstat(raw.fileno()).st_size, behind)
+            try:
+                done = _parse_file(index, path, out, opts, functools.partial(next, par, b""))
+                decoder = f"indexed_bzip2 x{bz2_threads}"
+            except ParallelBz2Failed:
+                par.close()
+                raw.seek(0)  # start over with the bz2 module; progress already shown stays
+                hr = HashingReader(raw, on_bytes, quiet=hr.nbytes)
+        if done is None:
+            if codec == "plain":
+                read_chunk = lambda: hr.read(1 << 20)  # noqa: E731
+            elif not threaded:
+                read_chunk = functools.partial(next, decoded_chunks(codec, hr), b"")
+            else:
+                # The decoder thread re-takes the GIL several times per chunk (libbzip2's
+                # output buffer grows in steps); a short switch interval keeps it from
+                # waiting the default 5 ms each time while this thread parses.
+                switch = sys.getswitchinterval()
+                sys.setswitchinterval(2e-4)
+                chunks = ThreadedChunks(decoded_chunks(codec, hr))
+                read_chunk = chunks.read
+            done = _parse_file(index, path, out, opts, read_chunk)
+            if chunks is not None:
+                chunks.close()  # stop the decoder thread before reading the raw file here
+        counts, wrote, kept = done
+        hr.drain()
+    finally:
+        if chunks is not None:
+            chunks.close()
+        if switch is not None:
+            sys.setswitchinterval(switch)
+        raw.close()
+        if gc_was:
+            gc.enable()
+    return {
+        "index": index,
+        "path": str(path),
+        "bytes": hr.nbytes,
+        "sha256": hr.sha.hexdigest(),
+        "codec": codec,
+        "decoder": decoder,  # what decompressed it (not in the manifest: it never changes the output)
+        "part": part_name(index) if wrote else None,
+        "counts": counts,
+        "rejects": kept,
+    }
+
+
+def _parse_file(index: int, path: str, out: Path | None, opts: Options, read_chunk) -> tuple[dict, bool, list | None]:
+    """Parse one file's stream into its part and rejects piece: (counts, part written, rejects
+    kept in memory or None). On any exception nothing of this attempt is left behind."""
+    writer = None
+    rej_fh = None
+    try:
         if out is not None:
             writer = PartWriter(out / part_name(index), opts.row_group_rows)
             rej_fh = open(out / f".rejects-{index:05d}.jsonl", "wb")  # noqa: SIM115
@@ -158,38 +224,24 @@ def ingest_file(
 
         counts = parse_records(iter_records(read_chunk), opts, batch, rejects, flush)
         wrote = writer.close() if writer is not None else False
-        if chunks is not None:
-            chunks.close()  # stop the decoder thread before reading the raw file here
-        hr.drain()
     except BaseException:
         if writer is not None:
             writer.abort()
+            writer.path.unlink(missing_ok=True)
         raise
     finally:
-        if chunks is not None:
-            chunks.close()
-            sys.setswitchinterval(switch)
         if rej_fh is not None:
             rej_fh.close()
-        raw.close()
-        if gc_was:
-            gc.enable()
-    return {
-        "index": index,
-        "path": str(path),
-        "bytes": hr.nbytes,
-        "sha256": hr.sha.hexdigest(),
-        "codec": codec,
-        "part": part_name(index) if wrote else None,
-        "counts": counts,
-        "rejects": rejects.kept if rej_fh is None else None,
-    }
+    return counts, wrote, rejects.kept if rej_fh is None else None
 
 
-def ingest_bytes(data: bytes, opts: Options | None = None, label: str = "<bytes>", chunk: int = 1 << 20):
+def ingest_bytes(
+    data: bytes, opts: Options | None = None, label: str = "<bytes>", chunk: int = 1 << 20, fast: bool = True
+):
     """Ingest an in-memory (decompressed) JSON-lines/array text: (table, counts, rejects).
 
     The same code path as a file, without files: for tests and quick experiments.
+    `fast=False`: generic (orjson) path only, the reference the msgspec path must match.
     """
     import pyarrow as pa
 
@@ -207,7 +259,9 @@ def ingest_bytes(data: bytes, opts: Options | None = None, label: str = "<bytes>
     batch = Batch()
     tables = []
     rejects = Rejects(label)
-    counts = parse_records(iter_records(read_chunk), opts, batch, rejects, lambda: tables.append(batch.take_table()))
+    counts = parse_records(
+        iter_records(read_chunk), opts, batch, rejects, lambda: tables.append(batch.take_table()), fast=fast
+    )
     table = pa.concat_tables(tables) if tables else arrow_schema().empty_table()
     return table, counts, rejects.kept
 
@@ -224,11 +278,14 @@ def run_files(
     on_bytes: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """Ingest every file (in this process when workers == 1); results in input order."""
-    # A decoder thread per worker pays off only when there are cores to spare for it.
-    threaded = workers < (os.cpu_count() or 1)
+    cores = usable_cores()
+    # A decoder thread per worker pays off only when there are cores to spare for it;
+    # .bz2 files are decoded by indexed_bzip2 with the cores shared out between workers.
+    threaded = workers < cores
+    bz2_threads = max(1, cores // max(1, workers))
     if workers <= 1 or len(files) <= 1:
         return [
-            ingest_file(i, str(f), str(tmpdir) if tmpdir else None, opts, on_bytes, threaded)
+            ingest_file(i, str(f), str(tmpdir) if tmpdir else None, opts, on_bytes, threaded, bz2_threads)
             for i, f in enumerate(files)
         ]
     import multiprocessing as mp
@@ -239,7 +296,9 @@ def run_files(
     results: dict[int, dict] = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         futs = {
-            pool.submit(_ingest_task, (i, str(files[i]), str(tmpdir) if tmpdir else None, opts, None, threaded)): i
+            pool.submit(
+                _ingest_task, (i, str(files[i]), str(tmpdir) if tmpdir else None, opts, None, threaded, bz2_threads)
+            ): i
             for i in order
         }
         try:
@@ -287,7 +346,7 @@ def ingest(
     files = resolve(inputs, out)
     check_replaceable(out, force)
     opts = Options.from_config(cfg)
-    workers = min(cfg.workers or os.cpu_count() or 1, len(files))
+    workers = min(cfg.workers or usable_cores(), len(files))
     if on_start is not None:
         on_start(sum(_size(f) for f in files), len(files))
     t0 = time.perf_counter()

@@ -312,6 +312,69 @@ def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, in
     return dup, dup if drop_dups else 0, late, other
 
 
+_FAST = None  # (decode, UNSET) once built; False when msgspec is missing
+
+
+def fast_decoder():
+    """`(decode, UNSET)`: msgspec decoding of the usual shape of a ping result, or None.
+
+    The struct types exactly the fields the rules read, with the checks that need no
+    options done by msgspec in C (ids and size in 0 .. 2^63-1, `af` 4 or 6, `type` "ping"
+    or absent, every `rtt` a number >= 0, `result` a list of objects). Anything else
+    raises, and the record goes to the generic path (orjson + the rules), which decides
+    its reject reason, so reasons and counts do not depend on which path ran. Fields the
+    struct does not name are skipped unconverted (see `parse_records` for what that means).
+    """
+    global _FAST
+    if _FAST is None:
+        try:
+            import msgspec
+        except ImportError:  # optional speed-up: the generic path does everything alone
+            _FAST = False
+            return None
+        from typing import Annotated, Literal
+
+        unset, Unset, Meta = msgspec.UNSET, msgspec.UnsetType, msgspec.Meta
+        Id = Annotated[int, Meta(ge=0, le=I64)]
+        # any JSON scalar (numbers as float: out-of-range numbers raise, as in orjson);
+        # used where only presence or truthiness matters
+        Scalar = float | str | bool | None
+
+        # (defstruct: this module's `from __future__ import annotations` would leave
+        # class-body annotations as strings naming locals)
+        Packet = msgspec.defstruct(
+            "Packet",
+            [
+                ("rtt", Annotated[float, Meta(ge=0)] | Unset, unset),
+                ("x", Scalar | Unset, unset),
+                ("error", Scalar | Unset, unset),
+                ("late", Scalar | Unset, unset),
+                ("dup", Scalar | Unset, unset),
+            ],
+            gc=False,
+        )
+        Result = msgspec.defstruct(
+            "Result",
+            [
+                ("msm_id", Id),
+                ("timestamp", int | float),
+                ("af", Literal[4, 6]),
+                ("result", list[Packet]),
+                ("type", Literal["ping"] | None, None),
+                ("prb_id", Id | None, None),
+                ("dst_addr", str, ""),
+                ("src_addr", str, ""),
+                ("srcaddr", str, ""),
+                ("from_", str, ""),
+                ("size", Id | None, 0),
+            ],
+            rename={"from_": "from"},
+            gc=False,
+        )
+        _FAST = (msgspec.json.Decoder(Result).decode, unset)
+    return _FAST or None
+
+
 def _default_flush(batch: "Batch"):
     return lambda: batch.take_table()
 
@@ -322,11 +385,26 @@ def parse_records(
     batch: Batch,
     rejects: Rejects,
     flush: Callable[[], None] | None = None,
+    fast: bool = True,
 ) -> dict:
     """Run the per-result rules over `(line0, raws, bad)` blocks; rows go to `batch`.
 
     `flush()` must empty the batch (`batch.take_table()`) and is called whenever it holds
     >= row_group_rows rows, and once at the end. Returns the counts.
+
+    Two paths give the same rows, counts and rejects:
+      * fast (`fast=True` and msgspec importable): an ASCII line is decoded into the typed
+        struct of `fast_decoder()` and, if it is written or filtered, handled with
+        attribute reads and no dict. A line that does not decode into the struct, or that
+        would be rejected, goes to the generic path instead, before any count is touched.
+        Fields the struct does not name are skipped unconverted, so unlike orjson the fast
+        path does not refuse a number beyond the float range (`1e999`) or nesting deeper
+        than 1024 levels *in a field pingctl does not read*: such a line is ingested, not
+        rejected as `bad_json` (non-ASCII lines always take the generic path, so invalid
+        UTF-8 is still `bad_json`);
+      * generic: `orjson.loads` and the rules on the dict; decides every reject reason.
+    When most lines of a block miss the fast path (old firmware, other layouts) it is
+    switched off for the next few blocks, so such files cost no more than before.
     """
     import math
 
@@ -377,14 +455,132 @@ def parse_records(
     n_dup = n_dup_drop = n_late = n_other = 0
     n_src_from = n_src_private = 0
 
+    fast_decode, UNSET = (fast_decoder() if fast else None) or (None, None)
+    fast_off = 0  # blocks left with the fast path switched off
+
     for line0, raws, bad in blocks:
         if bad is not None and bad is not NO_EOL:
             n_records += 1
             reject(bad[0], line0, raws[0], detail=bad[1])
             continue
+        use_fast = fast_decode is not None and not fast_off
+        if fast_off:
+            fast_off -= 1
+        misses = 0
         for j, raw in enumerate(raws):
             if not raw:
                 continue  # blank line
+            if use_fast:
+                # ---- fast path: the same rules on the typed struct; it only writes or
+                # filters. Whatever it would reject falls through, untouched, to the
+                # generic path below, which decides the reason.
+                try:
+                    r = fast_decode(raw) if raw.isascii() else None
+                except Exception:  # noqa: BLE001 - any shape or JSON error: generic path
+                    r = None
+                if r is not None:
+                    msm = r.msm_id
+                    if msm_set and msm not in msm_set:
+                        n_records += 1
+                        filtered["msm"] += 1
+                        continue
+                    prb = r.prb_id
+                    if prb_set and prb not in prb_set:
+                        n_records += 1
+                        filtered["probe"] += 1
+                        continue
+                    ts = r.timestamp
+                    ts_us = ts * 1_000_000 if type(ts) is int else round(ts * 1_000_000)
+                    if lo_ok <= ts_us < hi_ok:
+                        if sampling and not sample_keep(msm, prb, ts_us, threshold):
+                            n_records += 1
+                            filtered["sample"] += 1
+                            continue
+                        dst = r.dst_addr
+                        dinfo = aget(dst)
+                        if dinfo is None and dst:
+                            dinfo = lookup(dst)
+                        if dinfo is not None:
+                            af = r.af
+                            if af_keep and af != af_keep:
+                                n_records += 1
+                                filtered["af"] += 1
+                                continue
+                            if dinfo[1] == af:
+                                src = None
+                                add_from = add_priv = 0
+                                if auto_src:
+                                    s = r.src_addr
+                                    sinfo = aget(s)
+                                    if sinfo is not None and sinfo[3] == af:
+                                        src = sinfo[0]
+                                    else:
+                                        if sinfo is None:
+                                            if not s:
+                                                s = r.srcaddr
+                                            sinfo = lookup(s)
+                                        f = r.from_
+                                        finfo = aget(f)
+                                        if finfo is None:
+                                            finfo = lookup(f)
+                                        if sinfo is not None and sinfo[3] == af:
+                                            src = sinfo[0]
+                                        elif finfo is not None and finfo[3] == af:
+                                            src = finfo[0]
+                                            add_from = 1
+                                        elif sinfo is not None and sinfo[1] == af:
+                                            src = sinfo[0]
+                                            add_priv = 1
+                                        elif finfo is not None and finfo[1] == af:
+                                            src = finfo[0]
+                                            add_from = add_priv = 1
+                                else:
+                                    s = r.from_ if src_mode == "from" else (r.src_addr or r.srcaddr)
+                                    sinfo = lookup(s)
+                                    if sinfo is not None and sinfo[1] == af:
+                                        src = sinfo[0]
+                                        if not sinfo[2]:
+                                            add_priv = 1
+                                if src is not None:
+                                    # written: nothing below can reject (msgspec checked
+                                    # size and every packet)
+                                    size = r.size
+                                    n0 = len(rtts)
+                                    err = 0
+                                    for e in r.result:
+                                        rt = e.rtt
+                                        if rt is not UNSET:
+                                            if e.late is not UNSET:
+                                                n_late += 1
+                                            if e.dup:
+                                                n_dup += 1
+                                                if drop_dups:
+                                                    n_dup_drop += 1
+                                                    continue
+                                            rtt_append(rt)
+                                        elif e.error is not UNSET:
+                                            err += 1
+                                            rtt_append(-1.0)
+                                        elif e.x is not UNSET:
+                                            rtt_append(-1.0)
+                                        else:
+                                            n_other += 1
+                                            if e.late is not UNSET:
+                                                n_late += 1
+                                            rtt_append(-1.0)
+                                    results_append(
+                                        (msm, ts_us, src, dinfo[0], af, 0 if size is None else size, err, prb, len(rtts) - n0)
+                                    )
+                                    n_records += 1
+                                    n_src_from += add_from
+                                    n_src_private += add_priv
+                                    continue
+                    elif tmin <= ts_us <= tmax:
+                        n_records += 1
+                        filtered["time"] += 1
+                        continue
+                misses += 1
+            # ---- generic path
             try:
                 obj = loads(raw)
             except JSONDecodeError as e:
@@ -616,6 +812,8 @@ def parse_records(
 
                 results_append((msm, ts_us, src, dinfo[0], af, size, err, prb, len(rtts) - n0))
 
+        if use_fast and misses * 2 > len(raws) >= 64:
+            fast_off = 8  # mostly misses: leave this file to the generic path for a while
         if len(rtts) >= rgr:
             flush()
             results_append = batch.results.append

@@ -18,8 +18,10 @@ read in 1 MiB chunks, split into records, and each record is handed on as raw by
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import re
+import stat
 import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -47,11 +49,12 @@ _BOM = b"\xef\xbb\xbf"  # sentinel `bad` value: last line without a trailing new
 class HashingReader:
     """Wraps the raw file: counts and hashes every byte read, reports progress."""
 
-    def __init__(self, raw: BinaryIO, on_bytes: Callable[[int], None] | None = None):
+    def __init__(self, raw: BinaryIO, on_bytes: Callable[[int], None] | None = None, quiet: int = 0):
         self.raw = raw
         self.sha = hashlib.sha256()
         self.nbytes = 0
         self.on_bytes = on_bytes
+        self.quiet = quiet  # the first `quiet` bytes were reported already (a second pass)
         self.name = ""  # GzipFile looks for .name
         self.mode = "rb"
 
@@ -60,8 +63,8 @@ class HashingReader:
         if data:
             self.sha.update(data)
             self.nbytes += len(data)
-            if self.on_bytes is not None:
-                self.on_bytes(len(data))
+            if self.on_bytes is not None and self.nbytes > self.quiet:
+                self.on_bytes(min(len(data), self.nbytes - self.quiet))
         return data
 
     def readable(self) -> bool:
@@ -168,6 +171,141 @@ def decoded_chunks(codec: str, fileobj) -> Iterator[bytes]:
         if not data:
             return
         yield data
+
+
+# ---------------------------------------------------------------- parallel bzip2
+
+BZ2_BLOCK_MAGIC = 0x314159265359  # pi: starts every compressed block
+BZ2_EOS_MAGIC = 0x177245385090  # sqrt(pi): ends every stream, followed by the stream CRC
+
+
+class ParallelBz2Failed(BaseException):
+    """indexed_bzip2 met something it does not handle exactly like libbzip2 (a corrupt or
+    cut file, trailing bytes): the caller discards what it made from this file and reads
+    it again with the `bz2` module, which decides the rows and the reject.
+
+    A BaseException, so that it passes the `except Exception` of `iter_records` (which
+    would turn it into a `truncated` reject) and reaches `ingest_file`."""
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def open_parallel_bz2(path: Path, raw, threads: int):
+    """An `indexed_bzip2` reader decoding `threads` blocks at once, or None where it cannot
+    be used: package missing, not a regular file (a pipe: it needs to seek), or the file
+    does not start like a bzip2 stream (left to the `bz2` module, which reports it)."""
+    try:
+        import indexed_bzip2
+    except ImportError:
+        return None
+    try:
+        st = os.fstat(raw.fileno())
+        head = raw.peek(10)[:10]
+    except (OSError, AttributeError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return None
+    if len(head) < 10 or head[:3] != b"BZh" or not 0x31 <= head[3] <= 0x39:
+        return None
+    if int.from_bytes(head[4:10], "big") not in (BZ2_BLOCK_MAGIC, BZ2_EOS_MAGIC):
+        return None
+    try:
+        return indexed_bzip2.open(str(path), parallelization=max(1, threads))
+    except Exception:  # noqa: BLE001 - whatever it is, the bz2 module will say it properly
+        return None
+
+
+def _read_bits(f, bit: int, nbits: int) -> int:
+    """`nbits` bits of file `f` starting at bit offset `bit` (big-endian), as an int."""
+    nbytes = (bit % 8 + nbits + 7) // 8
+    f.seek(bit // 8)
+    data = f.read(nbytes)
+    if len(data) < nbytes:
+        return -1
+    return (int.from_bytes(data, "big") >> (nbytes * 8 - bit % 8 - nbits)) & ((1 << nbits) - 1)
+
+
+def bz2_layout_ok(f, offsets: dict, size: int) -> bool:
+    """Whether the block offsets indexed_bzip2 decoded account for the whole file.
+
+    indexed_bzip2 finds blocks by searching for their 48-bit magic and checks each block's
+    CRC, but on damaged files it can skip a block whose magic was hit, ignore trailing
+    bytes, or stop short without an error. Walk the file the way libbzip2 reads it:
+    streams back to back up to the last byte, each `BZh1-9` + blocks + end marker, every
+    block one that was decoded, and the stream CRC in the end marker equal to the block
+    CRCs folded (so a block that was skipped, or an extra one, is noticed).
+    """
+    import bisect
+
+    starts = sorted(offsets)
+    pos = 0  # byte offset of the next stream
+    while pos < size:
+        f.seek(pos)
+        head = f.read(4)
+        if len(head) < 4 or head[:3] != b"BZh" or not 0x31 <= head[3] <= 0x39:
+            return False
+        bit = (pos + 4) * 8
+        combined = 0
+        while True:
+            word = _read_bits(f, bit, 80)
+            if word < 0:
+                return False
+            magic, crc = word >> 32, word & 0xFFFFFFFF
+            if magic == BZ2_EOS_MAGIC:
+                if crc != combined:
+                    return False
+                pos = (bit + 80 + 7) // 8  # a stream ends on a byte boundary
+                break
+            if magic != BZ2_BLOCK_MAGIC or bit not in offsets:
+                return False
+            combined = (((combined << 1) | (combined >> 31)) & 0xFFFFFFFF) ^ crc
+            k = bisect.bisect_right(starts, bit)
+            if k == len(starts):
+                return False
+            bit = starts[k]
+    return pos == size
+
+
+def parallel_bz2_chunks(reader, path: Path, size: int, on_pos: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """Decompressed chunks of about 1 MiB from an `open_parallel_bz2` reader.
+
+    Raises ParallelBz2Failed on any decoder error, and at the end when `bz2_layout_ok`
+    finds the file is not exactly what was decoded; the output is then unusable (it may
+    not even be a prefix of what libbzip2 gives). `on_pos(n)`: roughly n compressed bytes
+    are behind us (for progress and hashing).
+    """
+    try:
+        while True:
+            try:
+                data = reader.read(CHUNK)
+            except Exception as e:  # noqa: BLE001
+                raise ParallelBz2Failed(_err(e)) from None
+            if not data:
+                break
+            if on_pos is not None:
+                try:
+                    on_pos(reader.tell_compressed() // 8)
+                except Exception:  # noqa: BLE001 - progress only
+                    pass
+            yield data
+        try:
+            complete = reader.block_offsets_complete()
+            offsets = reader.block_offsets()
+        except Exception as e:  # noqa: BLE001
+            raise ParallelBz2Failed(_err(e)) from None
+        with open(path, "rb") as f:
+            if not complete or not bz2_layout_ok(f, offsets, size):
+                raise ParallelBz2Failed("compressed layout differs from what was decoded")
+    finally:
+        try:
+            reader.close()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 class ThreadedChunks:

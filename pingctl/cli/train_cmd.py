@@ -1,0 +1,128 @@
+"""`pingctl train`: MaxText training on pingctl's loader, locally, on SLURM or on Modal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, handle_errors, kv_table, load
+
+
+def train(
+    rows: Annotated[Path | None, typer.Argument(help="Training rows (`pingctl build-rows` output).")] = None,
+    eval_rows: Annotated[Path | None, typer.Option("--eval", help="Validation rows for eval loss.")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Run directory.")] = None,
+    preset: Annotated[str | None, typer.Option(help="Model preset: tiny | small | base.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
+    target: Annotated[str | None, typer.Option(help="local | slurm | modal.")] = None,
+    hardware: Annotated[str | None, typer.Option(help="cpu | gpu | tpu.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run directory and start over.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="slurm/modal: show what would run, submit nothing.")] = False,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train the ping LLM with MaxText (resumes from the last checkpoint unless --fresh).
+
+    Example: pingctl train runs/demo/rows/train --eval runs/demo/rows/val --preset tiny --steps 200
+    """
+    cfg = load(
+        config,
+        set_,
+        **{
+            "train.train_rows": str(rows) if rows else None,
+            "train.eval_rows": str(eval_rows) if eval_rows else None,
+            "train.run_dir": str(run_dir) if run_dir else None,
+            "model.preset": preset,
+            "train.steps": steps,
+            "train.target": target,
+            "train.hardware": hardware,
+        },
+    )
+    run = Path(cfg.train.run_dir)
+    if cfg.train.target == "slurm":
+        from pingctl.train.slurm import submit
+
+        result = submit(cfg, run, fresh=fresh, dry_run=dry_run)
+        _remote_report(result, as_json)
+        return
+    if cfg.train.target == "modal":
+        from pingctl.train.modal_app import launch
+
+        result = launch(cfg, run, fresh=fresh, dry_run=dry_run)
+        _remote_report(result, as_json)
+        return
+    from pingctl.train.local import run_local
+
+    if as_json:
+        summary = run_local(cfg, run, fresh=fresh)
+    else:
+        summary = _with_live_view(cfg, run, fresh, run_local)
+    _report(summary, as_json)
+
+
+def _with_live_view(cfg, run: Path, fresh: bool, run_local):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("[bold]train[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss [cyan]{task.fields[loss]}[/]  eval [magenta]{task.fields[eval]}[/]  {task.fields[tps]} tok/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err_console,
+    )
+    state = {"eval": "-"}
+    with bar:
+        task = bar.add_task("train", total=cfg.train.steps, loss="-", eval="-", tps="-")
+        bar.console.print(f"run dir {run} (raw MaxText log: {run / 'train.log'})", highlight=False)
+
+        def on_record(rec: dict) -> None:
+            if rec["kind"] == "eval":
+                state["eval"] = f"{rec['eval_loss']:.3f}"
+                bar.update(task, eval=state["eval"])
+                return
+            bar.update(
+                task, completed=rec["step"] + 1, loss=f"{rec['loss']:.3f}",
+                tps=f"{rec['tokens_per_s_per_device']:,.0f}",
+            )
+
+        return run_local(cfg, run, fresh=fresh, on_record=on_record)
+
+
+def _report(s: dict, as_json: bool) -> None:
+    def f(v, spec=".4f"):
+        return "-" if v is None else format(v, spec)
+
+    rows = [
+        ("run dir", s["run_dir"]),
+        ("preset / parameters", f"{s['preset']} / {s['parameters']:,}"),
+        ("steps this run", f"{s['first_step_this_run']} .. {s['last_step']} of {s['steps_total']}"),
+        ("resumed from checkpoint", "-" if s["resumed_from_checkpoint"] is None else s["resumed_from_checkpoint"]),
+        ("train loss first -> final", f"{f(s['first_loss'])} -> {f(s['final_loss'])}"),
+        ("eval loss first -> final", f"{f(s['first_eval_loss'])} -> {f(s['final_eval_loss'])}"),
+        ("tokens/s per device", f(s["tokens_per_s_per_device"], ",.0f")),
+        ("step time s", f(s["step_seconds"])),
+        ("checkpoints", ", ".join(map(str, s["checkpoints"])) or "-"),
+        ("loss curve", s["loss_png"]),
+        ("TensorBoard", s["tensorboard"]),
+        ("elapsed s", f(s["elapsed_s"], ".1f")),
+    ]
+    emit(s, as_json, kv_table("train summary", rows))
+
+
+def _remote_report(result: dict, as_json: bool) -> None:
+    if as_json:
+        emit(result, True)
+        return
+    for title, text in result.get("show", []):
+        console.rule(title)
+        console.print(text, markup=False, highlight=False)
+    emit(result, False, kv_table(f"train --target {result['target']}", list(result.get("summary", {}).items())))
+
+
+def register(app) -> None:
+    app.command("train")(handle_errors(train))

@@ -1,0 +1,191 @@
+"""Local training: prepare the run directory, run the worker, follow its log.
+
+Run directory (docs/train.md):
+    config.yaml     resolved pingctl config          maxtext.yml   rendered MaxText config
+    train.log       raw MaxText/absl log             metrics.jsonl train and eval records
+    loss.png        loss curves                      summary.json  the final summary
+    maxtext/checkpoints/<step>/{items,iter}  Orbax params+optimizer, Grain iterator state
+    maxtext/tensorboard/maxtext/events.*     TensorBoard
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from pingctl.atomic import atomic_file, write_json
+from pingctl.config import Config
+from pingctl.errors import PingctlError
+from pingctl.train import metrics as M
+from pingctl.train.render import MAXTEXT_RUN_NAME, parameters, render_maxtext
+
+OnRecord = Callable[[dict], None]
+# Architecture keys: a checkpoint can only be resumed by the same model.
+_SHAPE_KEYS = ("model", "tokenizer", "loader.seq_len")
+
+
+def checkpoint_steps(run: Path) -> list[int]:
+    d = Path(run) / MAXTEXT_RUN_NAME / "checkpoints"
+    if not d.is_dir():
+        return []
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists())
+
+
+def _shape(cfg: dict) -> dict:
+    return {"model": cfg["model"], "tokenizer": cfg["tokenizer"], "seq_len": cfg["loader"]["seq_len"]}
+
+
+def absolute_rows(cfg: Config) -> Config:
+    """The worker runs inside the run directory: row paths must not be relative."""
+    t = cfg.train
+    update = {"train_rows": str(Path(t.train_rows).resolve()) if t.train_rows else ""}
+    update["eval_rows"] = str(Path(t.eval_rows).resolve()) if t.eval_rows else None
+    return cfg.model_copy(update={"train": t.model_copy(update=update)})
+
+
+def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False) -> Path:
+    """Write config.yaml and maxtext.yml; refuse to resume a different model."""
+    from pingctl.loader.pipeline import rows_manifest
+
+    run = Path(run_dir).resolve()
+    if not cfg.train.train_rows:
+        raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
+    cfg = absolute_rows(cfg)
+    rows_manifest(Path(cfg.train.train_rows))
+    if cfg.train.eval_rows:
+        rows_manifest(Path(cfg.train.eval_rows))
+    if cfg.train.wandb and not os.environ.get("WANDB_API_KEY"):
+        raise PingctlError("train.wandb is on but WANDB_API_KEY is not set in the environment")
+    if fresh and run.exists():
+        shutil.rmtree(run)
+    run.mkdir(parents=True, exist_ok=True)
+    new = cfg.model_dump(mode="json")
+    old_path = run / "config.yaml"
+    if old_path.exists() and checkpoint_steps(run):
+        old = yaml.safe_load(old_path.read_text())
+        if _shape(old) != _shape(new):
+            raise PingctlError(
+                f"{run} holds checkpoints of a different model ({_shape(old)}); "
+                "use --fresh to start over or choose another --run-dir"
+            )
+    with atomic_file(old_path) as tmp:
+        tmp.write_text(yaml.safe_dump(new, sort_keys=False))
+    with atomic_file(run / "maxtext.yml") as tmp:
+        tmp.write_text(render_maxtext(cfg, run))
+    return run
+
+
+def worker_env(cfg: Config) -> dict:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env["PINGCTL_PARENT_PID"] = str(os.getpid())
+    if cfg.train.hardware == "cpu":
+        env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnRecord | None = None) -> dict:
+    run = prepare_run(cfg, run_dir, fresh)
+    resumed_from = (checkpoint_steps(run) or [None])[-1]
+    if resumed_from is not None and resumed_from + 1 >= cfg.train.steps:
+        raise PingctlError(
+            f"{run} is already trained to step {resumed_from + 1} (checkpoint {resumed_from}); "
+            f"pass --steps above {resumed_from + 1} to continue, or --fresh to start over"
+        )
+    log_path = run / "train.log"
+    parser = M.LogParser()
+    t0 = time.time()
+    with open(log_path, "a") as log:
+        log.write(f"\n===== pingctl train {time.strftime('%Y-%m-%dT%H:%M:%S')} (resume from {resumed_from}) =====\n")
+        log.flush()
+        start = log.tell()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pingctl.train.worker", str(run)],
+            stdout=log, stderr=subprocess.STDOUT, env=worker_env(cfg), cwd=run,
+        )
+        try:
+            _follow(log_path, start, proc, parser, on_record)
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    parser.finish()
+    records = M.merge(M.read_jsonl(run / "metrics.jsonl"), parser.records)
+    M.write_jsonl(records, run / "metrics.jsonl")
+    if records:
+        M.plot_loss(records, run / "loss.png", f"{cfg.model.preset} preset, {run.name}")
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-15:])
+        raise PingctlError(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
+    summary = summarize(cfg, run, records, parser, resumed_from, time.time() - t0)
+    write_json(run / "summary.json", summary)
+    return summary
+
+
+def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser, on_record: OnRecord | None) -> None:
+    with open(path, errors="replace") as f:
+        f.seek(start)
+        buf = ""
+        while True:
+            chunk = f.read()
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split("\n")
+                for line in lines:
+                    rec = parser.feed(line)
+                    if rec and on_record:
+                        on_record(rec)
+            elif proc.poll() is not None:
+                if buf:
+                    parser.feed(buf)
+                return
+            else:
+                time.sleep(0.2)
+
+
+def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, resumed_from, elapsed: float) -> dict:
+    train = [r for r in records if r["kind"] == "train"]
+    ev = [r for r in records if r["kind"] == "eval"]
+    this = [r for r in parser.records if r["kind"] == "train"]
+    steady = this[1:] or this  # the first step includes compilation
+    busy = sum(r["step_seconds"] for r in steady)
+    # time-weighted: a mean of per-step rates would overweight the fast steps
+    tps = sum(r["tokens_per_s_per_device"] * r["step_seconds"] for r in steady) / busy if busy else 0.0
+    n_params = parameters(cfg)
+    return {
+        "run_dir": str(run),
+        "preset": cfg.model.preset,
+        "parameters": n_params,
+        "steps_total": cfg.train.steps,
+        "first_step_this_run": parser.first_step,
+        "last_step": train[-1]["step"] if train else None,
+        "resumed_from_checkpoint": resumed_from,
+        "first_loss": train[0]["loss"] if train else None,
+        "final_loss": train[-1]["loss"] if train else None,
+        "first_eval_loss": ev[0]["eval_loss"] if ev else None,
+        "final_eval_loss": ev[-1]["eval_loss"] if ev else None,
+        "tokens_per_s_per_device": tps,
+        "step_seconds": sum(r["step_seconds"] for r in steady) / len(steady) if steady else None,
+        "model_flops_per_token": 6 * n_params,
+        "checkpoints": checkpoint_steps(run),
+        "tensorboard": str(run / MAXTEXT_RUN_NAME / "tensorboard"),
+        "loss_png": str(run / "loss.png"),
+        "metrics": str(run / "metrics.jsonl"),
+        "log": str(run / "train.log"),
+        "elapsed_s": elapsed,
+    }
+
+
+def read_summary(run: Path) -> dict:
+    return json.loads((Path(run) / "summary.json").read_text())

@@ -1,0 +1,123 @@
+"""Metrics from MaxText's log lines -> `metrics.jsonl`, and the loss-curve PNG.
+
+MaxText's own `metrics_file` truncates itself whenever an eval restarts its step counter,
+so the run's record is built from the log: every train step line, and one eval entry
+(final running loss) per evaluation, keyed by the train step it followed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+_STEP = re.compile(
+    r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.]+), TFLOP/s/device: (?P<tflops>[\d.]+), "
+    r"Tokens/s/device: (?P<tps>[\d.]+), total_weights: (?P<weights>[\d.]+), loss: (?P<loss>[\d.naif]+)"
+)
+_EVAL_START = re.compile(r"Starting eval after train step (?P<step>\d+)")
+_EVAL_STEP = re.compile(r"Completed eval step: (?P<k>\d+), .*running loss=(?P<loss>[\d.naif]+)")
+_RESTORE = re.compile(r"[Rr]estor\w* .*?step[ =:]*(?P<step>\d+)")
+
+
+class LogParser:
+    """Feed log lines; collects train and eval records in order."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._eval_step: int | None = None
+        self._eval_loss: float | None = None
+        self.first_step: int | None = None
+
+    def feed(self, line: str) -> dict | None:
+        """Returns a record when the line completes one."""
+        if m := _EVAL_START.search(line):
+            self._flush_eval()
+            self._eval_step, self._eval_loss = int(m["step"]), None
+            return None
+        if (m := _EVAL_STEP.search(line)) and self._eval_step is not None:
+            self._eval_loss = float(m["loss"])
+            return None
+        if m := _STEP.search(line):
+            rec_eval = self._flush_eval()
+            step = int(m["step"])
+            if self.first_step is None:
+                self.first_step = step
+            rec = {
+                "kind": "train",
+                "step": step,
+                "loss": float(m["loss"]),
+                "step_seconds": float(m["seconds"]),
+                "tokens_per_s_per_device": float(m["tps"]),
+                "tflops_per_device": float(m["tflops"]),
+                "target_tokens": float(m["weights"]),
+            }
+            self.records.append(rec)
+            return rec_eval or rec
+        return None
+
+    def _flush_eval(self) -> dict | None:
+        if self._eval_step is None or self._eval_loss is None:
+            return None
+        rec = {"kind": "eval", "step": self._eval_step, "eval_loss": self._eval_loss}
+        self.records.append(rec)
+        self._eval_step = self._eval_loss = None
+        return rec
+
+    def finish(self) -> None:
+        self._flush_eval()
+
+
+def parse_log(path: Path) -> LogParser:
+    p = LogParser()
+    with open(path, errors="replace") as f:
+        for line in f:
+            p.feed(line)
+    p.finish()
+    return p
+
+
+def write_jsonl(records: list[dict], path: Path) -> None:
+    from pingctl.atomic import atomic_file
+
+    with atomic_file(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """A resumed run repeats no step: later records of the same (kind, step) win."""
+    by_key = {(r["kind"], r["step"]): r for r in old}
+    by_key.update({(r["kind"], r["step"]): r for r in new})
+    return sorted(by_key.values(), key=lambda r: (r["step"], r["kind"] != "train"))
+
+
+def plot_loss(records: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pingctl.atomic import atomic_file
+
+    train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train"]
+    ev = [(r["step"], r["eval_loss"]) for r in records if r["kind"] == "eval"]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    if train:
+        ax.plot(*zip(*train), label="train loss", lw=1.2)
+    if ev:
+        ax.plot(*zip(*ev), "o-", label="eval loss", lw=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
