@@ -120,7 +120,7 @@ def _remote_report(result: dict, as_json: bool) -> None:
         return
     for title, text in result.get("show", []):
         console.rule(title)
-        console.print(text, markup=False, highlight=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
     emit(result, False, kv_table(f"train --target {result['target']}", list(result.get("summary", {}).items())))
 
 

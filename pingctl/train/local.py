@@ -62,8 +62,13 @@ def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False) -> Path:
     rows_manifest(Path(cfg.train.train_rows))
     if cfg.train.eval_rows:
         rows_manifest(Path(cfg.train.eval_rows))
-    if cfg.train.wandb and not os.environ.get("WANDB_API_KEY"):
-        raise PingctlError("train.wandb is on but WANDB_API_KEY is not set in the environment")
+    if cfg.train.wandb:
+        if not os.environ.get("WANDB_API_KEY"):
+            raise PingctlError("train.wandb is on but WANDB_API_KEY is not set in the environment")
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise PingctlError("train.wandb is on but the `wandb` package is not installed (pip install wandb)") from None
     if fresh and run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True, exist_ok=True)

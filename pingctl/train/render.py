@@ -62,6 +62,9 @@ def maxtext_values(cfg: Config, run_dir: Path) -> dict:
         "jax_cache_dir": str(Path(t.jax_cache_dir).expanduser()),
         "skip_distributed": t.hardware == "cpu" and t.target == "local",
         "overrides": cfg.model.overrides,
+        "wandb": t.wandb,
+        "wandb_project": t.wandb_project,
+        "wandb_run": run_dir.name,
     }
 
 

@@ -1,0 +1,138 @@
+"""`pingctl train --target modal`: the same worker, run in a Modal GPU container.
+
+Layout on the Modal Volume (mounted at /data):
+    /data/rows/<run>/train, /data/rows/<run>/eval   the rows, uploaded once per run
+    /data/runs/<run>/                              run dir: config, MaxText yml, checkpoints, TensorBoard
+The run's config is rewritten for those paths (and hardware=gpu) and rendered locally, so
+`--dry-run` shows exactly what the container will run. Secrets (Modal token, W&B key) stay
+in the environment / Modal secrets and are never written into the run directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pingctl import __version__
+from pingctl.config import Config
+from pingctl.errors import PingctlError
+from pingctl.train.render import render_maxtext
+
+MOUNT = "/data"
+PROJECT_REMOTE = "/opt/pingctl"
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+_IGNORE = [".venv", ".git", "runs", "out", "**/__pycache__", ".pytest_cache", ".hypothesis"]
+
+
+def remote_config(cfg: Config, name: str) -> Config:
+    t = cfg.train
+    update = {
+        "train_rows": f"{MOUNT}/rows/{name}/train",
+        "eval_rows": f"{MOUNT}/rows/{name}/eval" if t.eval_rows else None,
+        "run_dir": f"{MOUNT}/runs/{name}",
+        "hardware": "gpu",
+        "target": "modal",
+        "jax_cache_dir": f"{MOUNT}/jax_cache",
+    }
+    return cfg.model_copy(update={"train": t.model_copy(update=update)})
+
+
+def build_app(cfg: Config, name: str):
+    """The Modal app and its training function, built offline (nothing is contacted)."""
+    import modal
+
+    m = cfg.train.modal
+    image = (
+        modal.Image.debian_slim(python_version="3.12")
+        .add_local_dir(PROJECT_DIR, PROJECT_REMOTE, copy=True, ignore=_IGNORE)
+        .run_commands(
+            f"pip install -e '{PROJECT_REMOTE}[train]' 'jax[cuda12]'",
+            "pip install --no-deps xprof==2.24.2",
+        )
+        .env({"PYTHONUNBUFFERED": "1"})
+    )
+    volume = modal.Volume.from_name(m.volume, create_if_missing=True)
+    secrets = [modal.Secret.from_name(m.wandb_secret)] if m.wandb_secret else []
+    app = modal.App(m.app_name)
+
+    @app.function(
+        image=image,
+        gpu=f"{m.gpu}:{m.gpu_count}",
+        volumes={MOUNT: volume},
+        timeout=m.timeout_s,
+        secrets=secrets,
+        serialized=True,
+    )
+    def train_remote(run_dir: str) -> str:
+        import subprocess
+
+        rc = subprocess.call(["python", "-m", "pingctl.train.worker", run_dir], cwd=run_dir)
+        volume.commit()
+        if rc:
+            raise RuntimeError(f"training exited with {rc}; see the Modal logs")
+        return run_dir
+
+    return app, train_remote, volume, image
+
+
+def describe(cfg: Config, name: str) -> dict:
+    m = cfg.train.modal
+    rc = remote_config(cfg, name)
+    return {
+        "app": m.app_name,
+        "image": f"debian_slim python 3.12 + pingctl[train] {__version__} + jax[cuda12]",
+        "gpu": f"{m.gpu}:{m.gpu_count}",
+        "volume": f"{m.volume} at {MOUNT}",
+        "secrets": m.wandb_secret or "-",
+        "uploads": f"{cfg.train.train_rows} -> {rc.train.train_rows}"
+        + (f"; {cfg.train.eval_rows} -> {rc.train.eval_rows}" if cfg.train.eval_rows else ""),
+        "command": f"python -m pingctl.train.worker {rc.train.run_dir}",
+        "timeout s": m.timeout_s,
+    }
+
+
+def launch(cfg: Config, run: Path, fresh: bool = False, dry_run: bool = False) -> dict:
+    import yaml
+
+    from pingctl.atomic import atomic_file
+    from pingctl.loader.pipeline import rows_manifest
+
+    if not cfg.train.train_rows:
+        raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output)")
+    rows_manifest(Path(cfg.train.train_rows))
+    name = Path(run).name
+    rc = remote_config(cfg, name)
+    staging = Path(run) / "modal"
+    staging.mkdir(parents=True, exist_ok=True)
+    with atomic_file(staging / "config.yaml") as tmp:
+        tmp.write_text(yaml.safe_dump(rc.model_dump(mode="json"), sort_keys=False))
+    maxtext = render_maxtext(rc, Path(rc.train.run_dir))
+    with atomic_file(staging / "maxtext.yml") as tmp:
+        tmp.write_text(maxtext)
+    app, fn, volume, _ = build_app(cfg, name)
+    info = describe(cfg, name)
+    result = {
+        "target": "modal",
+        "dry_run": dry_run,
+        "run_dir": rc.train.run_dir,
+        "staging": str(staging),
+        "modal": info,
+        "show": [("Modal app", "\n".join(f"{k}: {v}" for k, v in info.items())), ("maxtext.yml", maxtext)]
+        if dry_run
+        else [],
+        "summary": {**info, "submitted": "no (--dry-run)" if dry_run else "yes"},
+    }
+    if dry_run:
+        return result
+    if not (os.environ.get("MODAL_TOKEN_ID") or Path("~/.modal.toml").expanduser().exists()):
+        raise PingctlError("no Modal credentials: set MODAL_TOKEN_ID/MODAL_TOKEN_SECRET or run `modal token new`")
+    with volume.batch_upload(force=fresh) as batch:
+        batch.put_directory(str(cfg.train.train_rows), f"/rows/{name}/train")
+        if cfg.train.eval_rows:
+            batch.put_directory(str(cfg.train.eval_rows), f"/rows/{name}/eval")
+        batch.put_file(str(staging / "config.yaml"), f"/runs/{name}/config.yaml")
+        batch.put_file(str(staging / "maxtext.yml"), f"/runs/{name}/maxtext.yml")
+    with app.run():
+        fn.remote(rc.train.run_dir)
+    result["summary"]["results"] = f"Modal volume {cfg.train.modal.volume}: /runs/{name}"
+    return result

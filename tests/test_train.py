@@ -1,0 +1,179 @@
+"""Training through MaxText on CPU: tiny preset, checkpoints, resume, kill -9, targets."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+from pingctl.config import load_config
+from pingctl.train import metrics as M
+from pingctl.train.presets import PRESETS
+from pingctl.train.render import render_maxtext
+
+pytest.importorskip("maxtext")
+runner = CliRunner()
+TINY = ["--set", "loader.seq_len=128", "--set", "loader.batch_size=8", "--set", "train.eval_steps=4",
+        "--set", "train.learning_rate=0.01"]
+
+
+@pytest.fixture(scope="module")
+def rows(synth_rows):
+    from pingctl.rows.build import build_rows
+    from pingctl.shard import shard
+    from pingctl.config import ShardConfig
+
+    d = synth_rows
+    if not (d / "split").exists():
+        shard([d / "synth"], d / "split", ShardConfig(strategy="time"))
+        build_rows([d / "split" / "train"], d / "rtrain")
+        build_rows([d / "split" / "val"], d / "rval")
+    return d / "rtrain", d / "rval"
+
+
+def _train(args, **kw):
+    return subprocess.run([sys.executable, "-m", "pingctl", "train", *args, "--json"], capture_output=True, text=True, **kw)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_renders_a_config_maxtext_accepts(preset, tmp_path, rows):
+    cfg = load_config(None, [f"model.preset={preset}", f"train.train_rows={rows[0]}", "train.steps=5"])
+    path = tmp_path / "maxtext.yml"
+    path.write_text(render_maxtext(cfg, tmp_path))
+    code = (
+        "import sys; from maxtext.configs import pyconfig; "
+        "c = pyconfig.initialize(['', sys.argv[1], 'skip_jax_distributed_system=true']); "
+        "print(c.vocab_size, c.emb_dim, c.num_decoder_layers, c.max_target_length, c.dataset_type)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    vocab, emb, layers, seq, dtype = out.stdout.split()[-5:]
+    p = PRESETS[preset]
+    assert (int(vocab), int(emb), int(layers), int(seq), dtype) == (267, p["emb_dim"], p["layers"], 1024, "DatasetType.GRAIN")
+
+
+def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
+    run = tmp_path / "run"
+    common = [str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run), *TINY,
+              "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25"]
+    first = _train([*common, "--steps", "50"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    s = json.loads(first.stdout)
+    assert s["first_step_this_run"] == 0 and s["last_step"] == 49
+    assert s["final_eval_loss"] < s["first_eval_loss"] - 1.0, s  # clearly learned something
+    assert s["checkpoints"] == [0, 25, 49]
+    assert (run / "maxtext" / "checkpoints" / "49" / "iter").is_dir()  # Grain iterator state saved
+    assert list((run / "maxtext" / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("config.yaml", "maxtext.yml", "train.log", "metrics.jsonl", "summary.json"):
+        assert (run / name).exists(), name
+    second = _train([*common, "--steps", "60"])
+    assert second.returncode == 0, second.stderr[-3000:]
+    s2 = json.loads(second.stdout)
+    assert s2["resumed_from_checkpoint"] == 49 and s2["first_step_this_run"] == 50 and s2["last_step"] == 59
+    steps = [r["step"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == list(range(60))  # one record per step across both runs
+    again = _train([*common, "--steps", "60"])
+    assert again.returncode == 1 and "already trained to step 60" in again.stderr
+
+
+def _losses(run: Path) -> dict[int, str]:
+    text = (run / "train.log").read_text()
+    return {int(a): b for a, b in re.findall(r"completed step: (\d+),.*? loss: ([\d.]+)", text)}
+
+
+def test_kill_9_then_rerun_continues_at_the_same_data_position(rows, tmp_path):
+    def cmd(run):
+        return [sys.executable, "-m", "pingctl", "train", str(rows[0]), "--run-dir", str(run), "--steps", "40",
+                *TINY, "--set", "train.checkpoint_period=10", "--json"]
+
+    ref = subprocess.run(cmd(tmp_path / "ref"), capture_output=True, text=True)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(cmd(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = run / "maxtext" / "checkpoints" / "20" / "commit_success.txt"
+    deadline = time.time() + 240
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ckpt.exists()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)
+    assert subprocess.run(["pgrep", "-f", f"pingctl.train.worker {run}"], capture_output=True).returncode == 1
+    again = subprocess.run(cmd(run), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    s = json.loads(again.stdout)
+    assert s["resumed_from_checkpoint"] >= 20 and s["last_step"] == 39
+    want, got = _losses(tmp_path / "ref"), _losses(run)
+    resumed = range(s["first_step_this_run"], 40)
+    assert [got[k] for k in resumed] == [want[k] for k in resumed]  # same batches, same updates
+
+
+def test_slurm_scripts_render_and_parse(rows, tmp_path):
+    for nodes in (1, 3):
+        run = tmp_path / f"s{nodes}"
+        r = runner.invoke(app, [
+            "train", str(rows[0]), "--run-dir", str(run), "--target", "slurm", "--dry-run", "--hardware", "gpu",
+            "--set", f"train.slurm.nodes={nodes}", "--set", "train.slurm.partition=a100",
+            "--set", "train.slurm.account=proj", "--set", "train.slurm.gpus_per_node=4",
+            "--set", "train.slurm.time=02:00:00", "--json",
+        ])
+        assert r.exit_code == 0, r.output
+        script = (run / "train.sbatch").read_text()
+        assert subprocess.run(["bash", "-n", str(run / "train.sbatch")]).returncode == 0
+        for line in ("#SBATCH --partition=a100", "#SBATCH --account=proj", f"#SBATCH --nodes={nodes}",
+                     "#SBATCH --gpus-per-node=4", "#SBATCH --time=02:00:00"):
+            assert line in script.splitlines()
+        assert f"python -m pingctl.train.worker" in script and str(run) in script
+        assert ("srun --nodes=3" in script and "JAX_COORDINATOR_IP" in script) == (nodes == 3)
+        mt = yaml.safe_load((run / "maxtext.yml").read_text())
+        assert mt["hardware"] == "gpu" and mt["skip_jax_distributed_system"] is False
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(tmp_path / "x"), "--target", "slurm"],
+                      env={"PATH": "/nonexistent"})
+    assert r.exit_code == 1 and "sbatch is not on PATH" in r.output
+
+
+def test_modal_app_builds_offline(rows, tmp_path):
+    from pingctl.train.modal_app import build_app, remote_config
+
+    cfg = load_config(None, [f"train.train_rows={rows[0]}", f"train.eval_rows={rows[1]}",
+                             "train.modal.gpu=A100", "train.modal.gpu_count=2"])
+    app_, fn, volume, image = build_app(cfg, "r1")
+    assert app_.name == "pingctl-train" and callable(fn.remote)
+    rc = remote_config(cfg, "r1")
+    assert rc.train.run_dir == "/data/runs/r1" and rc.train.hardware == "gpu"
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(tmp_path / "m"), "--target", "modal",
+                            "--dry-run", "--json"], env={"MODAL_TOKEN_ID": "", "WANDB_API_KEY": "secret-value"})
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["modal"]["gpu"] == "H100:1" and res["run_dir"] == "/data/runs/m"
+    staged = (tmp_path / "m" / "modal" / "config.yaml").read_text() + (tmp_path / "m" / "modal" / "maxtext.yml").read_text()
+    assert "secret-value" not in staged and "secret-value" not in r.output
+
+
+def test_log_parser_pairs_eval_with_its_train_step():
+    lines = [
+        "I1 train.py:917] Starting eval after train step 10",
+        "I1 metric_logger.py:328] Completed eval step: 0, seconds: 0.03, running loss=3.500, running perplexity=3",
+        "I1 metric_logger.py:328] Completed eval step: 1, seconds: 0.03, running loss=3.250, running perplexity=3",
+        "I1 metric_logger.py:265] completed step: 10, seconds: 0.087, TFLOP/s/device: 0.010, "
+        "Tokens/s/device: 11768.897, total_weights: 955, loss: 4.239, lm_loss: 4.239, perplexity: 69.367",
+    ]
+    p = M.LogParser()
+    for line in lines:
+        p.feed(line)
+    p.finish()
+    assert p.records == [
+        {"kind": "eval", "step": 10, "eval_loss": 3.25},
+        {"kind": "train", "step": 10, "loss": 4.239, "step_seconds": 0.087, "tokens_per_s_per_device": 11768.897,
+         "tflops_per_device": 0.01, "target_tokens": 955.0},
+    ]
