@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on built-in synthetic data: generate a world, split it, build probe rows,
-# describe them.
+# train a tiny model with MaxText on them.
 # Run through `./run demo` (which prepares .venv first). Output: runs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +28,10 @@ done
 step "pingctl inspect: the training rows"
 $PINGCTL inspect "$OUT/rows/train" --sample 1
 
-printf '\n\033[1;32mdone\033[0m: data in %s (synth/ table + truth/, splits/, rows/)\n' "$OUT"
+step "pingctl train: the tiny preset with MaxText on this CPU (--fresh: the demo starts over)"
+$PINGCTL train "$OUT/rows/train" --eval "$OUT/rows/val" --run-dir "$OUT/train" --preset tiny \
+  --steps "${PINGCTL_DEMO_STEPS:-300}" --fresh \
+  --set loader.seq_len=512 --set loader.batch_size=8 --set train.eval_interval=50 --set train.checkpoint_period=100
+echo "loss curve: $OUT/train/loss.png   TensorBoard: tensorboard --logdir $OUT/train/maxtext/tensorboard"
+
+printf '\n\033[1;32mdone\033[0m: data in %s (synth/ table + truth/, splits/, rows/, train/)\n' "$OUT"

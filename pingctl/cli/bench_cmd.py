@@ -153,3 +153,24 @@ def bench_loader(
 
     result = run(rows, [int(w) for w in workers.split(",")], seq_len, batch_size, batches, scheme)
     report(result, as_json, out)
+
+
+@app.command("train")
+@handle_errors
+def bench_train(
+    rows: Annotated[Path | None, typer.Argument(help="Training rows (default: synthetic).")] = None,
+    presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,small",
+    steps: Annotated[int, typer.Option(help="Steps per preset.")] = 20,
+    seq_len: Annotated[int, typer.Option(help="Sequence length.")] = 1024,
+    batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 8,
+    hardware: Annotated[str, typer.Option(help="cpu | gpu.")] = "cpu",
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Training throughput per model preset: tokens/s, step time, model TFLOP/s, MFU on GPU.
+
+    Example: pingctl bench train --presets tiny,small,base --steps 20 --hardware gpu
+    """
+    from pingctl.train.bench import bench_train as run
+
+    report(run(rows, presets.split(","), steps, seq_len, batch_size, hardware), as_json, out)

@@ -1,0 +1,207 @@
+"""A trained run, loaded for inference: MaxText's model, the run's Orbax parameters.
+
+Forward passes run jitted at fixed [batch, length] buckets (short queries are padded with
+segment 0, which attention and the outputs ignore), so a session compiles a handful of
+shapes once. Everything the callers see is NumPy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.errors import PingctlError
+
+LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _env(hardware: str) -> None:
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_fast_math=false" if hardware == "cpu" else " ")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if hardware == "cpu":
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def latest_step(run: Path) -> int:
+    from pingctl.train.local import checkpoint_steps
+
+    steps = checkpoint_steps(run)
+    if not steps:
+        raise PingctlError(f"{run}: no checkpoints (train first: `pingctl train ... --run-dir {run}`)")
+    return steps[-1]
+
+
+@dataclass
+class LoadedModel:
+    run: Path
+    step: int
+    scheme: str
+    seq_len: int
+    vocab_size: int
+    batch: int
+    _forward: object
+    _state: object
+
+    @classmethod
+    def load(cls, run_dir: Path | str, step: int | None = None, hardware: str | None = None, batch: int = 32):
+        import yaml
+
+        from pingctl.config import Config
+        from pingctl.train.render import MAXTEXT_RUN_NAME
+
+        run = Path(run_dir).resolve()
+        if not (run / "config.yaml").exists() or not (run / "maxtext.yml").exists():
+            raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
+        cfg = Config.model_validate(yaml.safe_load((run / "config.yaml").read_text()))
+        step = latest_step(run) if step is None else step
+        items = run / MAXTEXT_RUN_NAME / "checkpoints" / str(step) / "items"
+        if not items.is_dir():
+            raise PingctlError(f"{run}: no checkpoint at step {step}")
+        hw = hardware or ("cpu" if cfg.train.hardware == "cpu" else cfg.train.hardware)
+        _env(hw)
+        import jax
+        from flax import nnx
+        from maxtext.configs import pyconfig
+        from maxtext.utils import model_creation_utils
+
+        mt = pyconfig.initialize([
+            "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hw}",
+            "skip_jax_distributed_system=true", "enable_checkpointing=false", "per_device_batch_size=1",
+            "enable_tensorboard=false",
+        ])
+        model, mesh = model_creation_utils.from_pretrained(mt)
+        graphdef, state = nnx.split(model)
+
+        @jax.jit
+        def forward(state, tokens, positions, segments):
+            m = nnx.merge(graphdef, state)
+            logits = m(tokens, positions, decoder_segment_ids=segments, enable_dropout=False)
+            return jax.nn.log_softmax(logits.astype(jax.numpy.float32), axis=-1)
+
+        def run_forward(st, t, p, s):
+            with jax.set_mesh(mesh):
+                return forward(st, t, p, s)
+
+        return cls(run, step, cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward, state)
+
+    # ------------------------------------------------------------------ forward
+
+    def _bucket(self, n: int) -> int:
+        for b in LENGTH_BUCKETS:
+            if n <= b and b <= self.seq_len:
+                return b
+        if n <= self.seq_len:
+            return self.seq_len
+        raise PingctlError(f"query of {n} tokens exceeds the model's context of {self.seq_len}")
+
+    def log_probs(self, sequences: list[np.ndarray], at: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Log-probabilities of the next token, [len(seq), vocab] per sequence (or only at
+        the positions in `at`). Each sequence is one segment starting at position 0."""
+        out: list[np.ndarray | None] = [None] * len(sequences)
+        order = np.argsort([len(s) for s in sequences], kind="stable")
+        for i in range(0, len(order), self.batch):
+            idx = order[i : i + self.batch]
+            length = self._bucket(max(len(sequences[j]) for j in idx))
+            tok = np.zeros((self.batch, length), np.int32)
+            seg = np.zeros((self.batch, length), np.int32)
+            for r, j in enumerate(idx):
+                s = np.asarray(sequences[j], np.int32)
+                tok[r, : len(s)] = s
+                seg[r, : len(s)] = 1
+            pos = np.broadcast_to(np.arange(length, dtype=np.int32), (self.batch, length))
+            lp = np.asarray(self._forward(self._state, tok, np.ascontiguousarray(pos), seg))
+            for r, j in enumerate(idx):
+                n = len(sequences[j])
+                rows = lp[r, :n]
+                out[j] = rows[np.asarray(at[j])] if at is not None else rows.copy()
+        return out  # type: ignore[return-value]
+
+    def next_log_probs(self, prefixes: list[np.ndarray]) -> np.ndarray:
+        """[n, vocab]: log P(next token | prefix) for each prefix."""
+        rows = self.log_probs(prefixes, at=[np.array([len(p) - 1]) for p in prefixes])
+        return np.stack([r[0] for r in rows])
+
+    def score(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
+        """Teacher forcing: log P(token t | tokens < t) for t = 1..n-1, per sequence."""
+        lps = self.log_probs(sequences)
+        return [lp[np.arange(len(s) - 1), np.asarray(s[1:])] for lp, s in zip(lps, sequences)]
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(
+        self,
+        prefix: np.ndarray,
+        n: int,
+        max_tokens: int,
+        rng: np.random.Generator,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_after_measurements: int | None = None,
+    ) -> list[np.ndarray]:
+        """`n` grammar-constrained continuations of `prefix` (whole sequences, prefix included).
+
+        Every step only tokens the grammar allows are eligible; temperature and top-p then
+        shape what is left. Sampling stops at `max_tokens`, at the context limit, or once
+        `stop_after_measurements` complete measurements were generated.
+        """
+        from pingctl.tokenizer import GrammarState
+
+        if len(prefix) == 0:  # nothing predicts a context's first token: it is always MeasurementStart
+            prefix = np.zeros(1, np.int32)
+        states = []
+        for _ in range(n):
+            g = GrammarState(self.scheme)
+            for t in prefix:
+                g.step(int(t))
+            states.append(g)
+        seqs = [list(map(int, prefix)) for _ in range(n)]
+        done = [False] * n
+        # measurements begun after the prefix's last complete one (an open one counts)
+        starts = [0 if states[0].can_end else 1] * n
+        ms = 0  # MeasurementStart token id (0) in both schemes
+        budget = min(max_tokens, self.seq_len - len(prefix))
+        for _ in range(budget):
+            live = [i for i in range(n) if not done[i]]
+            if not live:
+                break
+            lp = self.next_log_probs([np.asarray(seqs[i]) for i in live])
+            for row, i in enumerate(live):
+                mask = np.asarray(states[i].mask())[: self.vocab_size]
+                tok = _draw(lp[row, : len(mask)], mask, rng, temperature, top_p)
+                if (
+                    stop_after_measurements is not None
+                    and tok == ms
+                    and starts[i] >= stop_after_measurements
+                    and states[i].can_end
+                ):
+                    done[i] = True
+                    continue
+                if tok == ms:
+                    starts[i] += 1
+                states[i].step(tok)
+                seqs[i].append(tok)
+        # A measurement cut by the length limit is dropped: only whole measurements return.
+        out = []
+        for i in range(n):
+            seq = np.asarray(seqs[i], np.int32)
+            if not states[i].can_end:
+                last = np.flatnonzero(seq == ms)
+                seq = seq[: last[-1]] if len(last) else seq[:0]
+            out.append(seq)
+        return out
+
+
+def _draw(lp: np.ndarray, mask: np.ndarray, rng: np.random.Generator, temperature: float, top_p: float) -> int:
+    logits = np.where(mask, lp / max(temperature, 1e-6), -np.inf)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p)
+        keep = np.cumsum(p[order]) - p[order] < top_p
+        cut = np.zeros_like(p)
+        cut[order[keep]] = p[order[keep]]
+        p = cut / cut.sum()
+    return int(rng.choice(len(p), p=p))

@@ -1,0 +1,267 @@
+"""The questions users ask a trained model (compact scheme).
+
+- `rtt_distribution`: the exact distribution of the 2-byte RTT code given src, dst (and
+  time, context): P(first byte), then P(second byte | first byte) for all 256 first bytes.
+- `complete`: top-k completions of partial addresses (beam search over missing bytes).
+- `inverse`: destinations for a source and an RTT (sampled, ranked by probability).
+- `generate`: whole measurement streams, grammar-constrained.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import numpy as np
+
+from pingctl.errors import PingctlError
+from pingctl.tokenizer import C, Measurements, decode, encode, get_vocab
+from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
+
+V = get_vocab("compact")
+BYTE0 = V.byte_offset
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+def _require_compact(model) -> None:
+    if model.scheme != "compact":
+        raise PingctlError(f"this query needs a model trained with the compact scheme (this one: {model.scheme})")
+
+
+# ----------------------------------------------------------------- prompts
+
+
+def context_tokens(model, context: Measurements | None, budget: int) -> tuple[np.ndarray, int | None]:
+    """The most recent context measurements that fit `budget` tokens, time-ordered, every one
+    timestamped (the *full* training mode); returns (tokens, last timestamp)."""
+    if context is None or len(context) == 0:
+        return np.zeros(0, np.int32), None
+    order = np.argsort(context.time_s, kind="stable")
+    m = context.take(order)
+    m.has_time[:] = True
+    enc = encode(m, "compact")
+    lens = enc.lengths
+    # keep a suffix; its first timestamp becomes absolute (+7 tokens at most)
+    keep = int(np.searchsorted(np.cumsum(lens[::-1]), budget - 8, side="right"))
+    if keep == 0:
+        return np.zeros(0, np.int32), None
+    m = m.take(np.arange(len(m) - keep, len(m)))
+    return encode(m, "compact").tokens, int(m.time_s[-1])
+
+
+def query_prefix(src: str, dst: str, time_s: int | None, context: np.ndarray, last_time: int | None) -> np.ndarray:
+    """context + MeasurementStart, [timestamp], Src block, Dst block (the result comes next)."""
+    has_time = time_s is not None
+    m = Measurements.from_fields([src], [dst], [0.0], [time_s] if has_time else None)
+    if has_time and last_time is not None:
+        # encode together with a dummy reference so the timestamp is a delta, as in training
+        ref = Measurements.from_fields([src], [dst], [0.0], [last_time])
+        both = Measurements.concat([ref, m])
+        enc = encode(both, "compact", order=("time", "src", "dst", "result"))
+        tokens = enc.measurement(1)
+    else:
+        tokens = encode(m, "compact", order=("time", "src", "dst", "result")).tokens
+    return np.concatenate([context, tokens[:-3]]).astype(np.int32)  # drop RttStart + 2 bytes
+
+
+# ----------------------------------------------------------------- RTT distribution
+
+
+@dataclass
+class RttDistribution:
+    p_fail: float
+    codes: np.ndarray  # uint16 codes sorted by value
+    values_ms: np.ndarray
+    probs: np.ndarray  # P(code | success), sums to 1
+
+    def quantile(self, q: float) -> float:
+        cdf = np.cumsum(self.probs)
+        return float(self.values_ms[min(int(np.searchsorted(cdf, q)), len(cdf) - 1)])
+
+    def cdf(self, x_ms: float) -> float:
+        return float(self.probs[self.values_ms <= x_ms].sum())
+
+    @property
+    def mean(self) -> float:
+        return float((self.values_ms * self.probs).sum())
+
+    def summary(self) -> dict:
+        return {
+            "p_fail": self.p_fail,
+            "mean_ms": self.mean,
+            **{f"p{round(q * 100)}_ms": self.quantile(q) for q in QUANTILES},
+        }
+
+
+def _bytes_only(lp: np.ndarray) -> np.ndarray:
+    p = np.exp(lp[..., BYTE0 : BYTE0 + 256] - lp[..., BYTE0 : BYTE0 + 256].max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def rtt_distribution(model, prefix: np.ndarray) -> RttDistribution:
+    _require_compact(model)
+    first = np.concatenate([prefix, [C.RttStart]]).astype(np.int32)
+    lp = model.log_probs([first], at=[np.array([len(prefix) - 1, len(prefix)])])[0]
+    p_fail_raw, p_rtt_raw = np.exp(lp[0, C.Failed]), np.exp(lp[0, C.RttStart])
+    p_fail = float(p_fail_raw / (p_fail_raw + p_rtt_raw))
+    p1 = _bytes_only(lp[1])
+    seconds = [np.concatenate([first, [BYTE0 + b]]).astype(np.int32) for b in range(256)]
+    p2 = _bytes_only(model.next_log_probs(seconds))
+    joint = (p1[:, None] * p2).reshape(-1)
+    codes = np.arange(65536, dtype=np.uint16)
+    values = decode_rtt(codes)
+    order = np.argsort(values, kind="stable")
+    return RttDistribution(p_fail, codes[order], values[order], joint[order] / joint.sum())
+
+
+# ----------------------------------------------------------------- partial addresses
+
+
+def parse_pattern(text: str) -> tuple[int, list[np.ndarray]]:
+    """'8.8.*.*', '2001:db8::*' is not supported; CIDR '8.8.0.0/16' or '2001:db8::/32'.
+
+    Returns (family, allowed byte values per address byte)."""
+    text = text.strip()
+    if "/" in text:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError as e:
+            raise PingctlError(f"bad CIDR {text!r}: {e}") from None
+        raw = net.network_address.packed
+        allowed = []
+        for i, b in enumerate(raw):
+            bits = min(8, max(0, net.prefixlen - 8 * i))
+            mask = (0xFF << (8 - bits)) & 0xFF
+            allowed.append((np.arange(256) & mask) == (b & mask))
+        return net.version, allowed
+    if text.count(".") == 3 and ":" not in text:
+        parts = text.split(".")
+        allowed = []
+        for p in parts:
+            if p == "*":
+                allowed.append(np.ones(256, bool))
+            elif p.isdigit() and int(p) < 256 and (p == "0" or not p.startswith("0")):
+                a = np.zeros(256, bool)
+                a[int(p)] = True
+                allowed.append(a)
+            else:
+                raise PingctlError(f"bad IPv4 pattern {text!r}: each part is 0-255 or *")
+        return 4, allowed
+    raw = _parse_full(text)
+    return (6 if len(raw) == 16 else 4), [np.arange(256) == b for b in raw]
+
+
+def _parse_full(text: str) -> bytes:
+    try:
+        return ipaddress.ip_address(text).packed
+    except ValueError:
+        raise PingctlError(f"{text!r} is not an IP address, an IPv4 pattern like 8.8.*.* or a CIDR") from None
+
+
+def _block(role_v4: int, family: int, allowed: list[np.ndarray]) -> list:
+    role = role_v4 if family == 4 else role_v4 + 1
+    return [role] + allowed
+
+
+def complete(
+    model, src: str, dst: str, rtt_ms: float | None = None, k: int = 10, beam: int = 64, context: np.ndarray | None = None
+) -> list[dict]:
+    """Top-k (src, dst) completions with P(missing bytes | fixed parts)."""
+    _require_compact(model)
+    fs, asrc = parse_pattern(src)
+    fd, adst = parse_pattern(dst)
+    if fs != fd:
+        raise PingctlError(f"source is IPv{fs} but destination is IPv{fd}: a measurement has one family")
+    plan: list = [C.MeasurementStart]
+    if rtt_ms is not None:  # training shuffles field order, so the result can come first
+        code = int(encode_rtt([rtt_ms])[0])
+        plan += [C.RttStart, np.arange(256) == code >> 8, np.arange(256) == code & 0xFF]
+    plan += _block(C.SrcIPv4, fs, asrc) + _block(C.DstIPv4, fd, adst)
+    ctx = [] if context is None else list(map(int, context))
+    beams: list[tuple[list[int], float]] = [(ctx, 0.0)]
+    for item in plan:
+        if not isinstance(item, np.ndarray):
+            beams = [(t + [int(item)], lp) for t, lp in beams]
+            continue
+        if item.sum() == 1:  # a fixed byte: no choice, no probability mass
+            b = int(np.flatnonzero(item)[0])
+            beams = [(t + [BYTE0 + b], lp) for t, lp in beams]
+            continue
+        lps = model.next_log_probs([np.asarray(t, np.int32) for t, _ in beams])[:, BYTE0 : BYTE0 + 256]
+        lps = np.where(item, lps, -np.inf)
+        lps = lps - np.logaddexp.reduce(lps, axis=1, keepdims=True)  # renormalise over allowed bytes
+        cand = np.array([lp for _, lp in beams])[:, None] + lps
+        flat = np.argsort(-cand, axis=None)[:beam]
+        beams = [(beams[i][0] + [BYTE0 + int(b)], float(cand[i, b])) for i, b in zip(*np.unravel_index(flat, cand.shape))]
+    out = []
+    for tokens, lp in sorted(beams, key=lambda x: -x[1])[:k]:
+        body = tokens[len(ctx):]
+        addrs = _addresses(body, fs)
+        out.append({"src": addrs[0], "dst": addrs[1], "probability": float(np.exp(lp)), "log_prob": lp})
+    return out
+
+
+def _addresses(tokens: list[int], family: int) -> tuple[str, str]:
+    n = 4 if family == 4 else 16
+    found = []
+    for i, t in enumerate(tokens):
+        if t in (C.SrcIPv4, C.SrcIPv6, C.DstIPv4, C.DstIPv6):
+            raw = bytes(b - BYTE0 for b in tokens[i + 1 : i + 1 + n])
+            found.append(str(ipaddress.ip_address(raw)))
+    return found[0], found[1]
+
+
+# ----------------------------------------------------------------- inverse search
+
+
+def inverse(
+    model, src: str, rtt_lo: float, rtt_hi: float, n: int, rng: np.random.Generator, temperature: float = 1.0,
+    context: np.ndarray | None = None,
+) -> list[dict]:
+    """Destinations for `src` at an RTT in [lo, hi]: n samples, deduplicated, ranked by
+    the mean log-probability of the destination given source and RTT."""
+    _require_compact(model)
+    fam, _ = parse_pattern(src)
+    src_b = _parse_full(src)
+    nb = 4 if fam == 4 else 16
+    rtts = rng.uniform(rtt_lo, rtt_hi, n) if rtt_hi > rtt_lo else np.full(n, rtt_lo)
+    codes = encode_rtt(rtts)
+    ctx = [] if context is None else list(map(int, context))
+    seqs = [
+        ctx + [C.MeasurementStart, C.RttStart, BYTE0 + (int(c) >> 8), BYTE0 + (int(c) & 0xFF),
+               C.SrcIPv4 if fam == 4 else C.SrcIPv6, *[BYTE0 + b for b in src_b],
+               C.DstIPv4 if fam == 4 else C.DstIPv6]
+        for c in codes
+    ]
+    logp = np.zeros(n)
+    for _ in range(nb):
+        lp = model.next_log_probs([np.asarray(s, np.int32) for s in seqs])[:, BYTE0 : BYTE0 + 256]
+        lp = lp - np.logaddexp.reduce(lp, axis=1, keepdims=True)
+        p = np.exp(lp / temperature)
+        p /= p.sum(axis=1, keepdims=True)
+        picks = np.array([rng.choice(256, p=row) for row in p])
+        logp += lp[np.arange(n), picks]
+        for s, b in zip(seqs, picks):
+            s.append(BYTE0 + int(b))
+    found: dict[str, list[float]] = {}
+    for s, lp in zip(seqs, logp):
+        dst = str(ipaddress.ip_address(bytes(t - BYTE0 for t in s[-nb:])))
+        found.setdefault(dst, []).append(lp)
+    ranked = sorted(found.items(), key=lambda kv: -np.mean(kv[1]))
+    return [{"dst": d, "samples": len(v), "probability": float(np.exp(np.mean(v)))} for d, v in ranked]
+
+
+# ----------------------------------------------------------------- generation
+
+
+def generate(model, n: int, measurements: int, rng: np.random.Generator, temperature: float = 1.0,
+             top_p: float = 1.0, context: np.ndarray | None = None):
+    """n streams of up to `measurements` whole measurements each -> (Measurements per stream, errors)."""
+    prefix = np.zeros(0, np.int32) if context is None else np.asarray(context, np.int32)
+    seqs = model.sample(prefix, n, max_tokens=model.seq_len, rng=rng, temperature=temperature, top_p=top_p,
+                        stop_after_measurements=measurements)
+    out = []
+    for s in seqs:
+        d = decode(s[len(prefix):], model.scheme)
+        out.append(d)
+    return out
