@@ -644,9 +644,9 @@ def test_bench_ingest_small(tmp_path, monkeypatch):
     f = _write(tmp_path / "a.jsonl.gz", jl(*[res(prb_id=i) for i in range(50)]))
     r = bench.bench_ingest([f], [1], sagan=True, limit=20)
     assert r["name"] == "ingest" and len({tuple(row) for row in r["table"]}) == 1
-    assert [row["results"] for row in r["table"]] == [50, 50, 20, 20]
+    assert [row["results"] for row in r["table"]] == [50, 50, 20, 20, 20]
     cases = [row["case"] for row in r["table"]]
-    assert cases == ["ingest -j 1", "decompress only", "sagan parse", "pingctl parse"]
+    assert cases == ["ingest -j 1", "decompress only", "sagan parse", "pingctl parse", "pingctl parse, orjson only"]
     assert r["sagan"]["results"] == 20 and r["sagan"]["speedup_parse"] > 0 and r["notes"]
     monkeypatch.setattr(bench, "SHARED", tmp_path / "nowhere")
     with pytest.raises(PingctlError, match="pass RIPE Atlas result files"):

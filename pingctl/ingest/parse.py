@@ -195,11 +195,15 @@ class Batch:
 
     Totals that can be read off the columns (rows, failed rows, errors, IPv4 rows, time
     span ...) are computed here with numpy, once per batch, instead of per packet.
+    Addresses are ids into `names` (the distinct canonical addresses seen so far).
     """
 
     def __init__(self):
         self.results: list[tuple] = []
         self.rtts: list[float] = []
+        self.names: list[str] = []
+        self._names_arr = None  # Arrow array of names[:_names_n]
+        self._names_n = 0
         self.stats = {
             "results_written": 0,
             "empty_results": 0,
@@ -214,7 +218,18 @@ class Batch:
     def __len__(self) -> int:
         return len(self.rtts)
 
+    def _names_array(self):
+        import pyarrow as pa
+
+        if self._names_arr is None or self._names_n < len(self.names):
+            new = pa.array(self.names[self._names_n :], pa.string())
+            self._names_arr = new if self._names_arr is None else pa.concat_arrays([self._names_arr, new])
+            self._names_n = len(self.names)
+        return self._names_arr
+
     def take_table(self):
+        from array import array
+
         import numpy as np
         import pyarrow as pa
 
@@ -225,21 +240,26 @@ class Batch:
         self.results, self.rtts = [], []
         if not res:
             return schema.empty_table()
+
+        def i64(col):  # array.array converts a tuple of ints faster than numpy does
+            return np.frombuffer(array("q", col), dtype=np.int64)
+
         msm, ts, src, dst, ipv, size, nerr, prb, nrows = zip(*res)
-        counts = np.array(nrows, dtype=np.int64)
-        ts_a = np.array(ts, dtype=np.int64)
-        ipv_a = np.array(ipv, dtype=np.int64)
-        nerr_a = np.array(nerr, dtype=np.int64)
-        rtt_a = np.array(rtts, dtype=np.float64)
+        counts = i64(nrows)
+        ts_a = i64(ts)
+        ipv_a = i64(ipv)
+        nerr_a = i64(nerr)
+        rtt_a = np.frombuffer(array("d", rtts), dtype=np.float64)
         idx = pa.array(np.repeat(np.arange(len(res), dtype=np.int64), counts))
+        names = self._names_array()
         arrays = [
-            pa.array(np.repeat(np.array(msm, dtype=np.int64), counts)),
+            pa.array(np.repeat(i64(msm), counts)),
             pa.array(np.repeat(ts_a, counts)).cast(schema.field("event_time").type),
-            pa.array(src, pa.string()).take(idx),
-            pa.array(dst, pa.string()).take(idx),
+            names.take(pa.array(np.repeat(i64(src), counts))),
+            names.take(pa.array(np.repeat(i64(dst), counts))),
             pa.array(np.repeat(ipv_a, counts)),
             pa.array(rtt_a),
-            pa.array(np.repeat(np.array(size, dtype=np.int64), counts)),
+            pa.array(np.repeat(i64(size), counts)),
             pa.array(np.repeat(nerr_a, counts)),
             pa.array(prb, pa.int64()).take(idx),
         ]
@@ -256,15 +276,19 @@ class Batch:
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _address_lookup():
-    """(cache dict, lookup): text -> (canonical, version, is_public, public_version) or None.
+def _address_lookup(names: list[str]):
+    """(cache dict, lookup): text -> (canonical, version, is_public, public_version, name id)
+    or None.
 
     `public_version` is the version for public addresses and 0 otherwise, so the common
-    "public and of the right family" test is one comparison. Only strings are cached.
+    "public and of the right family" test is one comparison. `name id` indexes `names`
+    (each canonical address once), so rows carry small ints and the string columns are
+    built per batch from the distinct addresses. Only strings are cached.
     """
     from pingctl.schema import is_public, parse_address
 
     cache: dict = {}
+    ids: dict[str, int] = {name: i for i, name in enumerate(names)}
 
     def lookup(text):
         if type(text) is not str or not text:
@@ -275,8 +299,13 @@ def _address_lookup():
             if parsed is None:
                 info = None
             else:
-                pub = is_public(parsed[0])
-                info = (parsed[0], parsed[1], pub, parsed[1] if pub else 0)
+                canon = parsed[0]
+                sid = ids.get(canon)
+                if sid is None:
+                    sid = ids[canon] = len(names)
+                    names.append(canon)
+                pub = is_public(canon)
+                info = (canon, parsed[1], pub, parsed[1] if pub else 0, sid)
             if len(cache) > 1_000_000:
                 cache.clear()
             cache[text] = info
@@ -310,6 +339,69 @@ def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, in
             if "late" in e:
                 late += 1
     return dup, dup if drop_dups else 0, late, other
+
+
+_FAST = None  # (decode, UNSET) once built; False when msgspec is missing
+
+
+def fast_decoder():
+    """`(decode, UNSET)`: msgspec decoding of the usual shape of a ping result, or None.
+
+    The struct types exactly the fields the rules read, with the checks that need no
+    options done by msgspec in C (ids and size in 0 .. 2^63-1, `af` 4 or 6, `type` "ping"
+    or absent, every `rtt` a number >= 0, `result` a list of objects). Anything else
+    raises, and the record goes to the generic path (orjson + the rules), which decides
+    its reject reason, so reasons and counts do not depend on which path ran. Fields the
+    struct does not name are skipped unconverted (see `parse_records` for what that means).
+    """
+    global _FAST
+    if _FAST is None:
+        try:
+            import msgspec
+        except ImportError:  # optional speed-up: the generic path does everything alone
+            _FAST = False
+            return None
+        from typing import Annotated, Literal
+
+        unset, Unset, Meta = msgspec.UNSET, msgspec.UnsetType, msgspec.Meta
+        Id = Annotated[int, Meta(ge=0, le=I64)]
+        # any JSON scalar (numbers as float: out-of-range numbers raise, as in orjson);
+        # used where only presence or truthiness matters
+        Scalar = float | str | bool | None
+
+        # (defstruct: this module's `from __future__ import annotations` would leave
+        # class-body annotations as strings naming locals)
+        Packet = msgspec.defstruct(
+            "Packet",
+            [
+                ("rtt", Annotated[float, Meta(ge=0)] | Unset, unset),
+                ("x", Scalar | Unset, unset),
+                ("error", Scalar | Unset, unset),
+                ("late", Scalar | Unset, unset),
+                ("dup", Scalar | Unset, unset),
+            ],
+            gc=False,
+        )
+        Result = msgspec.defstruct(
+            "Result",
+            [
+                ("msm_id", Id),
+                ("timestamp", int | float),
+                ("af", Literal[4, 6]),
+                ("result", list[Packet]),
+                ("type", Literal["ping"] | None, None),
+                ("prb_id", Id | None, None),
+                ("dst_addr", str, ""),
+                ("src_addr", str, ""),
+                ("srcaddr", str, ""),
+                ("from_", str, ""),
+                ("size", Id | None, 0),
+            ],
+            rename={"from_": "from"},
+            gc=False,
+        )
+        _FAST = (msgspec.json.Decoder(Result).decode, unset)
+    return _FAST or None
 
 
 _FAST = None  # (decode, UNSET) once built; False when msgspec is missing
@@ -415,7 +507,7 @@ def parse_records(
     loads = orjson.loads
     JSONDecodeError = orjson.JSONDecodeError
     dumps = orjson.dumps
-    acache, lookup = _address_lookup()
+    acache, lookup = _address_lookup(batch.names)
     aget = acache.get
     c = new_counts()
     filtered = c["filtered"]
@@ -513,7 +605,7 @@ def parse_records(
                                     s = r.src_addr
                                     sinfo = aget(s)
                                     if sinfo is not None and sinfo[3] == af:
-                                        src = sinfo[0]
+                                        src = sinfo[4]
                                     else:
                                         if sinfo is None:
                                             if not s:
@@ -524,21 +616,21 @@ def parse_records(
                                         if finfo is None:
                                             finfo = lookup(f)
                                         if sinfo is not None and sinfo[3] == af:
-                                            src = sinfo[0]
+                                            src = sinfo[4]
                                         elif finfo is not None and finfo[3] == af:
-                                            src = finfo[0]
+                                            src = finfo[4]
                                             add_from = 1
                                         elif sinfo is not None and sinfo[1] == af:
-                                            src = sinfo[0]
+                                            src = sinfo[4]
                                             add_priv = 1
                                         elif finfo is not None and finfo[1] == af:
-                                            src = finfo[0]
+                                            src = finfo[4]
                                             add_from = add_priv = 1
                                 else:
                                     s = r.from_ if src_mode == "from" else (r.src_addr or r.srcaddr)
                                     sinfo = lookup(s)
                                     if sinfo is not None and sinfo[1] == af:
-                                        src = sinfo[0]
+                                        src = sinfo[4]
                                         if not sinfo[2]:
                                             add_priv = 1
                                 if src is not None:
@@ -569,7 +661,7 @@ def parse_records(
                                                 n_late += 1
                                             rtt_append(-1.0)
                                     results_append(
-                                        (msm, ts_us, src, dinfo[0], af, 0 if size is None else size, err, prb, len(rtts) - n0)
+                                        (msm, ts_us, src, dinfo[4], af, 0 if size is None else size, err, prb, len(rtts) - n0)
                                     )
                                     n_records += 1
                                     n_src_from += add_from
@@ -697,7 +789,7 @@ def parse_records(
                     except TypeError:
                         sinfo = None
                     if sinfo is not None and sinfo[3] == af:
-                        src = sinfo[0]
+                        src = sinfo[4]
                     else:
                         if sinfo is None:  # missing, old name, not cached yet, or junk
                             if s is None or s == "":
@@ -711,15 +803,15 @@ def parse_records(
                         if finfo is None:
                             finfo = lookup(f)
                         if sinfo is not None and sinfo[3] == af:
-                            src = sinfo[0]
+                            src = sinfo[4]
                         elif finfo is not None and finfo[3] == af:
-                            src = finfo[0]
+                            src = finfo[4]
                             n_src_from += 1
                         elif sinfo is not None and sinfo[1] == af:
-                            src = sinfo[0]
+                            src = sinfo[4]
                             n_src_private += 1
                         elif finfo is not None and finfo[1] == af:
-                            src = finfo[0]
+                            src = finfo[4]
                             n_src_from += 1
                             n_src_private += 1
                         else:
@@ -748,7 +840,7 @@ def parse_records(
                     if sinfo[1] != af:
                         reject("af_mismatch", line0 + j, raw if single else None, d, src_mode)
                         continue
-                    src = sinfo[0]
+                    src = sinfo[4]
                     if not sinfo[2]:
                         n_src_private += 1
 
@@ -810,7 +902,7 @@ def parse_records(
                     reject(why, line0 + j, raw if single else None, d)
                     continue
 
-                results_append((msm, ts_us, src, dinfo[0], af, size, err, prb, len(rtts) - n0))
+                results_append((msm, ts_us, src, dinfo[4], af, size, err, prb, len(rtts) - n0))
 
         if use_fast and misses * 2 > len(raws) >= 64:
             fast_off = 8  # mostly misses: leave this file to the generic path for a while

@@ -175,8 +175,19 @@ def make_dataset(
     it = it.map(to_features if with_stats else _maxtext_only)
     workers = auto_workers(cfg.workers)
     if workers > 0:
+        _absl_flags_ready()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
     return it
+
+
+def _absl_flags_ready() -> None:
+    """Grain's worker start reads absl flags. Inside `absl.app.run` (the train worker) they
+    are parsed; in any other host program (tests, notebooks, benches) nobody parsed them,
+    and once some library defines flags Grain raises. Defaults are what we want there."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
 
 
 def _pad_batch(batch: dict, size: int) -> dict:

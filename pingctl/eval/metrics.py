@@ -1,0 +1,286 @@
+"""Evaluation metrics for RTT predictors (definitions in docs/eval.md).
+
+All functions take NumPy arrays (anything `np.asarray` accepts) and return floats or
+JSON-able dicts (None where a value is undefined, e.g. on an empty slice). `actual` is the
+measured RTT in ms with -1.0 (any negative value) meaning a failed packet; error and
+calibration metrics use successful packets (actual > 0) only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+RTT_BUCKETS = (10.0, 50.0, 150.0)  # ms: <10, 10-50, 50-150, >=150
+CENTRAL = {"cov50": (0.25, 0.75), "cov90": (0.05, 0.95)}
+QUANTILE_LEVELS = (0.05, 0.25, 0.75, 0.95)
+LN2 = math.log(2.0)
+
+
+def _f(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def _num(x) -> float | None:
+    """JSON-able float: None for NaN/inf."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _mask(n: int, mask) -> np.ndarray:
+    return np.ones(n, bool) if mask is None else np.asarray(mask, dtype=bool)
+
+
+# ---------------------------------------------------------------- point predictions
+
+
+def successful(actual) -> np.ndarray:
+    """Mask of packets whose relative error is defined (finite, > 0 ms)."""
+    a = _f(actual)
+    return np.isfinite(a) & (a > 0)
+
+
+def relative_error(pred, actual) -> np.ndarray:
+    """|pred − actual| / actual per packet; NaN for failed packets and missing predictions."""
+    p, a = np.broadcast_arrays(_f(pred), _f(actual))
+    out = np.full(a.shape, np.nan)
+    ok = successful(a) & np.isfinite(p)
+    out[ok] = np.abs(p[ok] - a[ok]) / a[ok]
+    return out
+
+
+def error_summary(pred, actual, mask=None) -> dict:
+    """n (successful packets with a prediction), n_unpredicted (successful without one),
+    median and p90 relative error, mean relative error, MAE (ms) and median absolute error (ms)."""
+    p, a = _f(pred), _f(actual)
+    m = _mask(len(a), mask) & successful(a)
+    have = m & np.isfinite(p)
+    out = {"n": int(have.sum()), "n_unpredicted": int((m & ~np.isfinite(p)).sum())}
+    if not have.any():
+        return out | {k: None for k in ("median_rel_err", "p90_rel_err", "mean_rel_err", "mae_ms", "median_abs_err_ms")}
+    ae = np.abs(p[have] - a[have])
+    rel = ae / a[have]
+    return out | {
+        "median_rel_err": _num(np.median(rel)),
+        "p90_rel_err": _num(np.quantile(rel, 0.9)),
+        "mean_rel_err": _num(rel.mean()),
+        "mae_ms": _num(ae.mean()),
+        "median_abs_err_ms": _num(np.median(ae)),
+    }
+
+
+def noise_floor(truth_median, actual, mask=None) -> dict:
+    """error_summary of the true conditional median: what the best possible median predictor
+    achieves (NaN truths, e.g. unknown streams, are counted in n_unpredicted)."""
+    return error_summary(truth_median, actual, mask)
+
+
+# ---------------------------------------------------------------- slices
+
+
+def family_masks(ip_version) -> dict[str, np.ndarray]:
+    v = np.asarray(ip_version)
+    return {"v4": v == 4, "v6": v == 6}
+
+
+def bucket_name(lo: float | None, hi: float | None) -> str:
+    g = lambda x: f"{x:g}"  # noqa: E731
+    if lo is None:
+        return f"rtt<{g(hi)}"
+    if hi is None:
+        return f"rtt>={g(lo)}"
+    return f"rtt{g(lo)}-{g(hi)}"
+
+
+def rtt_bucket_masks(actual, edges=RTT_BUCKETS) -> dict[str, np.ndarray]:
+    """Buckets of the *actual* RTT: [0, e0), [e0, e1), ..., [e_last, inf); failed packets in none."""
+    a = _f(actual)
+    ok = successful(a)
+    bounds = [None, *edges, None]
+    out = {}
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        m = ok.copy()
+        if lo is not None:
+            m &= a >= lo
+        if hi is not None:
+            m &= a < hi
+        out[bucket_name(lo, hi)] = m
+    return out
+
+
+def standard_masks(ip_version, actual, extra: dict | None = None, edges=RTT_BUCKETS) -> dict[str, np.ndarray]:
+    """'all', address family, RTT bucket, plus caller masks (e.g. seen_pair / unseen_probe)."""
+    n = len(_f(actual))
+    out = {"all": np.ones(n, bool)}
+    out.update(family_masks(ip_version))
+    out.update(rtt_bucket_masks(actual, edges))
+    for k, v in (extra or {}).items():
+        out[k] = np.asarray(v, dtype=bool)
+    return out
+
+
+def sliced_summary(pred, actual, masks: dict) -> dict[str, dict]:
+    return {name: error_summary(pred, actual, m) for name, m in masks.items()}
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def pit_histogram(pit, bins: int = 10, mask=None) -> dict:
+    """Histogram of PIT values (the predictive CDF at the actual value) on [0, 1].
+
+    A calibrated predictor gives a flat histogram. Scores: `ks`, the Kolmogorov-Smirnov
+    distance sup|F_PIT(u) − u| (0 = uniform), and `tv`, the total-variation distance of the
+    bin shares from 1/bins (0 = flat, → 1 when all mass is in one bin). `density` = share × bins.
+    """
+    u = _f(pit)
+    u = u[_mask(len(u), mask) & np.isfinite(u)]
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    n = len(u)
+    if n == 0:
+        return {"n": 0, "bins": bins, "edges": edges.tolist(), "counts": [0] * bins, "density": [None] * bins,
+                "ks": None, "tv": None}
+    u = np.clip(u, 0.0, 1.0)
+    counts = np.histogram(u, bins=edges)[0]
+    share = counts / n
+    s = np.sort(u)
+    k = np.arange(1, n + 1)
+    ks = max(np.max(k / n - s), np.max(s - (k - 1) / n))
+    return {
+        "n": int(n),
+        "bins": int(bins),
+        "edges": edges.tolist(),
+        "counts": counts.astype(int).tolist(),
+        "density": (share * bins).tolist(),
+        "ks": _num(ks),
+        "tv": _num(0.5 * np.abs(share - 1.0 / bins).sum()),
+    }
+
+
+def _quantile_columns(quantiles, levels) -> dict[float, np.ndarray]:
+    if isinstance(quantiles, dict):
+        return {float(k): _f(v) for k, v in quantiles.items()}
+    q = _f(quantiles)
+    if q.ndim != 2 or q.shape[1] != len(levels):
+        raise ValueError(f"quantiles must be a dict or an (n, {len(levels)}) array for levels {levels}")
+    return {float(lv): q[:, i] for i, lv in enumerate(levels)}
+
+
+def coverage(actual, quantiles, levels=QUANTILE_LEVELS, mask=None) -> dict:
+    """Share of successful packets inside the central 50% [p25, p75] and 90% [p5, p95]
+    predictive intervals (inclusive), and the median interval widths (ms).
+
+    `quantiles`: {0.05: arr, 0.25: arr, 0.75: arr, 0.95: arr} (extra keys ignored), or an
+    (n, 4) array with columns in `levels` order.
+    """
+    a = _f(actual)
+    cols = _quantile_columns(quantiles, levels)
+    base = _mask(len(a), mask) & successful(a)
+    out: dict = {}
+    n_all = None
+    for name, (lo_q, hi_q) in CENTRAL.items():
+        if lo_q not in cols or hi_q not in cols:
+            out[name] = None
+            continue
+        lo, hi = cols[lo_q], cols[hi_q]
+        m = base & np.isfinite(lo) & np.isfinite(hi)
+        n = int(m.sum())
+        n_all = n if n_all is None else max(n_all, n)
+        inside = (a[m] >= lo[m]) & (a[m] <= hi[m])
+        out[name] = _num(inside.mean()) if n else None
+        out[name.replace("cov", "width") + "_ms"] = _num(np.median(hi[m] - lo[m])) if n else None
+    out["n"] = int(n_all or 0)
+    return out
+
+
+# ---------------------------------------------------------------- failure prediction
+
+
+def brier(p_fail, failed, mask=None) -> float | None:
+    """Mean squared difference between predicted failure probability and the 0/1 outcome."""
+    p, y = _f(p_fail), np.asarray(failed, dtype=bool)
+    m = _mask(len(p), mask) & np.isfinite(p)
+    return _num(np.mean((p[m] - y[m]) ** 2)) if m.any() else None
+
+
+def average_ranks(x) -> np.ndarray:
+    """1-based ranks with ties sharing their average rank (vectorized)."""
+    x = _f(x)
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    n = len(x)
+    new = np.ones(n, bool)
+    new[1:] = xs[1:] != xs[:-1]
+    grp = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], n)
+    avg = (starts + 1 + ends) / 2.0  # mean of ranks starts+1 .. ends
+    ranks = np.empty(n)
+    ranks[order] = avg[grp]
+    return ranks
+
+
+def roc_auc(score, label, mask=None) -> float | None:
+    """ROC AUC from ranks (Mann-Whitney U / (n_pos·n_neg)); ties count one half.
+    None when one class is absent."""
+    s, y = _f(score), np.asarray(label, dtype=bool)
+    m = _mask(len(s), mask) & np.isfinite(s)
+    s, y = s[m], y[m]
+    n_pos = int(y.sum())
+    n_neg = len(y) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    r = average_ranks(s)
+    return _num((r[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def failure_summary(p_fail, failed, mask=None) -> dict:
+    """Brier score, the Brier score of always predicting the slice's base rate, the skill
+    1 − brier/brier_base, and ROC AUC."""
+    p, y = _f(p_fail), np.asarray(failed, dtype=bool)
+    m = _mask(len(p), mask) & np.isfinite(p)
+    n = int(m.sum())
+    if n == 0:
+        return {"n": 0, "base_rate": None, "brier": None, "brier_base": None, "brier_skill": None, "auc": None}
+    base = float(y[m].mean())
+    b = brier(p, y, m)
+    b0 = base * (1 - base)
+    return {
+        "n": n,
+        "base_rate": base,
+        "brier": b,
+        "brier_base": b0,
+        "brier_skill": _num(1.0 - b / b0) if b0 > 0 and b is not None else None,
+        "auc": roc_auc(p, y, m),
+    }
+
+
+# ---------------------------------------------------------------- likelihood
+
+
+def bits_per_token(nats_per_token: float) -> float:
+    return float(nats_per_token) / LN2
+
+
+def nll_summary(nats_per_token: float, tokens, measurements: int | None = None) -> dict:
+    """Convert a mean cross-entropy (nats per scored token) to bits per token and bits per
+    measurement. `tokens` is the total number of scored tokens with `measurements` the number
+    of measurements they encode, or an array of per-measurement token counts."""
+    t = np.asarray(tokens, dtype=np.float64)
+    if t.ndim:
+        measurements = len(t) if measurements is None else measurements
+        total = float(t.sum())
+    else:
+        total = float(t)
+    if not measurements:
+        raise ValueError("measurements is required when tokens is a total")
+    bpt = bits_per_token(nats_per_token)
+    return {
+        "nats_per_token": float(nats_per_token),
+        "bits_per_token": bpt,
+        "tokens": total,
+        "measurements": int(measurements),
+        "tokens_per_measurement": total / measurements,
+        "bits_per_measurement": bpt * total / measurements,
+    }

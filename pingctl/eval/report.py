@@ -1,0 +1,343 @@
+"""The eval report: load splits, fit and score every baseline, merge in the model.
+
+    train = load_split("runs/demo/shards/train")
+    test = load_split("runs/demo/shards/test")
+    report = baseline_table(train, test, truth="runs/demo/synth")     # truth optional
+    add_predictor(report, "model", median, quantiles={0.05: .., 0.25: .., 0.75: .., 0.95: ..},
+                  pit=pit, p_fail=p_fail)
+    rows = summary_rows(report)            # one row per predictor (+ noise floor) for a table
+    write_plots(report, out_dir)           # error CDF, calibration, scatter per predictor
+    json.dumps(report)                     # the report is a plain JSON-able dict
+
+The report (a dict subclass) keeps the per-packet arrays it needs for `add_predictor` and
+`write_plots` in its `.ctx` attribute, which JSON serialisation ignores. Layout: docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.eval import metrics as M
+from pingctl.eval.baselines import Prediction, codes_in, column, default_baselines, dict_encode, vocabulary
+
+NOISE_FLOOR = "noise_floor"
+
+
+class Report(dict):
+    """A JSON-able dict; `.ctx` holds test arrays, masks and predictions (not serialised)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ctx: dict = {}
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Canonical Parquet (a file, a directory such as `SHARDS/test`, or a glob) -> dict of arrays.
+
+    Keys: src, dst (NumPy object arrays of str; equal strings share one object), ip_version
+    (int64), rtt (float64 ms, -1.0 = failed), event_time (int64 Unix seconds), msm_id, size,
+    packet_error_count (int64), prb_id (int64, -1 where null or absent). `columns` picks
+    canonical column names (src_addr/dst_addr for the addresses).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from pingctl.schema import COLUMNS, check_parquet_columns, resolve_inputs
+
+    files = resolve_inputs([path])
+    check_parquet_columns(files)
+    wanted = list(columns or COLUMNS)
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in wanted}
+    for f in files:
+        have = set(pq.read_schema(f).names)
+        cols = [c for c in wanted if c in have]
+        t = pq.read_table(f, columns=cols, read_dictionary=[c for c in ("src_addr", "dst_addr") if c in cols])
+        n = t.num_rows
+        for c in wanted:
+            if c not in have:
+                parts[c].append(np.full(n, -1, np.int64))
+                continue
+            col = t.column(c)
+            if c in ("src_addr", "dst_addr"):
+                parts[c].append(_strings(col))
+            elif c == "event_time":
+                parts[c].append(_seconds(col))
+            elif c == "rtt":
+                parts[c].append(col.cast(pa.float64()).to_numpy())
+            else:
+                parts[c].append(pc.fill_null(col.cast(pa.int64()), -1).to_numpy())
+    out = {}
+    for c, chunks in parts.items():
+        key = {"src_addr": "src", "dst_addr": "dst"}.get(c, c)
+        if chunks:
+            out[key] = np.concatenate(chunks)
+        else:
+            out[key] = np.empty(0, dtype=object if key in ("src", "dst") else np.float64 if c == "rtt" else np.int64)
+    return out
+
+
+def _strings(col) -> np.ndarray:
+    chunks = []
+    for ch in col.chunks:
+        enc = dict_encode(ch)
+        uniq = np.array(enc.dictionary.to_pylist() + [None], dtype=object)
+        idx = enc.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+        chunks.append(uniq[idx])
+    return np.concatenate(chunks) if chunks else np.empty(0, dtype=object)
+
+
+def _seconds(col) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(col.type):
+        per_s = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[col.type.unit]
+        return np.floor_divide(col.cast(pa.int64()).to_numpy(), per_s)
+    return np.floor(col.cast(pa.float64()).to_numpy()).astype(np.int64)
+
+
+def take(d: dict, index) -> dict:
+    """Row subset (boolean mask or indices) of every array in a split dict."""
+    return {k: np.asarray(v)[index] for k, v in d.items()}
+
+
+# ---------------------------------------------------------------- slices
+
+
+def seen_masks(train: dict, test: dict) -> dict[str, np.ndarray]:
+    """seen/unseen pair ((src, dst) has a training packet) and probe (its prb_id — or, without
+    one, its source address — has a training packet) for each test packet."""
+    vocab = vocabulary(column(train, "src"), column(train, "dst"))
+    n = max(len(vocab), 1)
+
+    def pair_keys(d):
+        s, t = codes_in(column(d, "src"), vocab), codes_in(column(d, "dst"), vocab)
+        return np.where((s >= 0) & (t >= 0), s * n + t, -1), s
+
+    train_pairs, train_src = pair_keys(train)
+    test_pairs, test_src = pair_keys(test)
+    seen_pair = (test_pairs >= 0) & np.isin(test_pairs, np.unique(train_pairs))
+    seen_src = (test_src >= 0) & np.isin(test_src, np.unique(train_src))
+    if "prb_id" in train and "prb_id" in test:
+        tr = np.asarray(train["prb_id"], np.int64)
+        te = np.asarray(test["prb_id"], np.int64)
+        seen_probe = np.where(te >= 0, np.isin(te, np.unique(tr[tr >= 0])), seen_src)
+    else:
+        seen_probe = seen_src
+    return {"seen_pair": seen_pair, "unseen_pair": ~seen_pair, "seen_probe": seen_probe, "unseen_probe": ~seen_probe}
+
+
+def _slice_sizes(masks: dict, actual: np.ndarray) -> dict:
+    ok = M.successful(actual)
+    return {k: {"n": int(m.sum()), "n_ok": int((m & ok).sum())} for k, m in masks.items()}
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def _entry(median, actual, masks, quantiles=None, pit=None, p_fail=None) -> dict:
+    failed = np.asarray(actual) < 0
+    entry: dict = {
+        "overall": M.error_summary(median, actual),
+        "slices": M.sliced_summary(median, actual, masks),
+        "calibration": None,
+        "failure": None,
+    }
+    if quantiles is not None or pit is not None:
+        entry["calibration"] = {
+            "pit": M.pit_histogram(pit) if pit is not None else None,
+            "coverage": M.coverage(actual, quantiles) if quantiles is not None else None,
+        }
+    if p_fail is not None:
+        entry["failure"] = M.failure_summary(p_fail, failed)
+    return entry
+
+
+def _prediction_arrays(median, quantiles=None, pit=None, p_fail=None) -> dict:
+    return {
+        "median": np.asarray(median, dtype=np.float64),
+        "quantiles": None if quantiles is None else (
+            {float(k): np.asarray(v, np.float64) for k, v in quantiles.items()} if isinstance(quantiles, dict)
+            else np.asarray(quantiles, np.float64)
+        ),
+        "pit": None if pit is None else np.asarray(pit, np.float64),
+        "p_fail": None if p_fail is None else np.asarray(p_fail, np.float64),
+    }
+
+
+def _truth_medians(truth, test: dict) -> np.ndarray:
+    if isinstance(truth, (str, Path)) or type(truth).__name__ == "Truth":
+        from pingctl.synth.truth import truth_median_ms
+
+        return truth_median_ms(truth, column(test, "src"), column(test, "dst"), column(test, "ip_version"),
+                               np.asarray(column(test, "event_time")))
+    return np.asarray(truth, dtype=np.float64)
+
+
+def baseline_table(
+    train: dict,
+    test: dict,
+    truth=None,
+    *,
+    baselines: dict | None = None,
+    vivaldi_rounds: int = 2000,
+    seed: int = 0,
+    extra_masks: dict | None = None,
+    rtt_buckets=M.RTT_BUCKETS,
+) -> Report:
+    """Fit every baseline on `train`, predict `test`, and score them overall and per slice.
+
+    truth: per-test-packet true conditional medians (array), or a `pingctl synth` directory /
+    `Truth` to compute them with `truth_median_ms`; adds the noise floor. `baselines` replaces
+    the default set (name -> unfitted predictor). `extra_masks` adds caller slices.
+    """
+    # Encode the address columns once; every predictor reuses the Arrow dictionaries.
+    train = dict(train, src=dict_encode(column(train, "src")), dst=dict_encode(column(train, "dst")))
+    test_enc = dict(test, src=dict_encode(column(test, "src")), dst=dict_encode(column(test, "dst")))
+    actual = np.asarray(column(test, "rtt"), dtype=np.float64)
+    ipv = np.asarray(column(test, "ip_version"), dtype=np.int64)
+    extra = seen_masks(train, test_enc)
+    extra.update(extra_masks or {})
+    masks = M.standard_masks(ipv, actual, extra, rtt_buckets)
+    train_rtt = np.asarray(column(train, "rtt"), dtype=np.float64)
+    report = Report(
+        n_train=int(len(train_rtt)),
+        n_train_ok=int((train_rtt >= 0).sum()),
+        n_test=int(len(actual)),
+        n_test_ok=int(M.successful(actual).sum()),
+        test_failure_share=float((actual < 0).mean()) if len(actual) else None,
+        rtt_buckets_ms=[float(x) for x in rtt_buckets],
+        slices=_slice_sizes(masks, actual),
+        order=[],
+        predictors={},
+        noise_floor=None,
+    )
+    report.ctx.update(actual=actual, ip_version=ipv, masks=masks, predictions={}, truth_median=None)
+    for name, pred in (baselines or default_baselines(seed=seed, vivaldi_rounds=vivaldi_rounds)).items():
+        t0 = time.perf_counter()
+        pred.fit(train)
+        t1 = time.perf_counter()
+        p: Prediction = pred.predict(test_enc)
+        t2 = time.perf_counter()
+        entry = add_predictor(report, name, p.median, quantiles=p.quantiles, pit=p.pit, p_fail=p.p_fail)
+        entry["fallback"] = p.level_shares()
+        entry["time_s"] = {"fit": round(t1 - t0, 4), "predict": round(t2 - t1, 4)}
+        info = getattr(pred, "fit_info", None)
+        if info:
+            entry["info"] = dict(info)
+    if truth is not None:
+        tm = _truth_medians(truth, test)
+        report.ctx["truth_median"] = tm
+        ok = M.successful(actual)
+        report["noise_floor"] = {
+            "overall": M.noise_floor(tm, actual),
+            "slices": {k: M.noise_floor(tm, actual, m) for k, m in masks.items()},
+            "n_unknown": int((ok & ~np.isfinite(tm)).sum()),
+        }
+    return report
+
+
+def add_predictor(report: dict, name: str, median, quantiles=None, pit=None, p_fail=None, *,
+                  test: dict | None = None, info: dict | None = None) -> dict:
+    """Score another predictor (e.g. the model) on the report's test packets and add it.
+
+    median: float[n_test] predicted median RTT (NaN = no prediction); quantiles: {0.05, 0.25,
+    0.75, 0.95 -> float[n]} (extra keys ignored) or an (n, 4) array in that order; pit:
+    float[n] predictive CDF at the actual RTT (NaN for failed packets); p_fail: float[n]
+    failure probability. `test` is needed only for a report without `.ctx` (e.g. re-read
+    from JSON). Returns the new entry (report["predictors"][name]).
+    """
+    ctx = getattr(report, "ctx", None)
+    if not ctx:
+        if test is None:
+            raise ValueError("this report has no per-packet context; pass test=<the test split dict>")
+        actual = np.asarray(column(test, "rtt"), np.float64)
+        ipv = np.asarray(column(test, "ip_version"), np.int64)
+        masks = M.standard_masks(ipv, actual, None, tuple(report.get("rtt_buckets_ms") or M.RTT_BUCKETS))
+        ctx = {"actual": actual, "ip_version": ipv, "masks": masks, "predictions": {}, "truth_median": None}
+        if isinstance(report, Report):
+            report.ctx = ctx
+    actual = ctx["actual"]
+    n = len(actual)
+    for label, arr in (("median", median), ("pit", pit), ("p_fail", p_fail)):
+        if arr is not None and len(np.asarray(arr)) != n:
+            raise ValueError(f"{name}: {label} has {len(np.asarray(arr))} values for {n} test packets")
+    arrays = _prediction_arrays(median, quantiles, pit, p_fail)
+    entry = _entry(arrays["median"], actual, ctx["masks"], arrays["quantiles"], arrays["pit"], arrays["p_fail"])
+    entry["fallback"] = None
+    if info:
+        entry["info"] = dict(info)
+    ctx["predictions"][name] = arrays
+    report.setdefault("predictors", {})[name] = entry
+    order = report.setdefault("order", [])
+    if name not in order:
+        order.append(name)
+    return entry
+
+
+# ---------------------------------------------------------------- presentation
+
+
+def summary_rows(report: dict, slice: str = "all") -> list[dict]:
+    """One flat row per predictor (report order) and the noise floor, for a table."""
+    rows = []
+    for name in report.get("order", []):
+        e = report["predictors"][name]
+        s = e["slices"].get(slice) or {}
+        cal = e.get("calibration") or {}
+        cov = cal.get("coverage") or {}
+        pit = cal.get("pit") or {}
+        fail = e.get("failure") or {}
+        fb = e.get("fallback") or {}
+        rows.append({
+            "predictor": name,
+            "n": s.get("n"),
+            "median_rel_err": s.get("median_rel_err"),
+            "p90_rel_err": s.get("p90_rel_err"),
+            "mae_ms": s.get("mae_ms"),
+            "cov50": cov.get("cov50"),
+            "cov90": cov.get("cov90"),
+            "pit_ks": pit.get("ks"),
+            "brier": fail.get("brier"),
+            "auc": fail.get("auc"),
+            "fallback_share": (1.0 - next(iter(fb.values()))) if fb else None,
+        })
+    nf = report.get("noise_floor")
+    if nf:
+        s = nf["slices"].get(slice) or {}
+        rows.append({"predictor": NOISE_FLOOR, "n": s.get("n"), "median_rel_err": s.get("median_rel_err"),
+                     "p90_rel_err": s.get("p90_rel_err"), "mae_ms": s.get("mae_ms"), "cov50": None, "cov90": None,
+                     "pit_ks": None, "brier": None, "auc": None, "fallback_share": None})
+    return rows
+
+
+def write_plots(report: Report, out_dir, names: list[str] | None = None, fmt: str = "png") -> dict[str, Path]:
+    """error_cdf, calibration and scatter_<name> plots from the report's per-packet context."""
+    from pingctl.eval import plots
+
+    ctx = getattr(report, "ctx", None)
+    if not ctx:
+        raise ValueError("write_plots needs a report returned by baseline_table (with .ctx)")
+    out_dir = Path(out_dir)
+    actual = ctx["actual"]
+    preds = ctx["predictions"]
+    names = [n for n in (names or report["order"]) if n in preds]
+    paths: dict[str, Path] = {}
+    errors = {n: M.relative_error(preds[n]["median"], actual) for n in names}
+    tm = ctx.get("truth_median")
+    nf = M.relative_error(tm, actual) if tm is not None else None
+    paths["error_cdf"] = plots.plot_error_cdf(errors, out_dir / f"error_cdf.{fmt}", noise_floor=nf)
+    pit = {n: preds[n]["pit"] for n in names if preds[n]["pit"] is not None}
+    cov = {n: report["predictors"][n]["calibration"]["coverage"] for n in names
+           if report["predictors"][n].get("calibration") and report["predictors"][n]["calibration"].get("coverage")}
+    if pit or cov:
+        paths["calibration"] = plots.plot_calibration(pit, cov, out_dir / f"calibration.{fmt}")
+    for n in names:
+        paths[f"scatter_{n}"] = plots.plot_scatter(preds[n]["median"], actual, out_dir / f"scatter_{n}.{fmt}", name=n)
+    return paths

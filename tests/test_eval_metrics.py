@@ -1,0 +1,128 @@
+"""pingctl.eval.metrics: hand-computed values on small fixtures, and a few properties."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pingctl.eval import metrics as M
+
+NAN = float("nan")
+
+
+def test_relative_error_and_summary_by_hand():
+    pred = np.array([10.0, 12.0, 30.0, NAN, 5.0])
+    actual = np.array([10.0, 10.0, 20.0, 10.0, -1.0])
+    rel = M.relative_error(pred, actual)
+    np.testing.assert_allclose(rel[:3], [0.0, 0.2, 0.5])
+    assert np.isnan(rel[3]) and np.isnan(rel[4])  # no prediction; failed packet
+    s = M.error_summary(pred, actual)
+    assert s["n"] == 3 and s["n_unpredicted"] == 1
+    assert s["median_rel_err"] == pytest.approx(0.2)
+    assert s["p90_rel_err"] == pytest.approx(0.2 + 0.8 * 0.3)  # linear interpolation at rank 1.8
+    assert s["mean_rel_err"] == pytest.approx(0.7 / 3)
+    assert s["mae_ms"] == pytest.approx((0 + 2 + 10) / 3)
+    assert s["median_abs_err_ms"] == pytest.approx(2.0)
+    empty = M.error_summary(pred, actual, np.zeros(5, bool))
+    assert empty["n"] == 0 and empty["median_rel_err"] is None
+
+
+def test_noise_floor_is_the_error_of_the_truth():
+    actual = np.array([10.0, 20.0, 40.0, -1.0])
+    truth = np.array([11.0, 20.0, NAN, 30.0])
+    nf = M.noise_floor(truth, actual)
+    assert nf["n"] == 2 and nf["n_unpredicted"] == 1
+    assert nf["median_rel_err"] == pytest.approx(0.05)
+
+
+def test_slices():
+    actual = np.array([5.0, 10.0, 49.9, 50.0, 150.0, 300.0, -1.0])
+    b = M.rtt_bucket_masks(actual)
+    assert list(b) == ["rtt<10", "rtt10-50", "rtt50-150", "rtt>=150"]
+    assert [int(m.sum()) for m in b.values()] == [1, 2, 1, 2]
+    ipv = np.array([4, 4, 6, 6, 4, 6, 4])
+    masks = M.standard_masks(ipv, actual, {"seen_pair": [1, 0, 1, 0, 1, 0, 1]})
+    assert int(masks["all"].sum()) == 7 and int(masks["v6"].sum()) == 3 and int(masks["seen_pair"].sum()) == 4
+    out = M.sliced_summary(actual * 1.1, actual, masks)
+    assert out["v4"]["n"] == 3 and out["rtt>=150"]["median_rel_err"] == pytest.approx(0.1)
+
+
+def test_brier_and_auc_by_hand():
+    p = np.array([0.1, 0.8, 0.5, 0.3])
+    y = np.array([0, 1, 1, 0], bool)
+    assert M.brier(p, y) == pytest.approx((0.01 + 0.04 + 0.25 + 0.09) / 4)
+    # ties: positives {0.4, 0.8, 0.4}, negatives {0.1, 0.4}: 5 wins of 6 pairs (two half-ties)
+    s = np.array([0.1, 0.4, 0.4, 0.8, 0.4])
+    lab = np.array([0, 0, 1, 1, 1], bool)
+    assert M.roc_auc(s, lab) == pytest.approx(5 / 6)
+    assert M.roc_auc(np.ones(5), lab) == pytest.approx(0.5)  # all tied
+    assert M.roc_auc(s, np.ones(5, bool)) is None  # one class only
+    f = M.failure_summary(p, y)
+    assert f["base_rate"] == 0.5 and f["brier_base"] == pytest.approx(0.25)
+    assert f["brier_skill"] == pytest.approx(1 - 0.0975 / 0.25) and f["auc"] == 1.0
+
+
+def test_auc_matches_pairwise_count():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = int(rng.integers(2, 40))
+        s = rng.integers(0, 5, n).astype(float)  # many ties
+        y = rng.random(n) < 0.4
+        if y.all() or not y.any():
+            continue
+        sp, sn = s[y][:, None], s[~y][None, :]
+        brute = ((sp > sn).sum() + 0.5 * (sp == sn).sum()) / (y.sum() * (~y).sum())
+        assert M.roc_auc(s, y) == pytest.approx(brute)
+
+
+def test_average_ranks():
+    np.testing.assert_allclose(M.average_ranks([3.0, 1.0, 3.0, 2.0, 3.0]), [4.0, 1.0, 4.0, 2.0, 4.0])
+
+
+def test_pit_histogram_by_hand():
+    h = M.pit_histogram([0.05, 0.15, 0.15, 0.95, 1.0, NAN])
+    assert h["n"] == 5
+    assert h["counts"] == [1, 2, 0, 0, 0, 0, 0, 0, 0, 2]  # 1.0 lands in the last bin
+    np.testing.assert_allclose(h["density"], np.array(h["counts"]) / 5 * 10)
+    assert h["ks"] == pytest.approx(0.45)
+    assert h["tv"] == pytest.approx(0.7)
+    assert M.pit_histogram([])["ks"] is None
+
+
+def test_pit_of_a_calibrated_forecast_is_uniform():
+    rng = np.random.default_rng(1)
+    x = rng.exponential(3.0, 20_000)
+    h = M.pit_histogram(1 - np.exp(-x / 3.0))
+    assert h["ks"] < 0.02 and h["tv"] < 0.03
+    assert M.pit_histogram(1 - np.exp(-x / 6.0))["ks"] > 0.1  # too wide a forecast
+
+
+def test_coverage_by_hand_dict_and_array():
+    actual = np.array([10.0, 20.0, 30.0, 40.0, -1.0])
+    q = {
+        0.05: np.array([5.0, 5, 5, 5, 5]),
+        0.25: np.array([8.0, 21, 25, 30, 8]),
+        0.5: np.array([10.0, 23, 30, 35, 10]),  # ignored
+        0.75: np.array([12.0, 25, 35, 39, 12]),
+        0.95: np.array([15.0, 30, 35, 50, 15]),
+    }
+    c = M.coverage(actual, q)
+    assert c["n"] == 4 and c["cov50"] == 0.5 and c["cov90"] == 1.0
+    assert c["width50_ms"] == pytest.approx(np.median([4.0, 4, 10, 9]))
+    arr = np.stack([q[0.05], q[0.25], q[0.75], q[0.95]], axis=1)
+    assert M.coverage(actual, arr) == c
+    with pytest.raises(ValueError):
+        M.coverage(actual, arr[:, :3])
+
+
+def test_nll_conversions():
+    assert M.bits_per_token(math.log(2)) == pytest.approx(1.0)
+    s = M.nll_summary(math.log(2), np.array([10, 20, 30]))
+    assert s["measurements"] == 3 and s["tokens_per_measurement"] == 20
+    assert s["bits_per_token"] == pytest.approx(1.0) and s["bits_per_measurement"] == pytest.approx(20.0)
+    s2 = M.nll_summary(2 * math.log(2), 600, measurements=30)
+    assert s2["bits_per_measurement"] == pytest.approx(40.0)
+    with pytest.raises(ValueError):
+        M.nll_summary(1.0, 100)
