@@ -21,6 +21,16 @@ LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 def _env(hardware: str) -> None:
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_fast_math=false" if hardware == "cpu" else " ")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import logging
+    import warnings
+
+    # MaxText logs its whole config at INFO; a query's output should be the answer.
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
     if hardware == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -1,0 +1,229 @@
+"""`pingctl sample`: ask a trained model (RTT distribution, partial IPs, inverse search, streams)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, fmt, handle_errors, kv_table, load
+
+
+def _is_pattern(text: str | None) -> bool:
+    return bool(text) and ("*" in text or "/" in text)
+
+
+def _rtt_range(text: str) -> tuple[float, float]:
+    from pingctl.errors import PingctlError
+
+    try:
+        lo, _, hi = text.partition("-")
+        lo_f, hi_f = float(lo), float(hi) if hi else float(lo)
+    except ValueError:
+        raise PingctlError(f"--rtt {text!r}: give milliseconds like 20 or a range like 10-30") from None
+    if lo_f < 0 or hi_f < lo_f:
+        raise PingctlError(f"--rtt {text!r}: need 0 <= low <= high")
+    return lo_f, hi_f
+
+
+def sample(
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    src: Annotated[str | None, typer.Option(help="Source IP, or a pattern (8.8.*.* / CIDR).")] = None,
+    dst: Annotated[str | None, typer.Option(help="Destination IP, or a pattern (8.8.*.* / CIDR).")] = None,
+    rtt: Annotated[str | None, typer.Option(help="RTT in ms (20) or range (10-30): completion / inverse search.")] = None,
+    time: Annotated[str | None, typer.Option(help="UTC time of the query (ISO 8601 or Unix seconds).")] = None,
+    context: Annotated[Path | None, typer.Option(help="Parquet of the probe's preceding measurements.")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Inverse search: samples; alone: streams to generate.")] = None,
+    measurements: Annotated[int, typer.Option(help="Generation: measurements per stream.")] = 8,
+    k: Annotated[int, typer.Option("-k", help="Completions to show.")] = 10,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Generation output (.parquet or .json).")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
+    step: Annotated[int | None, typer.Option(help="Checkpoint step (default: the latest).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask the model: RTT distribution for a pair, partial-IP completion, inverse search, streams.
+
+    Example: pingctl sample runs/demo/train --src 78.143.22.26 --dst 194.255.199.229 --plot rtt.png
+    """
+    import numpy as np
+
+    from pingctl.errors import PingctlError
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+
+    cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
+    rng = np.random.default_rng(cfg.sample.seed)
+    if src and dst and not _is_pattern(src) and not _is_pattern(dst) and rtt is None:
+        mode = "distribution"
+    elif _is_pattern(src) or _is_pattern(dst):
+        mode = "complete"
+    elif src and rtt and not dst:
+        mode = "inverse"
+    elif not src and not dst and not rtt:
+        mode = "generate"
+    else:
+        raise PingctlError(
+            "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
+            "(completion), --src IP --rtt MS (inverse search) or only --n N (generation)"
+        )
+    for name, value in (("--src", src), ("--dst", dst)):
+        if value and not _is_pattern(value):
+            Q.parse_pattern(value)  # validates before the (slow) model load
+    t_query = _parse_time(time)
+    with err_console.status(f"loading {run} ..."):
+        model = LoadedModel.load(run, step)
+    ctx_tokens, last_t = np.zeros(0, np.int32), None
+    if context is not None:
+        ctx_tokens, last_t = Q.context_tokens(model, _read_context(context), model.seq_len - 64)
+    result: dict = {"mode": mode, "run": str(run), "step": model.step, "context_tokens": int(len(ctx_tokens))}
+    if mode == "distribution":
+        d = Q.rtt_distribution(model, Q.query_prefix(src, dst, t_query, ctx_tokens, last_t))
+        result.update({"src": src, "dst": dst, "time": t_query, **d.summary()})
+        if plot:
+            _plot(d, plot, f"{src} -> {dst}")
+            result["plot"] = str(plot)
+        if as_json:
+            emit(result, True)
+            return
+        rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", d.mean)]
+        rows += [(f"p{round(q * 100)} ms", d.quantile(q)) for q in Q.QUANTILES]
+        emit(result, False, kv_table(f"RTT {src} -> {dst} (step {model.step})", rows))
+        _histogram(d)
+        if plot:
+            console.print(f"plot: {plot}")
+        return
+    if mode == "complete":
+        rtt_ms = _rtt_range(rtt)[0] if rtt else None
+        found = Q.complete(model, src or "*.*.*.*", dst or "*.*.*.*", rtt_ms, k=k, context=ctx_tokens)
+        result["completions"] = found
+        _table(result, as_json, f"completions of {src or '*'} -> {dst or '*'}", found, ("src", "dst", "probability"))
+        return
+    if mode == "inverse":
+        lo, hi = _rtt_range(rtt)
+        found = Q.inverse(model, src, lo, hi, n or 64, rng, cfg.sample.temperature, context=ctx_tokens)
+        result["candidates"] = found[:k]
+        _table(result, as_json, f"destinations {src} reaches in {rtt} ms", found[:k], ("dst", "probability", "samples"))
+        return
+    streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p)
+    rows = []
+    for i, d in enumerate(streams):
+        m = d.measurements
+        times = m.time_s
+        for j, (s_, d_, r_) in enumerate(zip(m.src_text(), m.dst_text(), m.rtt_ms)):
+            rows.append({"stream": i, "src": s_, "dst": d_, "rtt_ms": float(r_),
+                         "time": int(times[j]) if m.has_time[j] else None})
+    result["measurements"] = rows
+    result["errors"] = sum(len(d.errors) for d in streams)
+    if out:
+        _write_generated(streams, out)
+        result["out"] = str(out)
+    _table(result, as_json, f"{len(streams)} generated streams", rows[:40], ("stream", "time", "src", "dst", "rtt_ms"))
+
+
+def _parse_time(text: str | None) -> int | None:
+    if text is None:
+        return None
+    import datetime as dt
+
+    from pingctl.errors import PingctlError
+
+    if text.isdigit():
+        return int(text)
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise PingctlError(f"--time {text!r}: use ISO 8601 (2024-01-01T12:00:00Z) or Unix seconds") from None
+    return int((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp())
+
+
+def _read_context(path: Path):
+    import pyarrow.parquet as pq
+
+    from pingctl.errors import PingctlError
+    from pingctl.tokenizer import Measurements
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001
+        raise PingctlError(f"{path}: cannot read context Parquet ({e})") from None
+    return Measurements.from_arrow(table)
+
+
+def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tuple[str, ...]) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for c in cols:
+        t.add_column(c, justify="right" if c in ("probability", "samples", "rtt_ms", "stream") else "left")
+    for r in rows:
+        t.add_row(*(f"{r[c]:.4f}" if c == "probability" else fmt(r.get(c)) for c in cols))
+    emit(result, as_json, t)
+
+
+def _histogram(d) -> None:
+    import numpy as np
+
+    edges = np.array([0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, np.inf])
+    mass = np.array([d.probs[(d.values_ms >= a) & (d.values_ms < b)].sum() for a, b in zip(edges[:-1], edges[1:])])
+    peak = mass.max() or 1
+    console.print("RTT distribution (given success):")
+    for a, b, p in zip(edges[:-1], edges[1:], mass):
+        if p >= 0.001:
+            label = f"{a:g}-{b:g} ms" if np.isfinite(b) else f">= {a:g} ms"
+            console.print(f"  {label:>14} {'█' * max(1, round(40 * p / peak)):<40} {p:6.1%}", highlight=False)
+
+
+def _plot(d, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from pingctl.atomic import atomic_file
+
+    keep = d.probs > 1e-7
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
+    bins = np.geomspace(max(d.values_ms[keep].min(), 0.01), max(d.values_ms[keep].max(), 1), 80)
+    ax.hist(d.values_ms[keep], bins=bins, weights=d.probs[keep])
+    ax.set_xscale("log")
+    ax.set_xlabel("RTT (ms)")
+    ax.set_ylabel("probability")
+    ax.set_title(f"{title}  P(fail)={d.p_fail:.1%}  median={d.quantile(0.5):.1f} ms")
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def _write_generated(streams, out: Path) -> None:
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pingctl.atomic import atomic_file
+    from pingctl.tokenizer import Measurements
+
+    ms = [d.measurements for d in streams]
+    table = Measurements.concat(ms).to_arrow() if ms else None
+    stream_id = np.concatenate([np.full(len(m), i) for i, m in enumerate(ms)]) if ms else []
+    with atomic_file(out) as tmp:
+        if out.suffix == ".json":
+            rows = table.to_pylist() if table is not None else []
+            for r, s in zip(rows, stream_id):
+                r["stream"] = int(s)
+            tmp.write_text(json.dumps(rows, default=str, indent=1))
+        else:
+            pq.write_table(table.append_column("stream", pa.array(stream_id, pa.int64())), tmp)
+
+
+def register(app) -> None:
+    app.command("sample")(handle_errors(sample))
