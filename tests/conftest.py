@@ -59,3 +59,22 @@ def synth_rows(tmp_path_factory):
     generate(SynthConfig(rows=60_000, probes=24, targets=12, targets_per_probe=6, step=600, seed=3), d / "synth")
     build_rows([d / "synth"], d / "rows")
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_run(synth_rows):
+    """A tiny model trained for a few steps on the synthetic rows (for sample/eval tests)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("maxtext")
+    run = synth_rows / "tiny-run"
+    if not (run / "summary.json").exists():
+        proc = subprocess.run(
+            [sys.executable, "-m", "pingctl", "train", str(synth_rows / "rows"), "--run-dir", str(run), "--steps", "60",
+             "--set", "loader.seq_len=256", "--set", "loader.batch_size=8", "--set", "train.learning_rate=0.01",
+             "--set", "train.checkpoint_period=100", "--json"],
+            capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return run

@@ -150,6 +150,7 @@ class LoadedModel:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_after_measurements: int | None = None,
+        whole_measurements: bool = True,
     ) -> list[np.ndarray]:
         """`n` grammar-constrained continuations of `prefix` (whole sequences, prefix included).
 
@@ -197,7 +198,7 @@ class LoadedModel:
         out = []
         for i in range(n):
             seq = np.asarray(seqs[i], np.int32)
-            if not states[i].can_end:
+            if whole_measurements and not states[i].can_end:
                 last = np.flatnonzero(seq == ms)
                 seq = seq[: last[-1]] if len(last) else seq[:0]
             out.append(seq)
