@@ -33,9 +33,9 @@ def _root(
 
 
 def _register() -> None:
-    from pingctl.cli import bench_cmd, build_rows_cmd, config_cmd, sample_cmd, ingest_cmd, inspect_cmd, shard_cmd, synth_cmd, tokenize_cmd, train_cmd
+    from pingctl.cli import bench_cmd, build_rows_cmd, config_cmd, eval_cmd, sample_cmd, ingest_cmd, inspect_cmd, shard_cmd, synth_cmd, tokenize_cmd, train_cmd
 
-    for mod in (ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, train_cmd, sample_cmd, inspect_cmd):
+    for mod in (ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, train_cmd, sample_cmd, eval_cmd, inspect_cmd):
         mod.register(app)
     app.add_typer(config_cmd.app, name="config", help="Write, show and check the shared YAML config.")
     app.add_typer(bench_cmd.app, name="bench", help="Performance figures: prints a table and writes JSON.")

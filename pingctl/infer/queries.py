@@ -99,19 +99,32 @@ def _bytes_only(lp: np.ndarray) -> np.ndarray:
 
 
 def rtt_distribution(model, prefix: np.ndarray) -> RttDistribution:
+    return rtt_distributions(model, [prefix])[0]
+
+
+def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0) -> list[RttDistribution]:
+    """Exact RTT-code distributions for many prompts, batched: one pass for P(failure) and
+    P(first byte), one pass over every (prompt, first byte) for P(second byte). First bytes
+    with probability <= `prune` are skipped (their mass is dropped and renormalised)."""
     _require_compact(model)
-    first = np.concatenate([prefix, [C.RttStart]]).astype(np.int32)
-    lp = model.log_probs([first], at=[np.array([len(prefix) - 1, len(prefix)])])[0]
-    p_fail_raw, p_rtt_raw = np.exp(lp[0, C.Failed]), np.exp(lp[0, C.RttStart])
-    p_fail = float(p_fail_raw / (p_fail_raw + p_rtt_raw))
-    p1 = _bytes_only(lp[1])
-    seconds = [np.concatenate([first, [BYTE0 + b]]).astype(np.int32) for b in range(256)]
-    p2 = _bytes_only(model.next_log_probs(seconds))
-    joint = (p1[:, None] * p2).reshape(-1)
+    firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
+    lps = model.log_probs(firsts, at=[np.array([len(p) - 1, len(p)]) for p in prefixes])
+    p_fail = [float(np.exp(lp[0, C.Failed]) / (np.exp(lp[0, C.Failed]) + np.exp(lp[0, C.RttStart]))) for lp in lps]
+    p1 = np.stack([_bytes_only(lp[1]) for lp in lps])
+    live = [np.flatnonzero(row > prune) if prune > 0 else np.arange(256) for row in p1]
+    seconds = [np.concatenate([f, [BYTE0 + b]]).astype(np.int32) for f, bs in zip(firsts, live) for b in bs]
+    p2_all = _bytes_only(model.next_log_probs(seconds))
     codes = np.arange(65536, dtype=np.uint16)
     values = decode_rtt(codes)
     order = np.argsort(values, kind="stable")
-    return RttDistribution(p_fail, codes[order], values[order], joint[order] / joint.sum())
+    out, k = [], 0
+    for i, bs in enumerate(live):
+        joint = np.zeros((256, 256))
+        joint[bs] = p1[i, bs, None] * p2_all[k : k + len(bs)]
+        k += len(bs)
+        j = joint.reshape(-1)[order]
+        out.append(RttDistribution(p_fail[i], codes[order], values[order], j / j.sum()))
+    return out
 
 
 # ----------------------------------------------------------------- partial addresses

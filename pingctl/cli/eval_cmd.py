@@ -1,0 +1,57 @@
+"""`pingctl eval`: honest numbers, the model against classical predictors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import JsonOpt, console, emit, err_console, fmt, handle_errors
+
+
+def evaluate(
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    train: Annotated[Path, typer.Option(help="Train split (canonical Parquet): baselines are fitted on it.")],
+    test: Annotated[Path, typer.Option(help="Test split (canonical Parquet).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where report.json and the plots go.")] = Path("runs/eval"),
+    truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
+    queries: Annotated[int, typer.Option(help="Test packets evaluated (a seeded random subset).")] = 300,
+    context: Annotated[int, typer.Option(help="Preceding measurements of the probe in the prompt.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of the packet subset and Vivaldi.")] = 0,
+    step: Annotated[int | None, typer.Option(help="Checkpoint step (default: the latest).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a trained model against global/pair/prefix medians and Vivaldi on a test split.
+
+    Example: pingctl eval runs/demo/train --train runs/demo/splits/train --test runs/demo/splits/test --truth runs/demo/synth
+    """
+    from pingctl.eval.run import evaluate as run_eval
+
+    with err_console.status("eval") as status:
+        report = run_eval(run, train, test, out, truth, queries, context, seed, step,
+                          progress=lambda s: status.update(f"eval: {s}"))
+    if as_json:
+        emit(dict(report), True)
+        return
+    from rich.table import Table
+
+    t = Table(title=f"eval on {report['queries']} held-out packets ({test})", title_justify="left")
+    for c in ("predictor", "median rel err", "p90 rel err", "MAE ms", "cov50", "cov90", "fail AUC"):
+        t.add_column(c, justify="left" if c == "predictor" else "right")
+    for r in report["rows"]:
+        t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), fmt(r.get("mae_ms")),
+                  _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")))
+    emit(dict(report), False, t)
+    n = report["nll"]
+    console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
+                  f"{n['bits_per_measurement']:.1f} bits per measurement", highlight=False)
+    console.print(f"report: {out / 'report.json'}   plots: {', '.join(report['plots'].values())}", highlight=False)
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def register(app) -> None:
+    app.command("eval")(handle_errors(evaluate))

@@ -1,0 +1,55 @@
+"""`pingctl eval`: the model and every baseline on the same held-out packets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.atomic import write_json
+from pingctl.errors import PingctlError
+from pingctl.eval.report import baseline_table, add_predictor, load_split, summary_rows, take, write_plots
+
+
+def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
+             queries: int = 300, context: int = 16, seed: int = 0, step: int | None = None,
+             vivaldi_rounds: int = 2000, progress=lambda _s: None) -> dict:
+    from pingctl.eval.model import predict
+    from pingctl.infer.model import LoadedModel
+
+    t0 = time.perf_counter()
+    progress("loading splits")
+    train = load_split(train_path)
+    test = load_split(test_path)
+    if len(test["rtt"]) == 0:
+        raise PingctlError(f"{test_path}: no test rows")
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(len(test["rtt"]), size=min(queries, len(test["rtt"])), replace=False))
+    sub = take(test, idx)
+    progress("fitting baselines")
+    report = baseline_table(train, sub, truth=str(truth) if truth else None, vivaldi_rounds=vivaldi_rounds, seed=seed)
+    progress(f"loading the model from {run}")
+    model = LoadedModel.load(run, step)
+    progress(f"model predictions for {len(idx)} packets")
+    t1 = time.perf_counter()
+    pred = predict(model, test, idx, context=context)
+    model_s = time.perf_counter() - t1
+    q = pred["quantiles"]
+    add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
+                  pit=pred["pit"], p_fail=pred["p_fail"],
+                  info={"run": str(run), "step": model.step, "context_measurements": context, "seconds": round(model_s, 2)})
+    # show the model first
+    report["order"] = ["model"] + [n for n in report["order"] if n != "model"]
+    report["nll"] = pred["nll"]
+    report["queries"] = int(len(idx))
+    report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress("writing plots")
+    plots = write_plots(report, out)
+    report["plots"] = {k: str(v) for k, v in plots.items()}
+    report["rows"] = summary_rows(report)
+    report["elapsed_s"] = time.perf_counter() - t0
+    write_json(out / "report.json", dict(report))
+    return report
