@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on built-in synthetic data: generate a world, split it, build probe rows,
-# train a tiny model with MaxText on them.
+# train a tiny model with MaxText on them, evaluate it against classical predictors and
+# ask it one question.
 # Run through `./run demo` (which prepares .venv first). Output: runs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +35,17 @@ $PINGCTL train "$OUT/rows/train" --eval "$OUT/rows/val" --run-dir "$OUT/train" -
   --set loader.seq_len=512 --set loader.batch_size=8 --set train.eval_interval=50 --set train.checkpoint_period=100
 echo "loss curve: $OUT/train/loss.png   TensorBoard: tensorboard --logdir $OUT/train/maxtext/tensorboard"
 
-printf '\n\033[1;32mdone\033[0m: data in %s (synth/ table + truth/, splits/, rows/, train/)\n' "$OUT"
+step "pingctl eval: the model against global/pair/prefix medians and Vivaldi on held-out packets"
+$PINGCTL eval "$OUT/train" --train "$OUT/splits/train" --test "$OUT/splits/test" --truth "$OUT/synth" \
+  --queries "${PINGCTL_DEMO_QUERIES:-48}" -o "$OUT/eval"
+
+step "pingctl sample: the RTT distribution between two addresses of the test split"
+read -r SRC DST < <(.venv/bin/python - "$OUT/splits/test" <<'PY'
+import sys, pyarrow.dataset as ds
+t = ds.dataset(sys.argv[1]).head(1, columns=["src_addr", "dst_addr"]).to_pylist()[0]
+print(t["src_addr"], t["dst_addr"])
+PY
+)
+$PINGCTL sample "$OUT/train" --src "$SRC" --dst "$DST" --plot "$OUT/sample-rtt.png"
+
+printf '\n\033[1;32mdone\033[0m: data in %s (synth/ table + truth/, splits/, rows/, train/, eval/)\n' "$OUT"

@@ -1,0 +1,47 @@
+"""`pingctl eval` end to end on a tiny trained model (the numbers themselves are in the report)."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def splits(synth_rows):
+    from pingctl.config import ShardConfig
+    from pingctl.shard import shard
+
+    out = synth_rows / "evalsplit"
+    if not out.exists():
+        shard([synth_rows / "synth"], out, ShardConfig(strategy="time"))
+    return out
+
+
+def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp_path):
+    r = runner.invoke(app, [
+        "eval", str(tiny_run), "--train", str(splits / "train"), "--test", str(splits / "test"),
+        "--truth", str(synth_rows / "synth"), "--queries", "12", "--context", "4", "-o", str(tmp_path), "--json",
+    ])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["order"][0] == "model"
+    assert {"model", "global_median", "pair_median", "prefix_median", "vivaldi"} <= set(rep["predictors"])
+    m = rep["predictors"]["model"]
+    assert m["slices"]["all"]["n"] > 0 and np.isfinite(m["slices"]["all"]["median_rel_err"])
+    assert 0 <= m["failure"]["brier"] <= 1 if m.get("failure") else True
+    assert rep["nll"]["bits_per_token"] > 0 and rep["nll"]["measurements"] == 12
+    assert rep["noise_floor"]["overall"]["median_rel_err"] < rep["predictors"]["global_median"]["slices"]["all"]["median_rel_err"]
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["queries"] == 12
+    for p in rep["plots"].values():
+        assert open(p, "rb").read(4) == b"\x89PNG"
+
+
+def test_eval_bad_inputs_are_clear(tiny_run, tmp_path):
+    r = runner.invoke(app, ["eval", str(tmp_path), "--train", str(tmp_path), "--test", str(tmp_path)])
+    assert r.exit_code != 0 and "Traceback" not in r.output
