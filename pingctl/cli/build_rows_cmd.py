@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, handle_errors, kv_table, load, progress
+from pingctl.cli.common import ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, handle_errors, kv_table, load, step_progress
 
 
 def build_rows(
     inputs: Annotated[list[Path], typer.Argument(help="Canonical Parquet of one split (file, dir or glob).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory for .arrayrecord files.")],
     max_row_mb: Annotated[float | None, typer.Option(help="Split longer probe histories into records of this size.")] = None,
-    memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")] = False,
+    memory_limit: MemoryLimitOpt = None,
+    force: ForceOpt = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -27,12 +27,7 @@ def build_rows(
     from pingctl.rows.build import build_rows as run
 
     cfg = load(config, set_, **{"rows.max_row_mb": max_row_mb, "rows.memory_limit": memory_limit})
-    with progress(transient=True) as bar:
-        task = bar.add_task("build-rows", total=None)
-
-        def report(step: str, done: int, total: int) -> None:
-            bar.update(task, description=step, completed=done, total=total)
-
+    with step_progress("build-rows") as report:
         result = run(
             inputs, out, cfg.rows.max_row_mb, cfg.rows.memory_limit, force=force, progress=report,
             config=cfg.rows.model_dump(),

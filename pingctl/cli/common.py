@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -24,6 +25,8 @@ SetOpt = Annotated[
     typer.Option("--set", "-S", metavar="KEY=VALUE", help="Override a config key, e.g. data.shard.seed=3."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")]
+MemoryLimitOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB (larger inputs spill).")]
 
 
 def load(config: Path | None, overrides: list[str] | None, **cli_values: Any):
@@ -91,6 +94,18 @@ def fmt(v: Any) -> str:
             return "-"
         return f"{v:,.3f}" if abs(v) < 1000 else f"{v:,.0f}"
     return "-" if v is None else str(v)
+
+
+@contextlib.contextmanager
+def step_progress(name: str):
+    """A transient bar; yields `report(step, done, total)` for library progress callbacks."""
+    with progress(transient=True) as bar:
+        task = bar.add_task(name, total=None)
+
+        def report(step: str, done: int, total: int) -> None:
+            bar.update(task, description=step, completed=done, total=total)
+
+        yield report
 
 
 def progress(transient: bool = False):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, progress
+from pingctl.cli.common import ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, step_progress
 
 
 def shard(
@@ -19,8 +19,8 @@ def shard(
     val: Annotated[float | None, typer.Option("--val", help="Validation fraction.")] = None,
     test: Annotated[float | None, typer.Option("--test", help="Test fraction.")] = None,
     seed: Annotated[int | None, typer.Option(help="Assignment seed.")] = None,
-    memory_limit: Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")] = False,
+    memory_limit: MemoryLimitOpt = None,
+    force: ForceOpt = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -42,12 +42,7 @@ def shard(
             "data.shard.memory_limit": memory_limit,
         },
     )
-    with progress(transient=True) as bar:
-        task = bar.add_task("shard", total=None)
-
-        def report(step: str, done: int, total: int) -> None:
-            bar.update(task, description=step, completed=done, total=total)
-
+    with step_progress("shard") as report:
         result = run(inputs, out, cfg.data.shard, force=force, progress=report)
     if as_json:
         emit(result, True)
