@@ -313,3 +313,28 @@ def test_bench_reports_parallel_bz2(tmp_path):
     assert cases[:3] == ["ingest -j 1", "decompress only", "decompress, indexed_bzip2 x1"]
     assert all(row["results"] == 60 for row in r["table"])
     assert "1" in r["decompress_indexed_bzip2_s"] and r["runs"][0]["records"] == 60
+
+
+def test_parallel_bz2_not_for_pipes_or_other_data(tmp_path):
+    pytest.importorskip("indexed_bzip2")
+    import os
+    import threading
+
+    from pingctl.ingest.reader import open_parallel_bz2
+
+    r, w = os.pipe()
+    blob = bz2.compress(_varied(5))
+    writer = threading.Thread(target=lambda: (os.write(w, blob), os.close(w)))
+    writer.start()
+    with os.fdopen(r, "rb") as pipe:
+        assert open_parallel_bz2(Path("stdin.bz2"), pipe, 2) is None  # not seekable: bz2 module
+        assert bz2.decompress(pipe.read()) == _varied(5)
+    writer.join()
+    for name, data in (("empty.bz2", b""), ("text.bz2", b"not bzip2 at all\n"), ("ok.bz2", blob)):
+        f = tmp_path / name
+        f.write_bytes(data)
+        with open(f, "rb") as raw:
+            reader = open_parallel_bz2(f, raw, 2)
+            assert (reader is not None) == (name == "ok.bz2")
+            if reader is not None:
+                reader.close()

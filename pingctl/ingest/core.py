@@ -11,6 +11,8 @@ place only when everything succeeded):
 Files are processed in parallel (one process per file, largest first); each worker
 streams its file and writes its own part, so memory is bounded by a few row groups per
 worker whatever the input size, and the output does not depend on the worker count.
+Within a `.bz2` file, blocks are decoded in parallel by indexed_bzip2 on cores // workers
+threads (so one big dump uses every core); the output does not depend on that either.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pingctl.ingest.reader import (
 )
 
 REJECTS = "rejects.jsonl"
+PARALLEL_BZ2_DEPTH = 16  # decompressed MiB queued ahead of the parser (indexed_bzip2 path)
 
 
 def part_name(index: int) -> str:
@@ -159,13 +162,27 @@ def ingest_file(
                     hr.read(pos - hr.nbytes)
 
             par = parallel_bz2_chunks(reader, p, os.fstat(raw.fileno()).st_size, behind)
+            if bz2_threads > 1:
+                # a thread that keeps asking for the next chunks while this one parses, so
+                # the decoder threads always have blocks to work on (indexed_bzip2 only
+                # prefetches a little past the last read; this measured ~10 % faster)
+                chunks = ThreadedChunks(par, depth=PARALLEL_BZ2_DEPTH)
+                read_chunk = chunks.read
+            else:
+                read_chunk = functools.partial(next, par, b"")
             try:
-                done = _parse_file(index, path, out, opts, functools.partial(next, par, b""))
+                done = _parse_file(index, path, out, opts, read_chunk)
                 decoder = f"indexed_bzip2 x{bz2_threads}"
             except ParallelBz2Failed:
+                if chunks is not None:
+                    chunks.close()
+                    chunks = None
                 par.close()
                 raw.seek(0)  # start over with the bz2 module; progress already shown stays
                 hr = HashingReader(raw, on_bytes, quiet=hr.nbytes)
+            if chunks is not None:
+                chunks.close()  # the reader thread hashes the raw file: stop it before drain()
+                chunks = None
         if done is None:
             if codec == "plain":
                 read_chunk = lambda: hr.read(1 << 20)  # noqa: E731

@@ -404,69 +404,6 @@ def fast_decoder():
     return _FAST or None
 
 
-_FAST = None  # (decode, UNSET) once built; False when msgspec is missing
-
-
-def fast_decoder():
-    """`(decode, UNSET)`: msgspec decoding of the usual shape of a ping result, or None.
-
-    The struct types exactly the fields the rules read, with the checks that need no
-    options done by msgspec in C (ids and size in 0 .. 2^63-1, `af` 4 or 6, `type` "ping"
-    or absent, every `rtt` a number >= 0, `result` a list of objects). Anything else
-    raises, and the record goes to the generic path (orjson + the rules), which decides
-    its reject reason, so reasons and counts do not depend on which path ran. Fields the
-    struct does not name are skipped unconverted (see `parse_records` for what that means).
-    """
-    global _FAST
-    if _FAST is None:
-        try:
-            import msgspec
-        except ImportError:  # optional speed-up: the generic path does everything alone
-            _FAST = False
-            return None
-        from typing import Annotated, Literal
-
-        unset, Unset, Meta = msgspec.UNSET, msgspec.UnsetType, msgspec.Meta
-        Id = Annotated[int, Meta(ge=0, le=I64)]
-        # any JSON scalar (numbers as float: out-of-range numbers raise, as in orjson);
-        # used where only presence or truthiness matters
-        Scalar = float | str | bool | None
-
-        # (defstruct: this module's `from __future__ import annotations` would leave
-        # class-body annotations as strings naming locals)
-        Packet = msgspec.defstruct(
-            "Packet",
-            [
-                ("rtt", Annotated[float, Meta(ge=0)] | Unset, unset),
-                ("x", Scalar | Unset, unset),
-                ("error", Scalar | Unset, unset),
-                ("late", Scalar | Unset, unset),
-                ("dup", Scalar | Unset, unset),
-            ],
-            gc=False,
-        )
-        Result = msgspec.defstruct(
-            "Result",
-            [
-                ("msm_id", Id),
-                ("timestamp", int | float),
-                ("af", Literal[4, 6]),
-                ("result", list[Packet]),
-                ("type", Literal["ping"] | None, None),
-                ("prb_id", Id | None, None),
-                ("dst_addr", str, ""),
-                ("src_addr", str, ""),
-                ("srcaddr", str, ""),
-                ("from_", str, ""),
-                ("size", Id | None, 0),
-            ],
-            rename={"from_": "from"},
-            gc=False,
-        )
-        _FAST = (msgspec.json.Decoder(Result).decode, unset)
-    return _FAST or None
-
-
 def _default_flush(batch: "Batch"):
     return lambda: batch.take_table()
 

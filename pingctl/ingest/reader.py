@@ -3,6 +3,11 @@
 Nothing here holds more than a few chunks of a file in memory: a multi-GB daily dump is
 read in 1 MiB chunks, split into records, and each record is handed on as raw bytes.
 
+A seekable `.bz2` file is decoded by indexed_bzip2, several blocks at once on as many
+threads as `ingest` gives it (`open_parallel_bz2`, `parallel_bz2_chunks`); anything it
+does not do exactly like libbzip2 raises `ParallelBz2Failed` and the file is read again
+with the `bz2` module (`decoded_chunks`), which stays the reference for damaged files.
+
 `iter_records(read_chunk)` yields blocks `(line0, raws, bad)`; `raws[j]` is on line
 `line0 + j` (an empty bytes object is a blank line):
   * `bad is None`      -> each raw is one JSON text (a line of a JSON-lines file, or one
