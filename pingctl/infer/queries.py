@@ -215,13 +215,15 @@ def complete(
 
 
 def _addresses(tokens: list[int], family: int) -> tuple[str, str]:
+    from pingctl.tokenizer.measurements import format_addresses
+
     n = 4 if family == 4 else 16
-    found = []
-    for i, t in enumerate(tokens):
-        if t in (C.SrcIPv4, C.SrcIPv6, C.DstIPv4, C.DstIPv6):
-            raw = bytes(b - BYTE0 for b in tokens[i + 1 : i + 1 + n])
-            found.append(str(ipaddress.ip_address(raw)))
-    return found[0], found[1]
+    starts = [i + 1 for i, t in enumerate(tokens) if t in (C.SrcIPv4, C.SrcIPv6, C.DstIPv4, C.DstIPv6)]
+    raw = np.zeros((len(starts), 16), np.uint8)
+    for r, i in enumerate(starts):
+        raw[r, :n] = np.asarray(tokens[i : i + n]) - BYTE0
+    src, dst = format_addresses(raw, np.full(len(starts), family == 6)).to_pylist()[:2]
+    return src, dst
 
 
 # ----------------------------------------------------------------- inverse search

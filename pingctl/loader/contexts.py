@@ -20,13 +20,13 @@ import numpy as np
 
 from pingctl.rows.layout import ProbeRecord, to_measurements
 from pingctl.tokenizer import encode
+from pingctl.tokenizer.compact import ABS, DELTA1, DELTA4, TIME_LEN
 
 FULL, PARTIAL, NONE = 0, 1, 2
 MODES = ("full", "partial", "none")
 MAX_CONTEXTS_PER_ROW = 64
 FILL_RETRIES = 4  # fresh windows tried when the next context's first measurement does not fit
 # compact: MeasurementStart + Src(1+4|16) + Dst(1+4|16) + RttStart+2 | Failed
-_COMPACT_TIME = (9, 2, 5)  # TimestampAbs+8, Delta1+1, Delta4+4
 _FULL_V4, _FULL_V6 = 45, 69  # the full scheme always carries every block
 
 
@@ -64,8 +64,8 @@ def _time_lengths(t: np.ndarray, has_time: np.ndarray) -> np.ndarray:
     tt = t[idx]
     d = np.diff(tt)
     lens = np.empty(idx.size, np.int64)
-    lens[0] = _COMPACT_TIME[0]
-    lens[1:] = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, _COMPACT_TIME[1], _COMPACT_TIME[2]), _COMPACT_TIME[0])
+    lens[0] = TIME_LEN[ABS]
+    lens[1:] = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, TIME_LEN[DELTA1], TIME_LEN[DELTA4]), TIME_LEN[ABS])
     out[idx] = lens
     return out
 

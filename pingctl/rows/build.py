@@ -8,7 +8,6 @@ measurement) and serializes NumPy slices. Addresses are parsed once per distinct
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import time
 from pathlib import Path
 from typing import Callable
@@ -46,14 +45,10 @@ def _address_tables(con) -> tuple[np.ndarray, np.ndarray]:
              SELECT src_addr AS a FROM canonical WHERE reject_reason IS NULL
              UNION SELECT dst_addr FROM canonical WHERE reject_reason IS NULL)"""
     )
-    names = [r[0] for r in con.execute("SELECT a FROM addr_ids ORDER BY id").fetchall()]
-    packed = np.zeros((len(names), 16), np.uint8)
-    v6 = np.zeros(len(names), bool)
-    for i, a in enumerate(names):  # once per distinct address, already validated
-        b = ipaddress.ip_address(a).packed
-        packed[i, : len(b)] = np.frombuffer(b, np.uint8)
-        v6[i] = len(b) == 16
-    return packed, v6
+    from pingctl.tokenizer.measurements import parse_addresses
+
+    names = con.sql("SELECT a FROM addr_ids ORDER BY id").to_arrow_table().column(0)
+    return parse_addresses(names, "address")
 
 
 class _Writer:

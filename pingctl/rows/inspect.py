@@ -133,20 +133,11 @@ def _manifest(path: Path) -> dict:
 
 
 def _sample(rec, f: Path, i: int, k: int = 5) -> dict:
-    import ipaddress
+    from pingctl.rows.layout import to_measurements
 
-    def ip(table, v6flags, idx):
-        b = bytes(table[idx])
-        return str(ipaddress.ip_address(b if v6flags[idx] else b[:4]))
-
+    m = to_measurements(rec, np.arange(min(k, rec.n)))
     first = [
-        {
-            "time": int(rec.time_s[j]),
-            "src": ip(rec.src_addr, rec.src_v6, rec.src_idx[j]),
-            "dst": ip(rec.dst_addr, rec.dst_v6, rec.dst_idx[j]),
-            "rtt_ms": float(rec.rtt_ms[j]),
-            "msm_id": int(rec.msm_id[j]),
-        }
-        for j in range(min(k, rec.n))
+        {"time": int(t), "src": s, "dst": d, "rtt_ms": float(r), "msm_id": int(mid)}
+        for t, s, d, r, mid in zip(m.time_s, m.src_text(), m.dst_text(), m.rtt_ms, m.msm_id)
     ]
     return {"file": f.name, "record": i, "probe": rec.probe, "part": rec.part, "n": rec.n, "first": first}

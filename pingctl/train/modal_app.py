@@ -16,11 +16,10 @@ from pathlib import Path
 from pingctl import __version__
 from pingctl.config import Config
 from pingctl.errors import PingctlError
-from pingctl.train.render import render_maxtext
+from pingctl.train.render import PROJECT_DIR, render_maxtext
 
 MOUNT = "/data"
 PROJECT_REMOTE = "/opt/pingctl"
-PROJECT_DIR = Path(__file__).resolve().parents[2]
 _IGNORE = [".venv", ".git", "runs", "out", "**/__pycache__", ".pytest_cache", ".hypothesis"]
 
 

@@ -11,7 +11,8 @@ from pingctl.config import Config
 from pingctl.errors import PingctlError
 from pingctl.train.presets import PRESETS, param_count
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+TEMPLATES = PROJECT_DIR / "templates"
 MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
 
 

@@ -13,10 +13,9 @@ from pingctl import __version__
 from pingctl.config import Config
 from pingctl.errors import PingctlError
 from pingctl.train.local import prepare_run
-from pingctl.train.render import env
+from pingctl.train.render import PROJECT_DIR, env
 
 COORDINATOR_PORT = 12355
-PROJECT_DIR = Path(__file__).resolve().parents[2]
 
 
 def render_sbatch(cfg: Config, run: Path) -> str:
