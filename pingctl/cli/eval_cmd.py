@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import JsonOpt, console, emit, err_console, fmt, handle_errors
+from pingctl.cli.common import JsonOpt, console, emit, fmt, handle_errors, step_progress
 
 
 def evaluate(
@@ -18,6 +18,10 @@ def evaluate(
     truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
     queries: Annotated[int, typer.Option(help="Test packets evaluated (a seeded random subset).")] = 300,
     context: Annotated[int, typer.Option(help="Preceding measurements of the probe in the prompt.")] = 16,
+    context_policy: Annotated[str, typer.Option(
+        help="probe: the probe's preceding test packets, as in training (adds the context_median "
+             "baseline); cold: the probe's preceding packets from train+test excluding the queried "
+             "pair; none: no context.")] = "probe",
     seed: Annotated[int, typer.Option(help="Seed of the packet subset and Vivaldi.")] = 0,
     step: Annotated[int | None, typer.Option(help="Checkpoint step (default: the latest).")] = None,
     as_json: JsonOpt = False,
@@ -25,23 +29,26 @@ def evaluate(
     """Evaluate a trained model against global/pair/prefix medians and Vivaldi on a test split.
 
     Example: pingctl eval runs/demo/train --train runs/demo/splits/train --test runs/demo/splits/test --truth runs/demo/synth
+
+    Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
     """
     from pingctl.eval.run import evaluate as run_eval
 
-    with err_console.status("eval") as status:
-        report = run_eval(run, train, test, out, truth, queries, context, seed, step,
-                          progress=lambda s: status.update(f"eval: {s}"))
+    with step_progress("eval") as report_progress:
+        report = run_eval(run, train, test, out, truth, queries, context, seed, step, policy=context_policy,
+                          progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return
     from rich.table import Table
 
-    t = Table(title=f"eval on {report['queries']} held-out packets ({test})", title_justify="left")
-    for c in ("predictor", "median rel err", "p90 rel err", "MAE ms", "cov50", "cov90", "fail AUC"):
+    t = Table(title=f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}",
+              title_justify="left")
+    for c in ("predictor", "median rel err", "p90 rel err", "MAE ms", "cov50", "cov90", "fail AUC", "fallback"):
         t.add_column(c, justify="left" if c == "predictor" else "right")
     for r in report["rows"]:
         t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), fmt(r.get("mae_ms")),
-                  _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")))
+                  _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")), _pct(r.get("fallback_share")))
     emit(dict(report), False, t)
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "

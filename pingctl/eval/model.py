@@ -1,21 +1,33 @@
 """The model's side of `pingctl eval`: per-packet predictive distributions and NLL.
 
-For each evaluated test packet the prompt is the probe's preceding measurements in the
-test split (up to `context` of them, every one timestamped, as the loader's *full* mode),
-then the packet's timestamp, source and destination. The exact RTT-code distribution
-after that prompt gives the median, the central-interval quantiles, the PIT value of the
-actual RTT and the failure probability. Teacher-forced scoring of prompt + actual result
-gives NLL per token and bits per measurement.
+For each evaluated test packet the prompt is some of the probe's preceding measurements
+(the *context*, chosen by a policy below, at most `context` of them, every one timestamped,
+as the loader's *full* mode), then the packet's timestamp, source and destination. The
+exact RTT-code distribution after that prompt gives the median, the central-interval
+quantiles, the PIT value of the actual RTT and the failure probability. Teacher-forced
+scoring of prompt + actual result gives NLL per token and bits per measurement.
+
+Context policies:
+- `probe`: the probe's preceding measurements in the test split, any destination — as in
+  training. On a pair split these are mostly earlier packets of the very pair asked about,
+  so `context_median` (the median of those same-pair packets in the prompt) is reported
+  beside the model: it is the classical history median with exactly the model's information.
+- `cold`: the probe's preceding measurements from the train and test splits *excluding the
+  queried (src, dst) pair* — the model must predict a pair it has never seen, from its
+  addresses and the probe's RTTs to other destinations.
+- `none`: no context; the prompt is the packet alone.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pingctl.errors import PingctlError
 from pingctl.infer import queries as Q
 from pingctl.tokenizer import Measurements, encode
 
 QS = (0.05, 0.25, 0.75, 0.95)
+POLICIES = ("probe", "cold", "none")
 
 
 def _probe_keys(d: dict) -> np.ndarray:
@@ -23,24 +35,56 @@ def _probe_keys(d: dict) -> np.ndarray:
     return np.where(prb >= 0, prb.astype(str), np.asarray(d["src"]).astype(str))
 
 
-def prompts(model, test: dict, idx: np.ndarray, context: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def context_pool(test: dict, train: dict | None, policy: str) -> dict:
+    """The measurements contexts are drawn from: the test split, plus the train split for `cold`."""
+    if policy not in POLICIES:
+        raise PingctlError(f"context policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    if policy != "cold" or train is None:
+        return test
+    keys = ("src", "dst", "rtt", "event_time", "prb_id", "ip_version")
+    return {k: np.concatenate([np.asarray(train[k]), np.asarray(test[k])]) for k in keys}
+
+
+def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, policy: str) -> list[np.ndarray]:
+    """Per query packet, indices into `pool` of its context measurements, oldest first: the
+    probe's last `context` measurements strictly before the packet's time (for `cold`, those
+    to other pairs only)."""
+    if policy == "none" or context <= 0:
+        return [np.zeros(0, np.int64) for _ in idx]
+    pk = _probe_keys(pool)
+    pt = np.asarray(pool["event_time"], np.int64)
+    order = np.lexsort((pt, pk))
+    sk, st = pk[order], pt[order]
+    qk = _probe_keys(test)
+    qt = np.asarray(test["event_time"], np.int64)
+    psrc, pdst = np.asarray(pool["src"]), np.asarray(pool["dst"])
+    out = []
+    for i in idx:
+        lo = np.searchsorted(sk, qk[i], side="left")
+        end = np.searchsorted(sk, qk[i], side="right")
+        hi = lo + np.searchsorted(st[lo:end], qt[i], side="left")
+        if policy == "probe":
+            out.append(order[max(lo, hi - context) : hi])
+            continue
+        prev = order[lo:hi]
+        other = (psrc[prev] != test["src"][i]) | (pdst[prev] != test["dst"][i])
+        out.append(prev[other][-context:])
+    return out
+
+
+def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray]
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(prompt tokens, full tokens with the actual result) per query packet."""
-    keys = _probe_keys(test)
     t = np.asarray(test["event_time"], np.int64)
-    order = np.lexsort((t, keys))
-    sk, st = keys[order], t[order]
     prompts_, fulls = [], []
     budget = model.seq_len - 64
-    for i in idx:
-        lo = np.searchsorted(sk, keys[i], side="left")
-        hi = lo + np.searchsorted(st[lo : np.searchsorted(sk, keys[i], side="right")], t[i], side="left")
-        prev = order[max(lo, hi - context) : hi]
-        ctx = _measurements(test, prev) if len(prev) else None
+    for i, prev in zip(idx, contexts):
+        ctx = _measurements(pool, prev) if len(prev) else None
         ctx_tok, last_t = Q.context_tokens(model, ctx, budget)
         src, dst = str(test["src"][i]), str(test["dst"][i])
         prompt = Q.query_prefix(src, dst, int(t[i]), ctx_tok, last_t)
         q = _measurements(test, np.array([i]))
-        ref = Measurements.concat([_measurements(test, prev[-1:]), q]) if last_t is not None else q
+        ref = Measurements.concat([_measurements(pool, prev[-1:]), q]) if last_t is not None else q
         enc = encode(ref, "compact", order=("time", "src", "dst", "result"))
         tail = enc.measurement(len(ref) - 1)
         fulls.append(np.concatenate([ctx_tok, tail]).astype(np.int32))
@@ -55,17 +99,51 @@ def _measurements(d: dict, idx: np.ndarray) -> Measurements:
     )
 
 
-def predict(model, test: dict, idx: np.ndarray, context: int = 16, prune: float = 1e-6) -> dict:
-    """Median, quantiles, PIT and P(failure) for the packets `idx` of `test`."""
-    ps, fulls = prompts(model, test, idx, context)
-    dists = Q.rtt_distributions(model, ps, prune=prune)
+def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray]) -> dict:
+    """The history-median baseline with the model's information: per packet, the median of
+    the successful RTTs of the same (src, dst) pair among its context measurements and their
+    failure share as P(failure); NaN where the context has none (`used` is False there)."""
+    psrc, pdst = np.asarray(pool["src"]), np.asarray(pool["dst"])
+    prtt = np.asarray(pool["rtt"], np.float64)
+    median = np.full(len(idx), np.nan)
+    p_fail = np.full(len(idx), np.nan)
+    used = np.zeros(len(idx), bool)
+    for k, (i, prev) in enumerate(zip(idx, contexts)):
+        same = prev[(psrc[prev] == test["src"][i]) & (pdst[prev] == test["dst"][i])]
+        if len(same) == 0:
+            continue
+        r = prtt[same]
+        p_fail[k] = float((r < 0).mean())
+        if (r >= 0).any():
+            median[k] = float(np.median(r[r >= 0]))
+            used[k] = True
+    return {"median": median, "p_fail": p_fail, "used": used}
+
+
+def predict(model, test: dict, idx: np.ndarray, context: int = 16, prune: float = 1e-6, *,
+            train: dict | None = None, policy: str = "probe", chunk: int = 16,
+            progress=lambda done, total: None) -> dict:
+    """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
+    `idx` of `test`; `progress(done, total)` after every `chunk` packets."""
+    pool = context_pool(test, train, policy)
+    contexts = context_indices(pool, test, idx, context, policy)
+    ps, fulls = prompts(model, test, idx, pool, contexts)
+    dists: list = []
+    progress(0, len(idx))
+    for a in range(0, len(ps), chunk):
+        dists += Q.rtt_distributions(model, ps[a : a + chunk], prune=prune)
+        progress(len(dists), len(idx))
     actual = np.asarray(test["rtt"], np.float64)[idx]
     median = np.array([d.quantile(0.5) for d in dists])
     quantiles = np.array([[d.quantile(q) for q in QS] for d in dists])
     pit = np.array([d.cdf(a) if a >= 0 else np.nan for d, a in zip(dists, actual)])
     p_fail = np.array([d.p_fail for d in dists])
     nll = nll_of(model, fulls, [len(p) for p in ps], np.asarray(test["ip_version"])[idx])
-    return {"median": median, "quantiles": quantiles, "pit": pit, "p_fail": p_fail, "nll": nll}
+    n_ctx = np.array([len(c) for c in contexts])
+    return {"median": median, "quantiles": quantiles, "pit": pit, "p_fail": p_fail, "nll": nll,
+            "context_median": context_median(pool, test, idx, contexts),
+            "context_sizes": {"mean": float(n_ctx.mean()) if len(n_ctx) else 0.0,
+                              "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0}}
 
 
 def nll_of(model, fulls: list[np.ndarray], prompt_lens: list[int], ipv: np.ndarray) -> dict:

@@ -14,10 +14,17 @@ from pingctl.eval.report import baseline_table, add_predictor, load_split, summa
 
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
              queries: int = 300, context: int = 16, seed: int = 0, step: int | None = None,
-             vivaldi_rounds: int = 2000, progress=lambda _s: None) -> dict:
-    from pingctl.eval.model import predict
+             vivaldi_rounds: int = 2000, policy: str = "probe",
+             progress=lambda _step, _done=0, _total=None: None) -> dict:
+    """Model and baselines on the same `queries` test packets; writes report.json and plots.
+
+    `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none.
+    `progress(step, done, total)` is called per phase and per chunk of model predictions."""
+    from pingctl.eval.model import POLICIES, predict
     from pingctl.infer.model import LoadedModel
 
+    if policy not in POLICIES:
+        raise PingctlError(f"--context-policy {policy!r}: expected one of {', '.join(POLICIES)}")
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path)
@@ -33,12 +40,16 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     model = LoadedModel.load(run, step)
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
-    pred = predict(model, test, idx, context=context)
+    pred = predict(model, test, idx, context=context, train=train, policy=policy,
+                   progress=lambda done, total: progress("model predictions", done, total))
     model_s = time.perf_counter() - t1
     q = pred["quantiles"]
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
                   pit=pred["pit"], p_fail=pred["p_fail"],
-                  info={"run": str(run), "step": model.step, "context_measurements": context, "seconds": round(model_s, 2)})
+                  info={"run": str(run), "step": model.step, "context_measurements": context,
+                        "context_policy": policy, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
+    if policy == "probe":
+        _add_context_median(report, pred["context_median"])
     # show the model first
     report["order"] = ["model"] + [n for n in report["order"] if n != "model"]
     report["nll"] = pred["nll"]
@@ -53,3 +64,16 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     report["elapsed_s"] = time.perf_counter() - t0
     write_json(out / "report.json", dict(report))
     return report
+
+
+def _add_context_median(report, cm: dict) -> None:
+    """The pair's history median from the prompt itself, else the global median (per family)."""
+    glob = report.ctx["predictions"]["global_median"]
+    used = cm["used"]
+    median = np.where(used, cm["median"], glob["median"])
+    p_fail = cm["p_fail"]
+    if glob["p_fail"] is not None:
+        p_fail = np.where(np.isfinite(p_fail), p_fail, glob["p_fail"])
+    entry = add_predictor(report, "context_median", median, p_fail=p_fail if np.isfinite(p_fail).all() else None)
+    share = float(used.mean()) if len(used) else 0.0
+    entry["fallback"] = {"context": share, "global": 1.0 - share}

@@ -1,0 +1,69 @@
+"""Context selection for `pingctl eval` prompts and the context-median baseline (no model needed)."""
+
+import numpy as np
+import pytest
+
+from pingctl.errors import PingctlError
+from pingctl.eval.model import context_indices, context_median, context_pool
+
+
+def _split(rows):
+    src, dst, rtt, t, prb = zip(*rows)
+    return {
+        "src": np.array(src, dtype=object), "dst": np.array(dst, dtype=object), "rtt": np.array(rtt, float),
+        "event_time": np.array(t, np.int64), "prb_id": np.array(prb, np.int64),
+        "ip_version": np.array([6 if ":" in s else 4 for s in src], np.int64),
+    }
+
+
+# probe 1 (10.0.0.1) measures A=1.1.1.1 and B=2.2.2.2; probe 2 measures A
+TEST = _split([
+    ("10.0.0.1", "1.1.1.1", 10.0, 100, 1),
+    ("10.0.0.1", "1.1.1.1", 12.0, 200, 1),
+    ("10.0.0.1", "1.1.1.1", -1.0, 300, 1),
+    ("10.0.0.1", "1.1.1.1", 11.0, 400, 1),  # query
+    ("10.0.0.2", "1.1.1.1", 50.0, 150, 2),
+    ("10.0.0.1", "1.1.1.1", 99.0, 400, 1),  # same time as the query: not context
+])
+TRAIN = _split([
+    ("10.0.0.1", "2.2.2.2", 30.0, 50, 1),
+    ("10.0.0.1", "2.2.2.2", 31.0, 350, 1),
+    ("10.0.0.1", "2.2.2.2", 32.0, 450, 1),  # after the query: not context
+    ("10.0.0.2", "2.2.2.2", 70.0, 300, 2),  # another probe
+])
+
+
+def _rows(pool, idx):
+    return [(pool["dst"][i], int(pool["event_time"][i])) for i in idx]
+
+
+def test_probe_policy_takes_the_probes_earlier_test_packets():
+    pool = context_pool(TEST, TRAIN, "probe")
+    (ctx,) = context_indices(pool, TEST, np.array([3]), 16, "probe")
+    assert _rows(pool, ctx) == [("1.1.1.1", 100), ("1.1.1.1", 200), ("1.1.1.1", 300)]
+    (last2,) = context_indices(pool, TEST, np.array([3]), 2, "probe")
+    assert _rows(pool, last2) == [("1.1.1.1", 200), ("1.1.1.1", 300)]
+
+
+def test_cold_policy_never_shows_the_queried_pair():
+    pool = context_pool(TEST, TRAIN, "cold")
+    (ctx,) = context_indices(pool, TEST, np.array([3]), 16, "cold")
+    assert _rows(pool, ctx) == [("2.2.2.2", 50), ("2.2.2.2", 350)]
+    for i in ctx:
+        assert (pool["src"][i], pool["dst"][i]) != ("10.0.0.1", "1.1.1.1")
+
+
+def test_none_policy_and_bad_policy():
+    assert [len(c) for c in context_indices(TEST, TEST, np.array([0, 3]), 16, "none")] == [0, 0]
+    with pytest.raises(PingctlError, match="context policy"):
+        context_pool(TEST, TRAIN, "everything")
+
+
+def test_context_median_uses_only_the_same_pair_in_the_prompt():
+    pool = context_pool(TEST, TRAIN, "probe")
+    idx = np.array([3, 0, 4])
+    cm = context_median(pool, TEST, idx, context_indices(pool, TEST, idx, 16, "probe"))
+    # query 3: same-pair context 10, 12 and a failure -> median 11, P(fail) 1/3
+    assert cm["median"][0] == pytest.approx(11.0) and cm["p_fail"][0] == pytest.approx(1 / 3)
+    # query 0 has no earlier packet; query 4 (probe 2) has none either
+    assert np.isnan(cm["median"][1:]).all() and list(cm["used"]) == [True, False, False]
