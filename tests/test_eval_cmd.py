@@ -68,3 +68,26 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
 def test_eval_bad_inputs_are_clear(tiny_run, tmp_path):
     r = runner.invoke(app, ["eval", str(tmp_path), "--train", str(tmp_path), "--test", str(tmp_path)])
     assert r.exit_code != 0 and "Traceback" not in r.output
+
+
+def test_teacher_forced_pass_equals_separate_passes(tiny_run, splits):
+    from pingctl.eval.model import context_indices, context_pool, prompts, teacher_forced
+    from pingctl.eval.report import load_split
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+
+    model = LoadedModel.load(tiny_run)
+    test = load_split(splits / "test")
+    rtt = np.asarray(test["rtt"])
+    idx = np.concatenate([np.flatnonzero(rtt >= 0)[:5], np.flatnonzero(rtt < 0)[:2]])
+    pool = context_pool(test, None, "probe")
+    ps, fulls = prompts(model, test, idx, pool, context_indices(pool, test, idx, 4, "probe"))
+    (p_fail, p1), known, scores = teacher_forced(model, ps, fulls)
+    ref_fail, ref_p1 = Q.first_pass(model, ps)
+    np.testing.assert_allclose(p_fail, ref_fail, atol=1e-5)
+    np.testing.assert_allclose(p1, ref_p1, atol=1e-5)
+    assert len(known) == int((rtt[idx] >= 0).sum())  # one second-byte row per successful packet
+    for (k, b), row in known.items():
+        ref = Q.bytes_distribution(model.next_log_probs([np.concatenate([ps[k], [Q.C.RttStart, Q.BYTE0 + b]])])[0])
+        np.testing.assert_allclose(row, ref, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(scores), np.concatenate(model.score(fulls)), atol=1e-5)

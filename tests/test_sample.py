@@ -46,6 +46,30 @@ def test_rtt_distribution_is_exact_and_matches_sampling(model, pair):
     assert 0.5 * np.abs(emp - p1).sum() < 0.15  # total variation, 400 samples
 
 
+def test_distribution_read_at_quantiles_matches_the_exact_one(model, pair):
+    from pingctl.infer import queries as Q
+
+    prompts = [Q.query_prefix(*pair, None, np.zeros(0, np.int32), None),
+               Q.query_prefix(*pair, 1_700_000_000, np.zeros(0, np.int32), None)]
+    exact = Q.rtt_distributions(model, prompts)
+    points = [exact[0].quantile(0.4), 3.0]
+    calls = []
+    real = model.next_log_probs
+    model.next_log_probs = lambda seqs: calls.append(len(seqs)) or real(seqs)
+    try:
+        lazy = Q.rtt_distributions_at(model, prompts, points=points, eps=1e-7)
+    finally:
+        del model.next_log_probs
+    assert sum(calls) < 0.25 * 2 * 256  # a handful of first bytes per prompt, not all 256
+    for e, z, x in zip(exact, lazy, points):
+        assert z.probs.sum() == pytest.approx(1.0) and z.p_fail == pytest.approx(e.p_fail)
+        for q in Q.QUANTILES:
+            # the lazy quantile is a point where the exact CDF crosses q
+            v = z.quantile(q)
+            assert e.cdf(v) >= q - 1e-5 and e.probs[e.values_ms < v].sum() <= q + 1e-5
+        assert z.cdf(x) == pytest.approx(e.cdf(x), abs=1e-4)
+
+
 def test_constrained_generation_is_grammatical(model):
     seqs = model.sample(np.zeros(0, np.int32), n=6, max_tokens=120, rng=np.random.default_rng(1))
     for s in seqs:

@@ -24,7 +24,7 @@ import numpy as np
 
 from pingctl.errors import PingctlError
 from pingctl.infer import queries as Q
-from pingctl.tokenizer import Measurements, encode
+from pingctl.tokenizer import C, Measurements, encode
 
 QS = (0.05, 0.25, 0.75, 0.95)
 POLICIES = ("probe", "cold", "none")
@@ -120,25 +120,30 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
     return {"median": median, "p_fail": p_fail, "used": used}
 
 
-def predict(model, test: dict, idx: np.ndarray, context: int = 16, prune: float = 1e-6, *,
-            train: dict | None = None, policy: str = "probe", chunk: int = 16,
+def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-5, *,
+            train: dict | None = None, policy: str = "probe", chunk: int = 64,
             progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
     `idx` of `test`; `progress(done, total)` after every `chunk` packets."""
     pool = context_pool(test, train, policy)
     contexts = context_indices(pool, test, idx, context, policy)
     ps, fulls = prompts(model, test, idx, pool, contexts)
+    actual = np.asarray(test["rtt"], np.float64)[idx]
     dists: list = []
+    scores: list[np.ndarray] = []
     progress(0, len(idx))
     for a in range(0, len(ps), chunk):
-        dists += Q.rtt_distributions(model, ps[a : a + chunk], prune=prune)
+        first, known, sc = teacher_forced(model, ps[a : a + chunk], fulls[a : a + chunk])
+        scores += sc
+        # exact where read: at the quantiles below and at the actual RTT (for the PIT)
+        dists += Q.rtt_distributions_at(model, ps[a : a + chunk], quantiles=(0.5, *QS),
+                                        points=actual[a : a + chunk], eps=eps, first=first, known=known)
         progress(len(dists), len(idx))
-    actual = np.asarray(test["rtt"], np.float64)[idx]
     median = np.array([d.quantile(0.5) for d in dists])
     quantiles = np.array([[d.quantile(q) for q in QS] for d in dists])
     pit = np.array([d.cdf(a) if a >= 0 else np.nan for d, a in zip(dists, actual)])
     p_fail = np.array([d.p_fail for d in dists])
-    nll = nll_of(model, fulls, [len(p) for p in ps], np.asarray(test["ip_version"])[idx])
+    nll = nll_from_scores(fulls, scores, np.asarray(test["ip_version"])[idx])
     n_ctx = np.array([len(c) for c in contexts])
     return {"median": median, "quantiles": quantiles, "pit": pit, "p_fail": p_fail, "nll": nll,
             "context_median": context_median(pool, test, idx, contexts),
@@ -146,9 +151,34 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, prune: float 
                               "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0}}
 
 
-def nll_of(model, fulls: list[np.ndarray], prompt_lens: list[int], ipv: np.ndarray) -> dict:
-    """NLL per token over whole sequences, and bits for the query measurement itself."""
-    scores = model.score(fulls)
+def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
+    """One pass over prompt + actual result per packet gives its NLL scores and, for
+    successful packets, what the distribution needs: P(failure) where the result starts,
+    P(first byte) after RttStart and P(second byte | the actual first byte). Failed packets
+    (and any prompt that is not a prefix of its full sequence) get a separate first pass.
+    Returns ((p_fail, p1), known second-byte rows, scores)."""
+    lps = model.log_probs(fulls)
+    scores = [lp[np.arange(len(f) - 1), f[1:]] for lp, f in zip(lps, fulls)]
+    n = len(prompts_)
+    p_fail, p1 = np.zeros(n), np.zeros((n, 256))
+    known, missing = {}, []
+    for k, (p, f, lp) in enumerate(zip(prompts_, fulls, lps)):
+        m = len(p)
+        if len(f) >= m + 3 and np.array_equal(f[:m], p) and f[m] == C.RttStart:
+            p_fail[k] = Q.fail_probability(lp[m - 1])
+            p1[k] = Q.bytes_distribution(lp[m])
+            known[(k, int(f[m + 1]) - Q.BYTE0)] = Q.bytes_distribution(lp[m + 1])
+        else:
+            missing.append(k)
+    if missing:
+        pf, pb = Q.first_pass(model, [prompts_[k] for k in missing])
+        p_fail[missing], p1[missing] = pf, pb
+    return (p_fail, p1), known, scores
+
+
+def nll_from_scores(fulls: list[np.ndarray], scores: list[np.ndarray], ipv: np.ndarray) -> dict:
+    """NLL per token over whole sequences and bits for the query measurement itself, from
+    teacher-forced scores (log P(token t | tokens < t), t >= 1)."""
     tok_nats = np.concatenate(scores)
     # the query measurement starts at its MeasurementStart (the last one in the sequence)
     meas_bits = []

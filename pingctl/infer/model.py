@@ -16,6 +16,7 @@ import numpy as np
 from pingctl.errors import PingctlError
 
 LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
+SMALL_BATCHES = (8,)
 
 
 def _env(hardware: str) -> None:
@@ -73,6 +74,10 @@ class LoadedModel:
         hw = hardware or ("cpu" if cfg.train.hardware == "cpu" else cfg.train.hardware)
         _env(hw)
         import jax
+
+        # Reuse compiled forward shapes across invocations (the same cache training uses).
+        jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         from flax import nnx
         from maxtext.configs import pyconfig
         from maxtext.utils import model_creation_utils
@@ -115,13 +120,15 @@ class LoadedModel:
         for i in range(0, len(order), self.batch):
             idx = order[i : i + self.batch]
             length = self._bucket(max(len(sequences[j]) for j in idx))
-            tok = np.zeros((self.batch, length), np.int32)
-            seg = np.zeros((self.batch, length), np.int32)
+            # a short last batch runs at a small batch shape instead of padding to a full one
+            nb = next(b for b in (*SMALL_BATCHES, self.batch) if len(idx) <= b or b == self.batch)
+            tok = np.zeros((nb, length), np.int32)
+            seg = np.zeros((nb, length), np.int32)
             for r, j in enumerate(idx):
                 s = np.asarray(sequences[j], np.int32)
                 tok[r, : len(s)] = s
                 seg[r, : len(s)] = 1
-            pos = np.broadcast_to(np.arange(length, dtype=np.int32), (self.batch, length))
+            pos = np.broadcast_to(np.arange(length, dtype=np.int32), (nb, length))
             lp = np.asarray(self._forward(self._state, tok, np.ascontiguousarray(pos), seg))
             for r, j in enumerate(idx):
                 n = len(sequences[j])
