@@ -57,7 +57,7 @@ def test_distribution_read_at_quantiles_matches_the_exact_one(model, pair):
     real = model.next_log_probs
     model.next_log_probs = lambda seqs: calls.append(len(seqs)) or real(seqs)
     try:
-        lazy = Q.rtt_distributions_at(model, prompts, points=points, eps=1e-7)
+        lazy = Q.rtt_distributions_at(model, prompts, points=points, eps=1e-5)
     finally:
         del model.next_log_probs
     assert sum(calls) < 0.25 * 2 * 256  # a handful of first bytes per prompt, not all 256
@@ -66,8 +66,8 @@ def test_distribution_read_at_quantiles_matches_the_exact_one(model, pair):
         for q in Q.QUANTILES:
             # the lazy quantile is a point where the exact CDF crosses q
             v = z.quantile(q)
-            assert e.cdf(v) >= q - 1e-5 and e.probs[e.values_ms < v].sum() <= q + 1e-5
-        assert z.cdf(x) == pytest.approx(e.cdf(x), abs=1e-4)
+            assert e.cdf(v) >= q - 2e-5 and e.probs[e.values_ms < v].sum() <= q + 2e-5
+        assert z.cdf(x) == pytest.approx(e.cdf(x), abs=2e-5)
 
 
 def test_constrained_generation_is_grammatical(model):

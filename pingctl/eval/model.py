@@ -120,7 +120,7 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
     return {"median": median, "p_fail": p_fail, "used": used}
 
 
-def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-5, *,
+def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
             train: dict | None = None, policy: str = "probe", chunk: int = 64,
             progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets

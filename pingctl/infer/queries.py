@@ -152,18 +152,19 @@ def fail_probability(lp: np.ndarray) -> float:
 
 
 def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES, points=None,
-                         eps: float = 1e-5, max_rounds: int = 6, first=None, known=None) -> list[RttDistribution]:
+                         eps: float = 1e-3, max_rounds: int = 6, first=None, known=None) -> list[RttDistribution]:
     """RTT distributions that are exact where they are read: at the `quantiles` and at
     `points[i]` (ms, e.g. the actual RTT for a PIT; NaN or negative = none) of prompt i.
 
     P(first byte) comes from one pass. P(second byte | first byte) is computed only for the
-    first bytes whose value range contains a quantile or a point (and that have probability
-    above `eps`); every other first byte keeps its mass spread evenly over its 256 codes, which
+    first bytes whose value range contains a quantile or a point, most probable first, until
+    the unrefined ones there hold at most `eps` (non-canonical codes make several first bytes
+    overlap); every other first byte keeps its mass spread evenly over its 256 codes, which
     cannot move a CDF read outside its range. Quantiles found on that mixture are refined
-    until no unrefined first byte holds one (a few rounds). Cost: ~6 second-byte sequences
-    per prompt instead of up to 256 (`rtt_distributions`); the error of any quantile or CDF
-    read is below the mass of the unrefined straddling bytes (each <= eps). `mean` and the
-    full code histogram are approximate (uniform inside unrefined first bytes).
+    until none moves into an unrefined byte (a few rounds). Cost: a few second-byte
+    sequences per prompt instead of up to 256 (`rtt_distributions`); any quantile or CDF
+    read is off by at most `eps` of probability. `mean` and the full code histogram are
+    approximate (uniform inside unrefined first bytes).
 
     `first` = (p_fail, p1) from `first_pass` (or an equivalent teacher-forced pass) skips that
     pass; `known` = {(prompt index, first byte): P(second byte)} rows already computed."""
@@ -190,8 +191,11 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
             if np.isfinite(pts[i]) and pts[i] >= 0:
                 reads.append(pts[i])
             for x in reads:
-                hit = (lo <= x) & (x <= hi) & ~refined[i] & (p1[i] > eps)
-                want += [(i, int(b)) for b in np.flatnonzero(hit)]
+                # straddling first bytes, most probable first, until the rest hold <= eps
+                cand = np.flatnonzero((lo <= x) & (x <= hi) & ~refined[i])
+                cand = cand[np.argsort(-p1[i, cand], kind="stable")]
+                rest = np.cumsum(p1[i, cand][::-1])[::-1]
+                want += [(i, int(b)) for b in cand[rest > eps]]
         want = sorted(set(want))
         if not want:
             break
