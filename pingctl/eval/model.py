@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pingctl.errors import PingctlError
+from pingctl.eval.baselines import codes_in, vocabulary
 from pingctl.infer import queries as Q
 from pingctl.tokenizer import C, Measurements, encode
 
@@ -30,15 +31,20 @@ QS = (0.05, 0.25, 0.75, 0.95)
 POLICIES = ("probe", "cold", "none")
 
 
-def _probe_keys(d: dict) -> np.ndarray:
-    prb = np.asarray(d["prb_id"])
-    return np.where(prb >= 0, prb.astype(str), np.asarray(d["src"]).astype(str))
+def _probe_keys(d: dict, sources) -> np.ndarray:
+    """int64 probe key: the prb_id, else -1 - the source's index in `sources` (a vocabulary)."""
+    prb = np.asarray(d["prb_id"], np.int64)
+    return np.where(prb >= 0, prb, -1 - codes_in(d["src"], sources))
+
+
+def check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise PingctlError(f"context policy {policy!r} (--context-policy): expected one of {', '.join(POLICIES)}")
 
 
 def context_pool(test: dict, train: dict | None, policy: str) -> dict:
     """The measurements contexts are drawn from: the test split, plus the train split for `cold`."""
-    if policy not in POLICIES:
-        raise PingctlError(f"context policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    check_policy(policy)
     if policy != "cold" or train is None:
         return test
     keys = ("src", "dst", "rtt", "event_time", "prb_id", "ip_version")
@@ -51,11 +57,12 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
     to other pairs only)."""
     if policy == "none" or context <= 0:
         return [np.zeros(0, np.int64) for _ in idx]
-    pk = _probe_keys(pool)
+    sources = vocabulary(pool["src"], test["src"])
+    pk = _probe_keys(pool, sources)
     pt = np.asarray(pool["event_time"], np.int64)
     order = np.lexsort((pt, pk))
     sk, st = pk[order], pt[order]
-    qk = _probe_keys(test)
+    qk = _probe_keys(test, sources)
     qt = np.asarray(test["event_time"], np.int64)
     psrc, pdst = np.asarray(pool["src"]), np.asarray(pool["dst"])
     out = []

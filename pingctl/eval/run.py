@@ -20,11 +20,10 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
 
     `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none.
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
-    from pingctl.eval.model import POLICIES, predict
+    from pingctl.eval.model import check_policy, predict
     from pingctl.infer.model import LoadedModel
 
-    if policy not in POLICIES:
-        raise PingctlError(f"--context-policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    check_policy(policy)  # before the splits and the model are loaded
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -112,19 +113,19 @@ def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0) -> 
     live = [np.flatnonzero(row > prune) if prune > 0 else np.arange(256) for row in p1]
     seconds = [np.concatenate([f, [BYTE0 + b]]).astype(np.int32) for f, bs in zip(firsts, live) for b in bs]
     p2_all = bytes_distribution(model.next_log_probs(seconds))
-    codes = np.arange(65536, dtype=np.uint16)
-    values = decode_rtt(codes)
-    order = np.argsort(values, kind="stable")
+    codes, values, _, _ = _code_table()
+    order = codes.astype(np.int64)
     out, k = [], 0
     for i, bs in enumerate(live):
         joint = np.zeros((256, 256))
         joint[bs] = p1[i, bs, None] * p2_all[k : k + len(bs)]
         k += len(bs)
         j = joint.reshape(-1)[order]
-        out.append(RttDistribution(float(p_fail[i]), codes[order], values[order], j / j.sum()))
+        out.append(RttDistribution(float(p_fail[i]), codes, values, j / j.sum()))
     return out
 
 
+@functools.cache
 def _code_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Codes sorted by value, their values, and each first byte's [lo, hi] value range."""
     codes = np.arange(65536, dtype=np.uint16)
@@ -132,9 +133,6 @@ def _code_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     per_byte = values.reshape(256, 256)
     order = np.argsort(values, kind="stable")
     return codes[order], values[order], per_byte.min(axis=1), per_byte.max(axis=1)
-
-
-_CODES = None
 
 
 def first_pass(model, prefixes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -168,11 +166,8 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
 
     `first` = (p_fail, p1) from `first_pass` (or an equivalent teacher-forced pass) skips that
     pass; `known` = {(prompt index, first byte): P(second byte)} rows already computed."""
-    global _CODES
     _require_compact(model)
-    if _CODES is None:
-        _CODES = _code_table()
-    codes, values, lo, hi = _CODES
+    codes, values, lo, hi = _code_table()
     order = codes.astype(np.int64)  # sorted position k holds code order[k]
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
     p_fail, p1 = first if first is not None else first_pass(model, prefixes)
