@@ -153,3 +153,32 @@ def test_worker_processes_give_the_same_batches(synth_rows):
     finally:
         it.close()
     assert all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+
+
+def _row_sources(batches) -> list[tuple]:
+    """The first source block of every row: identifies the probe (record) a row came from."""
+    out = []
+    for b in batches:
+        for row in b["inputs"]:
+            i = int(np.flatnonzero((row == 1) | (row == 2))[0])
+            out.append(tuple(row[i : i + (5 if row[i] == 1 else 17)]))
+    return out
+
+
+def test_training_rows_mix_many_probes_within_one_shuffle_window(synth_rows):
+    # Grain's window shuffle is a block shuffle: one window's steps only see
+    # shuffle_window / rows_per_element records. 32 rows per element once meant 2 probes
+    # for 16 consecutive steps here (and a model that forgot each group of probes in turn).
+    window = _row_sources(_batches(synth_rows / "rows", 16))  # 64 rows = one window
+    assert len(window) == 64
+    assert len(set(window)) >= 12
+    # the old setting, for contrast: 2-3 elements of ~27 rows (a dual-stack probe has 2 sources)
+    few = _row_sources(_batches(synth_rows / "rows", 16, rows_per_element=32))
+    assert len(set(few)) <= 6
+
+
+def test_eval_pass_starts_with_rows_of_many_probes(synth_rows):
+    # MaxText evaluates only the first eval_steps batches: they must sample many records.
+    it = iter(make_dataset(synth_rows / "rows", _cfg(), train=False))
+    first = _row_sources([next(it) for _ in range(4)])
+    assert len(set(first)) >= 3

@@ -35,7 +35,7 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
 
     manifest = rows_manifest(rows_dir)
     src = ArrayRecordDataSource([str(rows_dir / f) for f in manifest["files"]])
-    plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record)
+    plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)
     rng = np.random.default_rng(0)
     pick = rng.choice(len(plan), size=min(elements, len(plan)), replace=False)
     mode_p = np.asarray(cfg.mode_weights, float) / sum(cfg.mode_weights)

@@ -4,11 +4,16 @@
     process -> random_map(MakeRows) -> to_iter_dataset -> flat_map(rows)
     -> window shuffle (train) -> batch -> MaxText features -> mp_prefetch (workers)
 
-An element reads and decodes one record once and packs up to `ROWS_PER_ELEMENT` full
-rows from it (a record can be 8 MB; one read per row would be the bottleneck). A record
+An element reads and decodes one record once and packs up to `loader.rows_per_element`
+full rows from it (a record can be 8 MB; one read per row would cost the most). A record
 gets about one row per `seq_len` tokens of its history per epoch, at least
-`contexts_per_record`, split over several elements when long. The window shuffle mixes
-rows of many records into each batch. Grain derives every element's RNG from the seed,
+`contexts_per_record`, split over several elements when long. The window shuffle is a
+block shuffle (Grain fills a window, then emits it shuffled), so the steps spanning one
+window see only `shuffle_window / rows_per_element` records: with 32 rows per element
+and batch 8 that was 32 probes for 128 consecutive steps, and the model fitted each
+group of probes in turn and forgot the last (eval loss 2.9 vs train 1.4). Few rows per
+element keep every stretch of steps mixed. The eval pass is shuffled with its own fixed
+seed, so MaxText's first `eval_steps` batches sample many records, not the first few. Grain derives every element's RNG from the seed,
 the epoch and the element index, so the pipeline is deterministic and its iterator
 state (Grain checkpointing) restores the exact data position.
 """
@@ -26,7 +31,6 @@ from pingctl.errors import PingctlError
 
 FEATURES = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position", "targets_segmentation")
 TOKENS_PER_MEASUREMENT_GUESS = 16  # compact IPv4 with a delta timestamp
-ROWS_PER_ELEMENT = 32
 
 
 def rows_manifest(rows_dir: Path) -> dict:
@@ -40,12 +44,12 @@ def rows_manifest(rows_dir: Path) -> dict:
     return manifest
 
 
-def element_plan(manifest: dict, seq_len: int, min_per_record: int) -> np.ndarray:
+def element_plan(manifest: dict, seq_len: int, min_per_record: int, rows_per_element: int = 4) -> np.ndarray:
     """int64[E, 2]: (record id over all files in order, rows to pack) per element of an epoch."""
     sizes = np.array([n for per_file in manifest["record_measurements"] for n in per_file], np.int64)
     per_row = max(1, seq_len // TOKENS_PER_MEASUREMENT_GUESS)
     rows = np.maximum(min_per_record, np.ceil(sizes / per_row)).astype(np.int64)
-    chunks = -(-rows // ROWS_PER_ELEMENT)
+    chunks = -(-rows // rows_per_element)
     rows_each = -(-rows // chunks)
     return np.stack([np.repeat(np.arange(len(sizes)), chunks), np.repeat(rows_each, chunks)], axis=1)
 
@@ -76,7 +80,7 @@ class _RecordReader:
         return self._source[int(record_id)]
 
 
-def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str):
+def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int):
     import grain
 
     from pingctl.loader.contexts import build_rows
@@ -99,7 +103,7 @@ def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str)
             }
 
     class SplitRows(grain.experimental.FlatMapTransform):
-        max_fan_out = ROWS_PER_ELEMENT
+        max_fan_out = rows_per_element
 
         def flat_map(self, element):
             return [{k: v[i] for k, v in element.items()} for i in range(len(element["tokens"]))]
@@ -153,16 +157,16 @@ def make_dataset(
     if weights.sum() <= 0 or (weights < 0).any():
         raise PingctlError(f"loader.mode_weights must be non-negative and not all zero, got {cfg.mode_weights}")
     mode_p = weights / weights.sum()
-    plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record)
+    plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)
     if len(plan) == 0:
         raise PingctlError(f"{rows_dir}: no records")
     _configure_grain(cfg)
-    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme)
+    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element)
     ds = grain.MapDataset.source(plan)
     if train:
         ds = ds.seed(cfg.seed).shuffle().repeat(num_epochs)
     else:
-        ds = ds.seed(cfg.eval_seed)
+        ds = ds.seed(cfg.eval_seed).shuffle()
     if shard_count > 1:
         ds = ds[shard_index::shard_count]
     it = grain.experimental.FlatMapIterDataset(ds.random_map(make_rows).to_iter_dataset(_read_options(cfg)), split_rows)
@@ -215,7 +219,7 @@ def _configure_grain(cfg: LoaderConfig) -> None:
 
 def epoch_rows(rows_dir: Path | str, cfg: LoaderConfig) -> int:
     manifest = rows_manifest(rows_dir)
-    return int(element_plan(manifest, cfg.seq_len, cfg.contexts_per_record)[:, 1].sum())
+    return int(element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)[:, 1].sum())
 
 
 def _read_options(cfg: LoaderConfig):
