@@ -67,3 +67,24 @@ def test_context_median_uses_only_the_same_pair_in_the_prompt():
     assert cm["median"][0] == pytest.approx(11.0) and cm["p_fail"][0] == pytest.approx(1 / 3)
     # query 0 has no earlier packet; query 4 (probe 2) has none either
     assert np.isnan(cm["median"][1:]).all() and list(cm["used"]) == [True, False, False]
+
+
+def test_field_bits_split_the_measurement_bits_by_block():
+    from pingctl.eval.model import field_bits, nll_from_scores
+    from pingctl.tokenizer import Measurements, encode
+
+    m = Measurements.from_fields(["10.0.0.1", "2001:db8::1"], ["1.1.1.1", "2001:db8::2"], [12.5, -1.0], [100, 130])
+    f = encode(m, "compact", order=("time", "src", "dst", "result")).tokens.astype(np.int32)
+    start = int(np.flatnonzero(f == 0)[-1])
+    rng = np.random.default_rng(0)
+    s = -rng.uniform(0.1, 2.0, len(f) - 1)  # s[t - 1] scores token t
+    bits = field_bits(f, s, start)
+    # the query: delta-1 timestamp (2 tokens), IPv6 src and dst (17 each), failed (1)
+    lens = {"time": 2, "src": 17, "dst": 17, "result": 1}
+    pos = start + 1
+    for k in ("time", "src", "dst", "result"):
+        assert bits[k] == pytest.approx(-s[pos - 1 : pos - 1 + lens[k]].sum() / np.log(2))
+        pos += lens[k]
+    assert pos == len(f)
+    n = nll_from_scores([f], [s], np.array([6]))
+    assert sum(n["bits_per_field"].values()) == pytest.approx(n["bits_per_measurement"])

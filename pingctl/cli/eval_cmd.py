@@ -53,6 +53,9 @@ def evaluate(
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
                   f"{n['bits_per_measurement']:.1f} bits per measurement", highlight=False)
+    if n.get("bits_per_field"):
+        console.print("  of which " + ", ".join(f"{k} {v:.1f}" for k, v in n["bits_per_field"].items()),
+                      highlight=False)
     console.print(f"report: {out / 'report.json'}   plots: {', '.join(report['plots'].values())}", highlight=False)
 
 

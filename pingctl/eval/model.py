@@ -183,15 +183,36 @@ def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
     return (p_fail, p1), known, scores
 
 
+FIELDS = ("time", "src", "dst", "result")
+# compact block marker -> (field, block length including the marker)
+_BLOCKS = {C.TimestampAbs: ("time", 9), C.TimestampDelta1: ("time", 2), C.TimestampDelta4: ("time", 5),
+           C.SrcIPv4: ("src", 5), C.SrcIPv6: ("src", 17), C.DstIPv4: ("dst", 5), C.DstIPv6: ("dst", 17),
+           C.RttStart: ("result", 3), C.Failed: ("result", 1)}
+
+
+def field_bits(f: np.ndarray, s: np.ndarray, start: int) -> dict[str, float]:
+    """Bits spent on each block of the measurement starting at `start` of tokens `f`
+    (s[t - 1] scores token t). A field that is already known costs ~0 bits: e.g. `src`
+    when the model copies the probe's address from its context."""
+    out = dict.fromkeys(FIELDS, 0.0)
+    t = start + 1
+    while t < len(f):
+        field, n = _BLOCKS[int(f[t])]
+        out[field] += float(-s[t - 1 : t - 1 + n].sum() / np.log(2))
+        t += n
+    return out
+
+
 def nll_from_scores(fulls: list[np.ndarray], scores: list[np.ndarray], ipv: np.ndarray) -> dict:
-    """NLL per token over whole sequences and bits for the query measurement itself, from
-    teacher-forced scores (log P(token t | tokens < t), t >= 1)."""
+    """NLL per token over whole sequences and bits for the query measurement itself (also
+    per field), from teacher-forced scores (log P(token t | tokens < t), t >= 1)."""
     tok_nats = np.concatenate(scores)
     # the query measurement starts at its MeasurementStart (the last one in the sequence)
-    meas_bits = []
+    meas_bits, by_field = [], []
     for f, s in zip(fulls, scores):
         start = int(np.flatnonzero(f == 0)[-1])
         meas_bits.append(-s[start:].sum() / np.log(2))  # predictions of tokens start+1 ..
+        by_field.append(field_bits(f, s, start))
     meas_bits = np.array(meas_bits)
     out = {
         "nats_per_token": float(-tok_nats.mean()),
@@ -199,6 +220,7 @@ def nll_from_scores(fulls: list[np.ndarray], scores: list[np.ndarray], ipv: np.n
         "bits_per_measurement": float(meas_bits.mean()),
         "tokens": int(len(tok_nats)),
         "measurements": int(len(meas_bits)),
+        "bits_per_field": {k: float(np.mean([b[k] for b in by_field])) for k in FIELDS} if by_field else {},
     }
     for fam in (4, 6):
         m = ipv == fam
