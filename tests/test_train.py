@@ -71,6 +71,7 @@ def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
     assert s["first_step_this_run"] == 0 and s["last_step"] == 49
     assert s["final_eval_loss"] < s["first_eval_loss"] - 1.0, s  # clearly learned something
     assert s["checkpoints"] == [0, 25, 49]
+    assert s["generalization_gap"] is not None and isinstance(s["warnings"], list)
     assert (run / "maxtext" / "checkpoints" / "49" / "iter").is_dir()  # Grain iterator state saved
     assert list((run / "maxtext" / "tensorboard").rglob("events.out.tfevents.*"))
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -177,3 +178,12 @@ def test_log_parser_pairs_eval_with_its_train_step():
         {"kind": "train", "step": 10, "loss": 4.239, "step_seconds": 0.087, "tokens_per_s_per_device": 11768.897,
          "tflops_per_device": 0.01, "target_tokens": 955.0},
     ]
+
+
+def test_generalization_gap_compares_the_last_eval_with_the_steps_before_it():
+    recs = [{"kind": "train", "step": k, "loss": 4.0 if k < 40 else 2.0} for k in range(100)]
+    recs += [{"kind": "eval", "step": 50, "eval_loss": 3.0}, {"kind": "eval", "step": 99, "eval_loss": 2.9}]
+    assert M.generalization_gap(recs, window=50) == pytest.approx(0.9)  # steps 50..99 all at 2.0
+    # steps 31..50: 9 x 4.0 + 11 x 2.0 -> mean 2.9
+    assert M.generalization_gap(recs[:100] + recs[100:101], window=20) == pytest.approx(0.1)
+    assert M.generalization_gap(recs[:100]) is None  # no eval

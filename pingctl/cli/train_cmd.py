@@ -104,6 +104,7 @@ def _report(s: dict, as_json: bool) -> None:
         ("resumed from checkpoint", "-" if s["resumed_from_checkpoint"] is None else s["resumed_from_checkpoint"]),
         ("train loss first -> final", f"{f(s['first_loss'])} -> {f(s['final_loss'])}"),
         ("eval loss first -> final", f"{f(s['first_eval_loss'])} -> {f(s['final_eval_loss'])}"),
+        ("eval - train loss (last eval)", f(s.get("generalization_gap"), ".3f")),
         ("tokens/s per device", f(s["tokens_per_s_per_device"], ",.0f")),
         ("step time s", f(s["step_seconds"])),
         ("checkpoints", ", ".join(map(str, s["checkpoints"])) or "-"),
@@ -112,6 +113,9 @@ def _report(s: dict, as_json: bool) -> None:
         ("elapsed s", f(s["elapsed_s"], ".1f")),
     ]
     emit(s, as_json, kv_table("train summary", rows))
+    if not as_json:
+        for w in s.get("warnings", []):
+            err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
 
 def _remote_report(result: dict, as_json: bool) -> None:

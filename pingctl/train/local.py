@@ -168,6 +168,11 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
     # time-weighted: a mean of per-step rates would overweight the fast steps
     tps = sum(r["tokens_per_s_per_device"] * r["step_seconds"] for r in steady) / busy if busy else 0.0
     n_params = parameters(cfg)
+    gap = M.generalization_gap(records)
+    warnings = []
+    if gap is not None and gap > M.GAP_WARN_NATS:
+        warnings.append(f"eval loss is {gap:.2f} nats/token above the train loss of the steps before it: the model "
+                        "does not carry over to the eval rows (overfitting, or unrepresentative train batches)")
     return {
         "run_dir": str(run),
         "preset": cfg.model.preset,
@@ -180,6 +185,8 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
         "final_loss": train[-1]["loss"] if train else None,
         "first_eval_loss": ev[0]["eval_loss"] if ev else None,
         "final_eval_loss": ev[-1]["eval_loss"] if ev else None,
+        "generalization_gap": gap,
+        "warnings": warnings,
         "tokens_per_s_per_device": tps,
         "step_seconds": sum(r["step_seconds"] for r in steady) / len(steady) if steady else None,
         "model_flops_per_token": 6 * n_params,
