@@ -13,9 +13,10 @@ window see only `shuffle_window / rows_per_element` records: with 32 rows per el
 and batch 8 that was 32 probes for 128 consecutive steps, and the model fitted each
 group of probes in turn and forgot the last (eval loss 2.9 vs train 1.4). Few rows per
 element keep every stretch of steps mixed. The eval pass is shuffled with its own fixed
-seed, so MaxText's first `eval_steps` batches sample many records, not the first few. Grain derives every element's RNG from the seed,
-the epoch and the element index, so the pipeline is deterministic and its iterator
-state (Grain checkpointing) restores the exact data position.
+seed, so MaxText's first `eval_steps` batches sample many records, not the first few.
+Grain derives every element's RNG from the seed, the epoch and the element index, so the
+pipeline is deterministic and its iterator state (Grain checkpointing) restores the exact
+data position.
 """
 
 from __future__ import annotations
