@@ -26,6 +26,7 @@ from pingctl.errors import PingctlError
 from pingctl.eval.baselines import codes_in, vocabulary
 from pingctl.infer import queries as Q
 from pingctl.tokenizer import C, Measurements, encode
+from pingctl.tokenizer.spec import get_spec
 
 QS = (0.05, 0.25, 0.75, 0.95)
 POLICIES = ("probe", "cold", "none")
@@ -183,22 +184,19 @@ def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
     return (p_fail, p1), known, scores
 
 
-FIELDS = ("time", "src", "dst", "result")
-# compact block marker -> (field, block length including the marker)
-_BLOCKS = {C.TimestampAbs: ("time", 9), C.TimestampDelta1: ("time", 2), C.TimestampDelta4: ("time", 5),
-           C.SrcIPv4: ("src", 5), C.SrcIPv6: ("src", 17), C.DstIPv4: ("dst", 5), C.DstIPv6: ("dst", 17),
-           C.RttStart: ("result", 3), C.Failed: ("result", 1)}
+FIELDS = ("time", "src", "dst", "result")  # the query's block order; the names are compact.BLOCKS
 
 
 def field_bits(f: np.ndarray, s: np.ndarray, start: int) -> dict[str, float]:
     """Bits spent on each block of the measurement starting at `start` of tokens `f`
     (s[t - 1] scores token t). A field that is already known costs ~0 bits: e.g. `src`
     when the model copies the probe's address from its context."""
+    spec = get_spec("compact")  # the block tables the decoder and the grammar use
     out = dict.fromkeys(FIELDS, 0.0)
     t = start + 1
     while t < len(f):
-        field, n = _BLOCKS[int(f[t])]
-        out[field] += float(-s[t - 1 : t - 1 + n].sum() / np.log(2))
+        n = 1 + int(spec.role_payload[f[t]])
+        out[spec.blocks[spec.role_block[f[t]]]] += float(-s[t - 1 : t - 1 + n].sum() / np.log(2))
         t += n
     return out
 

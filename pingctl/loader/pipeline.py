@@ -45,7 +45,7 @@ def rows_manifest(rows_dir: Path) -> dict:
     return manifest
 
 
-def element_plan(manifest: dict, seq_len: int, min_per_record: int, rows_per_element: int = 4) -> np.ndarray:
+def element_plan(manifest: dict, seq_len: int, min_per_record: int, rows_per_element: int) -> np.ndarray:
     """int64[E, 2]: (record id over all files in order, rows to pack) per element of an epoch."""
     sizes = np.array([n for per_file in manifest["record_measurements"] for n in per_file], np.int64)
     per_row = max(1, seq_len // TOKENS_PER_MEASUREMENT_GUESS)
