@@ -156,6 +156,11 @@ class TrainConfig(Section):
     eval_interval: int = Field(50, ge=-1, description="evaluate every N steps (-1 = never)")
     eval_steps: int = Field(10, ge=1, description="eval batches per evaluation")
     checkpoint_period: int = Field(50, ge=1, description="save a checkpoint every N steps")
+    max_minutes: float | None = Field(
+        None, gt=0,
+        description="time bound of one invocation: stop at the first checkpoint committed after this many "
+        "minutes (None = train all steps)",
+    )
     log_period: int = Field(10, ge=1, description="TensorBoard flush period in steps")
     jax_cache_dir: str = Field("~/.cache/pingctl/jax", description="persistent XLA compilation cache")
     wandb: bool = Field(False, description="also log to Weights & Biases (WANDB_API_KEY from the environment)")

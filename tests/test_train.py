@@ -87,6 +87,24 @@ def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
     assert again.returncode == 1 and "already trained to step 60" in again.stderr
 
 
+def test_max_minutes_stops_at_a_committed_checkpoint_and_the_rerun_resumes_there(rows, tmp_path):
+    run = tmp_path / "run"
+    common = [str(rows[0]), "--run-dir", str(run), *TINY, "--set", "train.eval_interval=-1",
+              "--set", "train.checkpoint_period=5"]
+    bounded = _train([*common, "--steps", "100000", "--max-minutes", "0.01"])
+    assert bounded.returncode == 0, bounded.stderr[-3000:]
+    s = json.loads(bounded.stdout)
+    stop = s["stopped_early"]
+    assert stop["reason"] == "time limit" and stop["max_minutes"] == 0.01
+    assert stop["checkpoint"] == s["checkpoints"][-1] and s["last_step"] < 1000
+    assert s["last_step"] - stop["checkpoint"] < 5  # stopped within the period after the checkpoint
+    again = _train([*common, "--steps", str(stop["checkpoint"] + 4)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    s2 = json.loads(again.stdout)
+    assert s2["resumed_from_checkpoint"] == stop["checkpoint"] and s2["stopped_early"] is None
+    assert not (run / "stopped.json").exists()
+
+
 def _losses(run: Path) -> dict[int, str]:
     text = (run / "train.log").read_text()
     return {int(a): b for a, b in re.findall(r"completed step: (\d+),.*? loss: ([\d.]+)", text)}

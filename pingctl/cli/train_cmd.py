@@ -16,6 +16,8 @@ def train(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Run directory.")] = None,
     preset: Annotated[str | None, typer.Option(help="Model preset: tiny | small | base.")] = None,
     steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
+    max_minutes: Annotated[float | None, typer.Option(
+        "--max-minutes", help="Time bound: stop at the first checkpoint committed after this many minutes.")] = None,
     target: Annotated[str | None, typer.Option(help="local | slurm | modal.")] = None,
     hardware: Annotated[str | None, typer.Option(help="cpu | gpu | tpu.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run directory and start over.")] = False,
@@ -27,6 +29,9 @@ def train(
     """Train the ping LLM with MaxText (resumes from the last checkpoint unless --fresh).
 
     Example: pingctl train runs/demo/rows/train --eval runs/demo/rows/val --preset tiny --steps 200
+
+    Bounded time: --max-minutes 90 stops at the first checkpoint after 90 minutes; the same
+    command run again resumes there.
     """
     cfg = load(
         config,
@@ -37,6 +42,7 @@ def train(
             "train.run_dir": str(run_dir) if run_dir else None,
             "model.preset": preset,
             "train.steps": steps,
+            "train.max_minutes": max_minutes,
             "train.target": target,
             "train.hardware": hardware,
         },
@@ -108,6 +114,7 @@ def _report(s: dict, as_json: bool) -> None:
         ("tokens/s per device", f(s["tokens_per_s_per_device"], ",.0f")),
         ("step time s", f(s["step_seconds"])),
         ("checkpoints", ", ".join(map(str, s["checkpoints"])) or "-"),
+        ("stopped early", _stopped(s.get("stopped_early"))),
         ("loss curve", s["loss_png"]),
         ("TensorBoard", s["tensorboard"]),
         ("elapsed s", f(s["elapsed_s"], ".1f")),
@@ -116,6 +123,12 @@ def _report(s: dict, as_json: bool) -> None:
     if not as_json:
         for w in s.get("warnings", []):
             err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+
+
+def _stopped(info: dict | None) -> str:
+    if not info:
+        return "no"
+    return f"{info['reason']} ({info['max_minutes']:g} min) after checkpoint {info['checkpoint']}; rerun to continue"
 
 
 def _remote_report(result: dict, as_json: bool) -> None:

@@ -4,6 +4,7 @@ Run directory (docs/train.md):
     config.yaml     resolved pingctl config          maxtext.yml   rendered MaxText config
     train.log       raw MaxText/absl log             metrics.jsonl train and eval records
     loss.png        loss curves                      summary.json  the final summary
+    stopped.json    only when train.max_minutes stopped this invocation early
     maxtext/checkpoints/<step>/{items,iter}  Orbax params+optimizer, Grain iterator state
     maxtext/tensorboard/maxtext/events.*     TensorBoard
 """
@@ -26,6 +27,8 @@ from pingctl.config import Config
 from pingctl.errors import PingctlError
 from pingctl.train import metrics as M
 from pingctl.train.render import MAXTEXT_RUN_NAME, parameters, render_maxtext
+
+STOPPED_FILE = "stopped.json"  # the worker writes it when train.max_minutes ended the run
 
 OnRecord = Callable[[dict], None]
 # Architecture keys: a checkpoint can only be resumed by the same model.
@@ -106,6 +109,7 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
             f"pass --steps above {resumed_from + 1} to continue, or --fresh to start over"
         )
     log_path = run / "train.log"
+    (run / STOPPED_FILE).unlink(missing_ok=True)  # a marker from an earlier invocation is not about this one
     parser = M.LogParser()
     t0 = time.time()
     with open(log_path, "a") as log:
@@ -134,6 +138,8 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
         tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-15:])
         raise PingctlError(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
     summary = summarize(cfg, run, records, parser, resumed_from, time.time() - t0)
+    stopped = run / STOPPED_FILE
+    summary["stopped_early"] = json.loads(stopped.read_text()) if stopped.exists() else None
     write_json(run / "summary.json", summary)
     return summary
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -22,7 +23,46 @@ def _env_before_jax(hardware: str) -> None:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, config, mesh, process_indices):
+def _time_bounded(base: type, run: Path, deadline: float, minutes: float) -> type:
+    """A MaxText data iterator that ends training at the first checkpoint committed after `deadline`.
+
+    MaxText 0.2.5 saves only on its period or at the last step, and a StopIteration from the data
+    iterator ends training without saving; so past the deadline we keep feeding batches until a new
+    checkpoint has committed, then stop. Work lost: the steps of one commit latency, never a period.
+    """
+    from pingctl.atomic import write_json
+    from pingctl.train.local import STOPPED_FILE, checkpoint_steps
+
+    class TimeBounded(base):
+        _seen: int | None = None
+
+        def _stop_now(self) -> bool:
+            import jax
+
+            stop = False
+            if jax.process_index() == 0 and time.time() > deadline:
+                latest = max(checkpoint_steps(run), default=-1)
+                if self._seen is None:
+                    self._seen = latest
+                elif latest > self._seen:
+                    write_json(run / STOPPED_FILE, {"reason": "time limit", "max_minutes": minutes, "checkpoint": latest})
+                    stop = True
+            if jax.process_count() > 1:  # every host must leave the loop at the same step
+                import numpy as np
+                from jax.experimental import multihost_utils
+
+                stop = bool(multihost_utils.broadcast_one_to_all(np.array(stop)))
+            return stop
+
+        def __next__(self):
+            if self._stop_now():
+                raise StopIteration(f"pingctl: train.max_minutes={minutes:g} reached, stopping after a committed checkpoint")
+            return super().__next__()
+
+    return TimeBounded
+
+
+def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, config, mesh, process_indices):
     import jax
     from maxtext.input_pipeline.multihost_dataloading import MultiHostDataLoadIterator
 
@@ -36,8 +76,9 @@ def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, config, mesh,
         rows_dir, cfg, scheme, train=train, shard_index=shard_index, shard_count=shard_count,
         batch_size=int(total) // shard_count,
     )
+    cls = _time_bounded(MultiHostDataLoadIterator, *bound) if train and bound else MultiHostDataLoadIterator
     # MaxText's exit-time cleanup asserts the iterator has a parent: end with a trivial map.
-    return MultiHostDataLoadIterator(ds.map(lambda batch: batch), mesh)
+    return cls(ds.map(lambda batch: batch), mesh)
 
 
 def _die_with_parent() -> None:
@@ -60,6 +101,8 @@ def main(run_dir: str) -> None:
     _die_with_parent()
     run = Path(run_dir).resolve()
     cfg = load_config(run / "config.yaml")
+    minutes = cfg.train.max_minutes
+    bound = (run, time.time() + 60.0 * minutes, minutes) if minutes else None
     _env_before_jax(cfg.train.hardware)
 
     import jax
@@ -68,9 +111,9 @@ def main(run_dir: str) -> None:
     from maxtext.trainers.pre_train import train
 
     scheme = cfg.tokenizer.scheme
-    ipi.make_grain_train_iterator = functools.partial(_iterator, cfg.train.train_rows, cfg.loader, scheme, True)
+    ipi.make_grain_train_iterator = functools.partial(_iterator, cfg.train.train_rows, cfg.loader, scheme, True, bound)
     eval_rows = cfg.train.eval_rows or cfg.train.train_rows
-    ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False)
+    ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None)
 
     devices = jax.device_count()
     if cfg.loader.batch_size % devices:
