@@ -104,8 +104,21 @@ class LoaderConfig(Section):
         4, ge=1, le=64,
         description="rows packed per record read; small keeps batches mixed (a window holds shuffle_window / this records)",
     )
+    loss_keep: dict[str, float] = Field(
+        {},
+        description="training loss only: share of each field's target tokens kept in the loss, drawn afresh "
+        "per token (fields: the scheme's blocks, e.g. src dst result time, and `structure`; missing = 1)",
+    )
     debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries")
     visualize_dir: str | None = Field(None, description="write Grain's pipeline visualization here")
+
+    @field_validator("loss_keep")
+    @classmethod
+    def _keep_range(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not 0.0 <= x <= 1.0}
+        if bad:
+            raise ValueError(f"loss_keep shares must lie in [0, 1], got {bad}")
+        return v
 
     @field_validator("mode_weights")
     @classmethod

@@ -182,3 +182,51 @@ def test_eval_pass_starts_with_rows_of_many_probes(synth_rows):
     it = iter(make_dataset(synth_rows / "rows", _cfg(), train=False))
     first = _row_sources([next(it) for _ in range(4)])
     assert len(set(first)) >= 3
+
+
+def test_token_fields_label_payloads_by_block_and_headers_as_structure():
+    from pingctl.tokenizer import encode
+    from pingctl.tokenizer.measurements import Measurements
+    from pingctl.tokenizer.spec import fields, get_spec, token_fields
+
+    m = Measurements.from_fields(src=["2001:db8::7"], dst=["2001:db8::1"], rtt_ms=[12.5], time_s=[1_700_000_000])
+    spec = get_spec("compact")
+    enc = encode(m, "compact", order=["time", "src", "dst", "result"])
+    names = np.array(fields(spec))[token_fields(enc.tokens[None, :], spec)[0]]
+    # MeasurementStart, TimestampAbs + 8, SrcIPv6 + 16, DstIPv6 + 16, RttStart + 2
+    want = ["structure"] * 2 + ["time"] * 8 + ["structure"] + ["src"] * 16 + ["structure"] + ["dst"] * 16
+    want += ["structure"] + ["result"] * 2
+    assert names.tolist() == want
+
+
+def test_loss_keep_drops_targets_by_field_and_leaves_rows_and_eval_alone(synth_rows):
+    from pingctl.errors import PingctlError
+    from pingctl.tokenizer.spec import fields, get_spec, token_fields
+
+    spec = get_spec("compact")
+    names = fields(spec)
+    result = names.index("result")
+    plain = _batches(synth_rows / "rows", 4)
+    only_result = _batches(synth_rows / "rows", 4, loss_keep={"src": 0, "dst": 0, "time": 0, "structure": 0})
+    half_src = _batches(synth_rows / "rows", 4, loss_keep={"src": 0.5})
+    n_src = kept_src = 0
+    for a, b, h in zip(plain, only_result, half_src):
+        assert np.array_equal(a["inputs"], b["inputs"]) and np.array_equal(a["inputs"], h["inputs"])
+        target_field = token_fields(a["targets"], spec)
+        live = a["targets_segmentation"] != 0
+        counted = b["targets_segmentation"] != 0
+        # exactly the result targets of the plain batch remain (result keeps its default share of 1)
+        assert np.array_equal(counted, live & (target_field == result))
+        assert counted.sum() > 0
+        is_src = live & (target_field == names.index("src"))
+        n_src += int(is_src.sum())
+        kept_src += int((is_src & (h["targets_segmentation"] != 0)).sum())
+        others = live & (target_field != names.index("src"))
+        assert np.array_equal(h["targets_segmentation"][others], a["targets_segmentation"][others])
+    assert n_src > 2000 and abs(kept_src / n_src - 0.5) < 4 * 0.5 / np.sqrt(n_src)
+    ev = lambda **kw: next(iter(make_dataset(synth_rows / "rows", _cfg(**kw), train=False)))  # noqa: E731
+    assert np.array_equal(ev(loss_keep={"src": 0})["targets_segmentation"], ev()["targets_segmentation"])
+    with pytest.raises(PingctlError, match="unknown field"):
+        make_dataset(synth_rows / "rows", _cfg(loss_keep={"rtt": 0.5}))
+    with pytest.raises(ValueError):
+        _cfg(loss_keep={"src": 1.5})

@@ -91,9 +91,11 @@ def test_max_minutes_stops_at_a_committed_checkpoint_and_the_rerun_resumes_there
     run = tmp_path / "run"
     common = [str(rows[0]), "--run-dir", str(run), *TINY, "--set", "train.eval_interval=-1",
               "--set", "train.checkpoint_period=5"]
-    bounded = _train([*common, "--steps", "100000", "--max-minutes", "0.01"])
+    keep = ["--set", "loader.loss_keep={src: 0.5}"]  # also: a reweighted train loss gets no gap
+    bounded = _train([*common, *keep, "--steps", "100000", "--max-minutes", "0.01"])
     assert bounded.returncode == 0, bounded.stderr[-3000:]
     s = json.loads(bounded.stdout)
+    assert s["generalization_gap"] is None and any("loss_keep" in w for w in s["warnings"])
     stop = s["stopped_early"]
     assert stop["reason"] == "time limit" and stop["max_minutes"] == 0.01
     assert stop["checkpoint"] == s["checkpoints"][-1] and s["last_step"] < 1000

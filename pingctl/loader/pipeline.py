@@ -81,11 +81,27 @@ class _RecordReader:
         return self._source[int(record_id)]
 
 
-def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int):
+def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | None:
+    """Keep share per field index of `tokenizer.spec.fields` (None: every target counts)."""
+    from pingctl.tokenizer.spec import fields, get_spec
+
+    names = fields(get_spec(scheme))
+    unknown = sorted(set(loss_keep) - set(names))
+    if unknown:
+        raise PingctlError(f"loader.loss_keep: unknown field(s) {unknown} for the {scheme} scheme; fields are {list(names)}")
+    if all(loss_keep.get(n, 1.0) == 1.0 for n in names):
+        return None
+    return np.array([loss_keep.get(n, 1.0) for n in names])
+
+
+def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep=None):
     import grain
 
     from pingctl.loader.contexts import build_rows
     from pingctl.rows.layout import decode
+    from pingctl.tokenizer.spec import get_spec, token_fields
+
+    spec = get_spec(scheme)
 
     class MakeRows(grain.transforms.RandomMap):
         def __init__(self):
@@ -95,13 +111,16 @@ def _transforms(files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str,
             record_id, n_rows = int(element[0]), int(element[1])
             rec = decode(self.reader.get(record_id))
             rows = build_rows(rec, rng, n_rows, seq_len, mode_p, scheme)
-            return {
+            out = {
                 "tokens": rows.tokens,
                 "segment": rows.segment,
                 "position": rows.position,
                 "modes": rows.modes,
                 "measurements": rows.measurements,
             }
+            if keep is not None:  # drawn here, after the rows, so the rows do not depend on it
+                out["loss"] = rng.random(rows.tokens.shape) < keep[token_fields(rows.tokens, spec)]
+            return out
 
     class SplitRows(grain.experimental.FlatMapTransform):
         max_fan_out = rows_per_element
@@ -121,6 +140,8 @@ def to_features(batch: dict) -> dict:
     # never the first token of the next context).
     tseg = np.zeros_like(seg)
     same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
+    if "loss" in batch:  # loader.loss_keep: a target counts only if its token was kept
+        same &= batch["loss"][:, 1:]
     tseg[:, :-1] = np.where(same, seg[:, :-1], 0)
     out = {
         "inputs": tokens.astype(np.int32),
@@ -162,7 +183,8 @@ def make_dataset(
     if len(plan) == 0:
         raise PingctlError(f"{rows_dir}: no records")
     _configure_grain(cfg)
-    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element)
+    keep = loss_keep_table(cfg.loss_keep, scheme) if train else None  # eval loss stays the plain NLL
+    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep)
     ds = grain.MapDataset.source(plan)
     if train:
         ds = ds.seed(cfg.seed).shuffle().repeat(num_epochs)

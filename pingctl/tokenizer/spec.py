@@ -92,3 +92,27 @@ def get_spec(scheme: str) -> SchemeSpec:
 
     get_vocab(scheme)  # raises the standard message
     raise AssertionError(scheme)
+
+
+STRUCTURE = "structure"  # the field of MeasurementStart and block headers
+
+
+def fields(spec: SchemeSpec) -> tuple[str, ...]:
+    """Field names `token_fields` indexes: the scheme's blocks, then `structure`."""
+    return (*spec.blocks, STRUCTURE)
+
+
+def token_fields(tokens: np.ndarray, spec: SchemeSpec) -> np.ndarray:
+    """Field index (into `fields(spec)`) of every token of packed rows, along the last axis.
+
+    Payload tokens (bytes, and `full`'s family tokens) belong to the block of the header
+    before them. MeasurementStart and headers are `structure`: predicting one is choosing
+    what comes next (the field order), not a value.
+    """
+    ids = np.clip(tokens, 0, spec.vocab.size)
+    block = spec.role_block[ids]
+    header = (block >= 0) | (ids == 0)  # MeasurementStart is id 0 in both schemes
+    pos = np.broadcast_to(np.arange(tokens.shape[-1]), tokens.shape)
+    last = np.maximum.accumulate(np.where(header, pos, 0), axis=-1)
+    owner = np.take_along_axis(block, last, axis=-1)
+    return np.where(header | (owner < 0), len(spec.blocks), owner)

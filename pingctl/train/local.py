@@ -25,6 +25,7 @@ import yaml
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError
+from pingctl.loader.pipeline import loss_keep_table
 from pingctl.train import metrics as M
 from pingctl.train.render import MAXTEXT_RUN_NAME, parameters, render_maxtext
 
@@ -176,6 +177,11 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
     n_params = parameters(cfg)
     gap = M.generalization_gap(records)
     warnings = []
+    if cfg.loader.loss_keep and loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme) is not None:
+        # the train loss then averages a reweighted mix of fields; the eval loss does not
+        gap = None
+        warnings.append("loader.loss_keep reweights the train loss by field: train and eval losses are not "
+                        "comparable, so no generalization gap is reported")
     if gap is not None and gap > M.GAP_WARN_NATS:
         warnings.append(f"eval loss is {gap:.2f} nats/token above the train loss of the steps before it: the model "
                         "does not carry over to the eval rows (overfitting, or unrepresentative train batches)")
