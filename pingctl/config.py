@@ -109,6 +109,14 @@ class LoaderConfig(Section):
         description="training loss only: share of each field's target tokens kept in the loss, drawn afresh "
         "per token (fields: the scheme's blocks, e.g. src dst result time, and `structure`; missing = 1)",
     )
+    result_last: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of measurements whose RTT block is placed last (the rest: uniform random order); "
+        "more RTT targets given both addresses, fewer inverse (RTT -> address) ones",
+    )
+    max_per_pair: int = Field(
+        0, ge=0, description="at most this many measurements of one (src, dst) pair per context (0 = no cap)"
+    )
     debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries")
     visualize_dir: str | None = Field(None, description="write Grain's pipeline visualization here")
 

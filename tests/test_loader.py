@@ -230,3 +230,46 @@ def test_loss_keep_drops_targets_by_field_and_leaves_rows_and_eval_alone(synth_r
         make_dataset(synth_rows / "rows", _cfg(loss_keep={"rtt": 0.5}))
     with pytest.raises(ValueError):
         _cfg(loss_keep={"src": 1.5})
+
+
+def _shape_stats(batches):
+    """(measurements, those with the result block last, repeated (src, dst) pairs within a context)."""
+    from pingctl.tokenizer import blocks
+
+    res = blocks("compact").index("result")
+    n = last = repeats = 0
+    for b in batches:
+        for tokens, _ in _segments(b):
+            dec = decode(tokens, "compact")
+            assert dec.ok
+            n += len(dec)
+            last += int((dec.blocks[:, res] == dec.blocks.max(axis=1)).sum())
+            m = dec.measurements
+            pairs = np.concatenate([m.src, m.dst, m.src_v6[:, None], m.dst_v6[:, None]], axis=1)
+            repeats += len(pairs) - len(np.unique(pairs, axis=0))
+    return n, last, repeats
+
+
+def test_shaping_puts_the_rtt_last_and_caps_each_pair_per_context(synth_rows):
+    rows = synth_rows / "rows"
+    n, last, repeats = _shape_stats(_batches(rows, 4))
+    assert repeats > n / 2 and abs(last / n - 0.25) < 0.05  # default: uniform orders over 4 blocks
+    n, last, repeats = _shape_stats(_batches(rows, 4, result_last=1.0, max_per_pair=1))
+    assert n > 300 and last == n and repeats == 0
+    n, last, _ = _shape_stats(_batches(rows, 4, result_last=0.5))
+    assert abs(last / n - (0.5 + 0.5 / 4)) < 4 * np.sqrt(0.625 * 0.375 / n)
+    # the cap keeps rows full: padding stays a few tokens per row
+    b = _batches(rows, 2, max_per_pair=1)[0]
+    assert (b["inputs_segmentation"] == 0).mean() < 0.02
+
+
+def test_first_per_pair_keeps_the_earliest_k_of_each_pair_in_time_order():
+    from types import SimpleNamespace
+
+    from pingctl.loader.contexts import _first_per_pair
+
+    rec = SimpleNamespace(src_idx=np.array([0, 0, 1, 0, 0, 1, 0], np.uint32), dst_idx=np.array([5, 6, 5, 5, 5, 5, 6], np.uint32))
+    idx = np.arange(1, 7)  # a window that skips position 0
+    assert _first_per_pair(rec, idx, 1).tolist() == [1, 2, 3]
+    assert _first_per_pair(rec, idx, 2).tolist() == [1, 2, 3, 4, 5, 6]
+    assert _first_per_pair(rec, np.array([0, 3, 4]), 2).tolist() == [0, 3]

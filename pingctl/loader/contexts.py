@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pingctl.rows.layout import ProbeRecord, to_measurements
-from pingctl.tokenizer import encode
+from pingctl.tokenizer import blocks, encode
 from pingctl.tokenizer.compact import ABS, DELTA1, DELTA4, TIME_LEN
+from pingctl.tokenizer.layout import field_order, permutations
 
 FULL, PARTIAL, NONE = 0, 1, 2
 MODES = ("full", "partial", "none")
@@ -28,6 +29,24 @@ MAX_CONTEXTS_PER_ROW = 64
 FILL_RETRIES = 4  # fresh windows tried when the next context's first measurement does not fit
 # compact: MeasurementStart + Src(1+4|16) + Dst(1+4|16) + RttStart+2 | Failed
 _FULL_V4, _FULL_V6 = 45, 69  # the full scheme always carries every block
+_RTT_BLOCK = {"compact": "result", "full": "rtt"}
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """Optional reshaping of contexts toward the held-out-pair question (docs/loader.md).
+
+    result_last: share of measurements whose RTT-carrying block is placed last (the others
+    keep a uniform order), so more RTT targets are predicted from both addresses.
+    max_per_pair: at most this many measurements of one (src, dst) pair per context, the
+    earliest in time (0 = no cap); fewer RTTs can be copied from the same pair's packets.
+    """
+
+    result_last: float = 0.0
+    max_per_pair: int = 0
+
+
+NO_SHAPING = Shaping()
 
 
 @dataclass
@@ -118,15 +137,29 @@ class Plan:
 
 
 def build_rows(
-    rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str
+    rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
+    shaping: Shaping = NO_SHAPING,
 ) -> Rows:
     """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec`."""
-    plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme)
-    return pack(plan, tokenize(rec, rng, plan, scheme), n_rows, seq_len)
+    plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme, shaping.max_per_pair)
+    return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last), n_rows, seq_len)
+
+
+def _first_per_pair(rec: ProbeRecord, idx: np.ndarray, k: int) -> np.ndarray:
+    """The first `k` positions of each (src, dst) pair among time-ordered positions `idx`."""
+    key = (rec.src_idx[idx].astype(np.int64) << 32) | rec.dst_idx[idx].astype(np.int64)
+    by_pair = np.argsort(key, kind="stable")  # stable: time order within a pair
+    sk = key[by_pair]
+    first = np.concatenate([[True], sk[1:] != sk[:-1]])
+    rank = np.arange(len(sk)) - np.maximum.accumulate(np.where(first, np.arange(len(sk)), 0))
+    keep = np.zeros(len(idx), bool)
+    keep[by_pair] = rank < k
+    return idx[keep]
 
 
 def choose_contexts(
-    rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str
+    rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
+    max_per_pair: int = 0,
 ) -> Plan:
     base = _base_lengths(rec, scheme)
     cum = np.concatenate([[0], np.cumsum(base)])
@@ -147,13 +180,17 @@ def choose_contexts(
             # A miss re-draws only the window: re-drawing the mode too would favour the
             # timestamp-free mode in the last, tight slot of every row.
             start, length = _window(rec.n, rng)
-            # Cheap upper-ish estimate (timestamps as delta1) decides whether to subsample.
-            est = int(cum[start + length] - cum[start])
-            if scheme == "compact" and mode != NONE:
-                est += 7 + 2 * length * (1 if mode == FULL else 0.5)
             idx = np.arange(start, start + length)
+            if max_per_pair:
+                idx = _first_per_pair(rec, idx, max_per_pair)
+                est = int(base[idx].sum())
+            else:
+                est = int(cum[start + length] - cum[start])
+            # Cheap upper-ish estimate (timestamps as delta1) decides whether to subsample.
+            if scheme == "compact" and mode != NONE:
+                est += 7 + 2 * len(idx) * (1 if mode == FULL else 0.5)
             if est > room:
-                idx = idx[_even_in_time(t[idx], max(1, int(length * room / est)))]
+                idx = idx[_even_in_time(t[idx], max(1, int(len(idx) * room / est)))]
             idx, has_time = _arrange(idx, mode, rng)
             lens = base[idx]
             if scheme == "compact":
@@ -174,13 +211,26 @@ def choose_contexts(
     return Plan(ctx_idx, ctx_time, ctx_len, ctx_row, modes)
 
 
-def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str):
+def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0):
     """One gather and one encode for every context of the plan (None when empty)."""
     if not plan.idx:
         return None
     sizes = np.array([len(i) for i in plan.idx])
     m = to_measurements(rec, np.concatenate(plan.idx), np.concatenate(plan.has_time))
-    return encode(m, scheme, rng=rng, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+    # Without result_last the encoder draws the orders itself (the rows stay as they were).
+    order = _orders_result_last(int(sizes.sum()), scheme, rng, result_last) if result_last > 0 else None
+    return encode(m, scheme, rng=rng, order=order, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+
+
+def _orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: float) -> np.ndarray:
+    """int8[n, k] uniform block orders, a `share` of them redrawn among those ending in the RTT block."""
+    names = blocks(scheme)
+    order = field_order(n, names, rng)
+    perms = permutations(len(names))
+    ending = perms[perms[:, -1] == names.index(_RTT_BLOCK[scheme])]
+    move = rng.random(n) < share
+    order[move] = ending[rng.integers(0, len(ending), int(move.sum()))]
+    return order
 
 
 def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> Rows:
