@@ -32,6 +32,7 @@ def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp
     assert rep["order"][0] == "model"
     assert {"model", "global_median", "pair_median", "prefix_median", "vivaldi", "context_median"} <= set(rep["predictors"])
     assert rep["predictors"]["model"]["info"]["context_policy"] == "probe"
+    assert rep["predictors"]["model"]["info"]["context_per_pair"] == 0  # as the run was trained
     m = rep["predictors"]["model"]
     assert m["slices"]["all"]["n"] > 0 and np.isfinite(m["slices"]["all"]["median_rel_err"])
     assert 0 <= m["failure"]["brier"] <= 1 if m.get("failure") else True
@@ -51,12 +52,14 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     shard([synth_rows / "synth"], pairs, ShardConfig(strategy="pair"))
     r = runner.invoke(app, [
         "eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
-        "--queries", "6", "--context", "4", "--context-policy", "cold", "-o", str(tmp_path / "ev"), "--json",
+        "--queries", "6", "--context", "4", "--context-policy", "cold", "--context-per-pair", "1",
+        "-o", str(tmp_path / "ev"), "--json",
     ])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     info = rep["predictors"]["model"]["info"]
     assert info["context_policy"] == "cold" and info["context_sizes"]["mean"] > 0
+    assert info["context_per_pair"] == 1
     assert "context_median" not in rep["predictors"]
     # every test pair is unseen in training, so the pair median can only fall back
     assert rep["slices"]["unseen_pair"]["n"] == 6

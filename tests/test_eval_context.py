@@ -53,6 +53,20 @@ def test_cold_policy_never_shows_the_queried_pair():
         assert (pool["src"][i], pool["dst"][i]) != ("10.0.0.1", "1.1.1.1")
 
 
+def test_per_pair_keeps_the_most_recent_packets_of_each_pair():
+    pool = context_pool(TEST, TRAIN, "cold")
+    (ctx,) = context_indices(pool, TEST, np.array([3]), 16, "cold", per_pair=1)
+    assert _rows(pool, ctx) == [("2.2.2.2", 350)]
+    pool = context_pool(TEST, TRAIN, "probe")
+    (ctx,) = context_indices(pool, TEST, np.array([3]), 16, "probe", per_pair=2)
+    assert _rows(pool, ctx) == [("1.1.1.1", 200), ("1.1.1.1", 300)]
+    # the cap is applied before the last `context` are taken: probe 1's two pairs, one each
+    both = _split([("10.0.0.1", "1.1.1.1", 9.0, 20, 1), ("10.0.0.1", "2.2.2.2", 30.0, 10, 1)])
+    pool = context_pool(TEST, both, "cold")
+    (ctx,) = context_indices(pool, TEST, np.array([3]), 2, "probe", per_pair=1)
+    assert _rows(pool, ctx) == [("2.2.2.2", 10), ("1.1.1.1", 300)]
+
+
 def test_none_policy_and_bad_policy():
     assert [len(c) for c in context_indices(TEST, TEST, np.array([0, 3]), 16, "none")] == [0, 0]
     with pytest.raises(PingctlError, match="context policy"):

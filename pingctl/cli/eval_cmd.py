@@ -22,6 +22,9 @@ def evaluate(
         help="probe: the probe's preceding test packets, as in training (adds the context_median "
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "
              "pair; none: no context.")] = "probe",
+    context_per_pair: Annotated[int | None, typer.Option(
+        help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
+             "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the packet subset and Vivaldi.")] = 0,
     step: Annotated[int | None, typer.Option(help="Checkpoint step (default: the latest).")] = None,
     as_json: JsonOpt = False,
@@ -36,7 +39,7 @@ def evaluate(
 
     with step_progress("eval") as report_progress:
         report = run_eval(run, train, test, out, truth, queries, context, seed, step, policy=context_policy,
-                          progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                          per_pair=context_per_pair, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return

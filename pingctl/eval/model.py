@@ -16,6 +16,10 @@ Context policies:
   queried (src, dst) pair* — the model must predict a pair it has never seen, from its
   addresses and the probe's RTTs to other destinations.
 - `none`: no context; the prompt is the packet alone.
+
+`per_pair` caps the prompt at the most recent `per_pair` measurements of each (src, dst)
+pair (0 = no cap), as `loader.max_per_pair` shapes training contexts; `pingctl eval`
+takes the run's own setting unless told otherwise.
 """
 
 from __future__ import annotations
@@ -52,14 +56,21 @@ def context_pool(test: dict, train: dict | None, policy: str) -> dict:
     return {k: np.concatenate([np.asarray(train[k]), np.asarray(test[k])]) for k in keys}
 
 
-def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, policy: str) -> list[np.ndarray]:
+def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, policy: str,
+                    per_pair: int = 0) -> list[np.ndarray]:
     """Per query packet, indices into `pool` of its context measurements, oldest first: the
     probe's last `context` measurements strictly before the packet's time (for `cold`, those
-    to other pairs only)."""
+    to other pairs only; with `per_pair`, at most that many of each pair)."""
     if policy == "none" or context <= 0:
         return [np.zeros(0, np.int64) for _ in idx]
     sources = vocabulary(pool["src"], test["src"])
     pk = _probe_keys(pool, sources)
+    pair = None
+    if per_pair:
+        from pingctl.loader.contexts import first_k_per_key
+
+        dsts = vocabulary(pool["dst"])
+        pair = codes_in(pool["src"], sources) * len(dsts) + codes_in(pool["dst"], dsts)
     pt = np.asarray(pool["event_time"], np.int64)
     order = np.lexsort((pt, pk))
     sk, st = pk[order], pt[order]
@@ -71,12 +82,15 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
         lo = np.searchsorted(sk, qk[i], side="left")
         end = np.searchsorted(sk, qk[i], side="right")
         hi = lo + np.searchsorted(st[lo:end], qt[i], side="left")
-        if policy == "probe":
+        if policy == "probe" and pair is None:
             out.append(order[max(lo, hi - context) : hi])
             continue
         prev = order[lo:hi]
-        other = (psrc[prev] != test["src"][i]) | (pdst[prev] != test["dst"][i])
-        out.append(prev[other][-context:])
+        if policy == "cold":
+            prev = prev[(psrc[prev] != test["src"][i]) | (pdst[prev] != test["dst"][i])]
+        if pair is not None:  # the most recent per_pair of each pair: first k of the reversed list
+            prev = prev[first_k_per_key(pair[prev][::-1], per_pair)[::-1]]
+        out.append(prev[-context:])
     return out
 
 
@@ -129,12 +143,12 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
 
 
 def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
-            train: dict | None = None, policy: str = "probe", chunk: int = 64,
+            train: dict | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
             progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
     `idx` of `test`; `progress(done, total)` after every `chunk` packets."""
     pool = context_pool(test, train, policy)
-    contexts = context_indices(pool, test, idx, context, policy)
+    contexts = context_indices(pool, test, idx, context, policy, per_pair)
     ps, fulls = prompts(model, test, idx, pool, contexts)
     actual = np.asarray(test["rtt"], np.float64)[idx]
     dists: list = []

@@ -14,11 +14,12 @@ from pingctl.eval.report import baseline_table, add_predictor, load_split, summa
 
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
              queries: int = 300, context: int = 16, seed: int = 0, step: int | None = None,
-             vivaldi_rounds: int = 2000, policy: str = "probe",
+             vivaldi_rounds: int = 2000, policy: str = "probe", per_pair: int | None = None,
              progress=lambda _step, _done=0, _total=None: None) -> dict:
     """Model and baselines on the same `queries` test packets; writes report.json and plots.
 
-    `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none.
+    `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none;
+    `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     from pingctl.eval.model import check_policy, predict
     from pingctl.infer.model import LoadedModel
@@ -39,14 +40,17 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     model = LoadedModel.load(run, step)
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
-    pred = predict(model, test, idx, context=context, train=train, policy=policy,
+    per_pair = model.max_per_pair if per_pair is None else per_pair
+    if per_pair < 0:
+        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
+    pred = predict(model, test, idx, context=context, train=train, policy=policy, per_pair=per_pair,
                    progress=lambda done, total: progress("model predictions", done, total))
     model_s = time.perf_counter() - t1
     q = pred["quantiles"]
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
                   pit=pred["pit"], p_fail=pred["p_fail"],
                   info={"run": str(run), "step": model.step, "context_measurements": context,
-                        "context_policy": policy, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
+                        "context_policy": policy, "context_per_pair": per_pair, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
     if policy == "probe":
         _add_context_median(report, pred["context_median"])
     # show the model first

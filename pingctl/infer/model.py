@@ -55,6 +55,7 @@ class LoadedModel:
     batch: int
     _forward: object
     _state: object
+    max_per_pair: int = 0  # the run's loader.max_per_pair: how its training contexts were shaped
 
     @classmethod
     def load(cls, run_dir: Path | str, step: int | None = None, hardware: str | None = None, batch: int = 32):
@@ -100,7 +101,8 @@ class LoadedModel:
             with jax.set_mesh(mesh):
                 return forward(st, t, p, s)
 
-        return cls(run, step, cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward, state)
+        return cls(run, step, cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward, state,
+                   cfg.loader.max_per_pair)
 
     # ------------------------------------------------------------------ forward
 

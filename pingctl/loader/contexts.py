@@ -145,16 +145,21 @@ def build_rows(
     return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last), n_rows, seq_len)
 
 
+def first_k_per_key(key: np.ndarray, k: int) -> np.ndarray:
+    """bool mask: the first `k` occurrences of each key value, in array order."""
+    by_key = np.argsort(key, kind="stable")  # stable: array order within a key
+    sk = key[by_key]
+    first = np.concatenate([[True], sk[1:] != sk[:-1]])
+    rank = np.arange(len(sk)) - np.maximum.accumulate(np.where(first, np.arange(len(sk)), 0))
+    keep = np.zeros(len(key), bool)
+    keep[by_key] = rank < k
+    return keep
+
+
 def _first_per_pair(rec: ProbeRecord, idx: np.ndarray, k: int) -> np.ndarray:
     """The first `k` positions of each (src, dst) pair among time-ordered positions `idx`."""
     key = (rec.src_idx[idx].astype(np.int64) << 32) | rec.dst_idx[idx].astype(np.int64)
-    by_pair = np.argsort(key, kind="stable")  # stable: time order within a pair
-    sk = key[by_pair]
-    first = np.concatenate([[True], sk[1:] != sk[:-1]])
-    rank = np.arange(len(sk)) - np.maximum.accumulate(np.where(first, np.arange(len(sk)), 0))
-    keep = np.zeros(len(idx), bool)
-    keep[by_pair] = rank < k
-    return idx[keep]
+    return idx[first_k_per_key(key, k)]
 
 
 def choose_contexts(
