@@ -273,3 +273,19 @@ def test_first_per_pair_keeps_the_earliest_k_of_each_pair_in_time_order():
     assert _first_per_pair(rec, idx, 1).tolist() == [1, 2, 3]
     assert _first_per_pair(rec, idx, 2).tolist() == [1, 2, 3, 4, 5, 6]
     assert _first_per_pair(rec, np.array([0, 3, 4]), 2).tolist() == [0, 3]
+
+
+def test_bench_loader_times_the_configured_shaping(synth_rows, tmp_path):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    args = ["bench", "loader", str(synth_rows / "rows"), "--workers", "0", "--batches", "3", "--seq-len", "256",
+            "--json", "--out", str(tmp_path / "b.json")]
+    r = CliRunner().invoke(app, [*args, "--set", "loader.max_per_pair=1", "--set", "loader.result_last=0.5"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["config"]["max_per_pair"] == 1 and rep["config"]["result_last"] == 0.5
+    assert rep["config"]["seq_len"] == 256 and rep["table"][0]["tokens_per_s"] > 0
+    bad = CliRunner().invoke(app, [*args, "--set", "loader.max_per_pair=-1"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output

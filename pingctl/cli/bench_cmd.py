@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import JsonOpt, console, emit, fmt, handle_errors
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, load
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -142,16 +142,21 @@ def bench_loader(
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 8,
     batches: Annotated[int, typer.Option(help="Batches timed per case (after warm-up).")] = 600,
     scheme: Annotated[str, typer.Option(help="compact | full.")] = "compact",
+    config: ConfigOpt = None,
+    overrides: SetOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
     """Loader throughput (rows -> packed batches) per worker count, padding, mode shares, stages.
 
+    Other loader settings come from --config/--set (e.g. --set loader.max_per_pair=1).
+
     Example: pingctl bench loader --workers 0,1,2 --seq-len 1024
     """
     from pingctl.loader.bench import bench_loader as run
 
-    result = run(rows, [int(w) for w in workers.split(",")], seq_len, batch_size, batches, scheme)
+    loader = load(config, overrides).loader
+    result = run(rows, [int(w) for w in workers.split(",")], seq_len, batch_size, batches, scheme, loader=loader)
     report(result, as_json, out)
 
 

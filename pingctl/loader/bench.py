@@ -47,9 +47,9 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
         t1 = time.perf_counter()
         rec = decode(raw)
         t2 = time.perf_counter()
-        p = choose_contexts(rec, rng, int(n_rows), cfg.seq_len, mode_p, scheme)
+        p = choose_contexts(rec, rng, int(n_rows), cfg.seq_len, mode_p, scheme, cfg.max_per_pair)
         t3 = time.perf_counter()
-        enc = tokenize(rec, rng, p, scheme)
+        enc = tokenize(rec, rng, p, scheme, cfg.result_last)
         t4 = time.perf_counter()
         out = pack(p, enc, int(n_rows), cfg.seq_len)
         to_features({"tokens": out.tokens, "segment": out.segment, "position": out.position,
@@ -92,11 +92,12 @@ def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) ->
 
 def bench_loader(
     rows_dir: Path | None, workers: list[int], seq_len: int, batch_size: int, batches: int, scheme: str,
-    synth_rows: int = 2_000_000,
+    synth_rows: int = 2_000_000, loader: LoaderConfig | None = None,
 ) -> dict:
+    """`loader`: the other loader settings (e.g. shaping) of the timed cases; default the defaults."""
+    base = (loader or LoaderConfig()).model_copy(update={"seq_len": seq_len, "batch_size": batch_size, "workers": 0})
     with tempfile.TemporaryDirectory(prefix="pingctl-bench-loader-") as d:
         rows = _ensure_rows(rows_dir, Path(d), synth_rows)
-        base = LoaderConfig(seq_len=seq_len, batch_size=batch_size, workers=0)
         stages = _stage_times(rows, base, scheme, elements=60)
         table = []
         for w in workers:
@@ -125,7 +126,8 @@ def bench_loader(
         "table": table,
         "stages": stage_rows,
         "stage_tokens_per_s_one_core": int(stages["tokens_per_s"]),
-        "config": {"seq_len": seq_len, "batch_size": batch_size, "scheme": scheme, "batches": batches},
+        "config": {"seq_len": seq_len, "batch_size": batch_size, "scheme": scheme, "batches": batches,
+                   "result_last": base.result_last, "max_per_pair": base.max_per_pair},
         "cpus": os.cpu_count(),
         "notes": [
             f"in-process stage sum: {int(stages['tokens_per_s']):,} tokens/s on one core; "
