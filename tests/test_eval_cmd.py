@@ -66,6 +66,9 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     bad = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
                               "--context-policy", "oracle"])
     assert bad.exit_code != 0 and "context-policy" in bad.output and "Traceback" not in bad.output
+    neg = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
+                              "--context-per-pair", "-1"])
+    assert neg.exit_code != 0 and "context-per-pair" in neg.output and "Traceback" not in neg.output
 
 
 def test_eval_bad_inputs_are_clear(tiny_run, tmp_path):

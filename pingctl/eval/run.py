@@ -25,6 +25,8 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     from pingctl.infer.model import LoadedModel
 
     check_policy(policy)  # before the splits and the model are loaded
+    if per_pair is not None and per_pair < 0:
+        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path)
@@ -41,8 +43,6 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
     per_pair = model.max_per_pair if per_pair is None else per_pair
-    if per_pair < 0:
-        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
     pred = predict(model, test, idx, context=context, train=train, policy=policy, per_pair=per_pair,
                    progress=lambda done, total: progress("model predictions", done, total))
     model_s = time.perf_counter() - t1
