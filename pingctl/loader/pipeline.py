@@ -95,11 +95,11 @@ def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | No
 
 
 def _transforms(
-    files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep=None, shaping=None
+    files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep, shaping
 ):
     import grain
 
-    from pingctl.loader.contexts import NO_SHAPING, build_rows
+    from pingctl.loader.contexts import build_rows
     from pingctl.rows.layout import decode
     from pingctl.tokenizer.spec import get_spec, token_fields
 
@@ -112,7 +112,7 @@ def _transforms(
         def random_map(self, element, rng: np.random.Generator):
             record_id, n_rows = int(element[0]), int(element[1])
             rec = decode(self.reader.get(record_id))
-            rows = build_rows(rec, rng, n_rows, seq_len, mode_p, scheme, shaping or NO_SHAPING)
+            rows = build_rows(rec, rng, n_rows, seq_len, mode_p, scheme, shaping)
             out = {
                 "tokens": rows.tokens,
                 "segment": rows.segment,
@@ -184,10 +184,10 @@ def make_dataset(
     plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)
     if len(plan) == 0:
         raise PingctlError(f"{rows_dir}: no records")
-    _configure_grain(cfg)
-    keep = loss_keep_table(cfg.loss_keep, scheme) if train else None  # eval loss stays the plain NLL
     from pingctl.loader.contexts import Shaping
 
+    _configure_grain(cfg)
+    keep = loss_keep_table(cfg.loss_keep, scheme) if train else None  # eval loss stays the plain NLL
     # Shaping changes which rows exist, so train and eval share it (the gap stays comparable).
     shaping = Shaping(cfg.result_last, cfg.max_per_pair)
     make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping)

@@ -177,7 +177,7 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
     n_params = parameters(cfg)
     gap = M.generalization_gap(records)
     warnings = []
-    if cfg.loader.loss_keep and loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme) is not None:
+    if loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme) is not None:
         # the train loss then averages a reweighted mix of fields; the eval loss does not
         gap = None
         warnings.append("loader.loss_keep reweights the train loss by field: train and eval losses are not "
