@@ -81,8 +81,9 @@ def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     s2 = json.loads(second.stdout)
     assert s2["resumed_from_checkpoint"] == 49 and s2["first_step_this_run"] == 50 and s2["last_step"] == 59
-    steps = [r["step"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
-    assert steps == list(range(60))  # one record per step across both runs
+    loss = {r["step"]: r["loss"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
+    assert sorted(loss) == list(range(60))  # one record per step across both runs
+    assert (s2["first_loss"], s2["final_loss"]) == (loss[50], loss[59])  # this run's, not the directory's
     again = _train([*common, "--steps", "60"])
     assert again.returncode == 1 and "already trained to step 60" in again.stderr
 

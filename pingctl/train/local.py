@@ -167,8 +167,11 @@ def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser,
 
 
 def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, resumed_from, elapsed: float) -> dict:
-    train = [r for r in records if r["kind"] == "train"]
-    ev = [r for r in records if r["kind"] == "eval"]
+    # first/final losses describe this invocation, like the step range beside them; `records` also
+    # holds earlier runs of a resumed directory (metrics.jsonl accumulates)
+    mine = [r for r in records if parser.first_step is not None and r["step"] >= parser.first_step] or records
+    train = [r for r in mine if r["kind"] == "train"]
+    ev = [r for r in mine if r["kind"] == "eval"]
     this = [r for r in parser.records if r["kind"] == "train"]
     steady = this[1:] or this  # the first step includes compilation
     busy = sum(r["step_seconds"] for r in steady)
