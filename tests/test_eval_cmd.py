@@ -38,6 +38,11 @@ def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp
     assert 0 <= m["failure"]["brier"] <= 1 if m.get("failure") else True
     assert rep["nll"]["bits_per_token"] > 0 and rep["nll"]["measurements"] == 12
     assert rep["noise_floor"]["overall"]["median_rel_err"] < rep["predictors"]["global_median"]["slices"]["all"]["median_rel_err"]
+    comp = rep["comparisons"]["model"]
+    assert set(comp) == set(rep["order"]) - {"model"}
+    v = comp["vivaldi"]
+    assert v["diff"] == pytest.approx(m["slices"]["all"]["median_rel_err"] - rep["predictors"]["vivaldi"]["slices"]["all"]["median_rel_err"])
+    assert 0 < v["groups"] <= v["n"] <= 12 and v["ci_low"] <= v["ci_high"] and 0 <= v["share_a_better"] <= 1
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["queries"] == 12
     for p in rep["plots"].values():

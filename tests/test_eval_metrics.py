@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pingctl.eval import metrics as M
 
@@ -126,3 +128,32 @@ def test_nll_conversions():
     assert s2["bits_per_measurement"] == pytest.approx(40.0)
     with pytest.raises(ValueError):
         M.nll_summary(1.0, 100)
+
+
+@given(st.lists(st.tuples(st.floats(-1e3, 1e3), st.integers(0, 4)), min_size=1, max_size=12))
+def test_weighted_median_is_the_lower_median_of_the_repeated_values(vw):
+    v = np.array([x for x, _ in vw])
+    w = np.array([[k for _, k in vw], [1] * len(vw)])
+    if w[0].sum() == 0:
+        w[0, 0] = 1
+    for row, got in zip(w, M.weighted_medians(v, w)):
+        rep = np.sort(np.repeat(v, row))
+        assert got == rep[(len(rep) - 1) // 2]
+
+
+def test_median_difference_by_hand_and_its_interval_resamples_pairs():
+    b = np.array([0.1, 0.2, 0.3, 0.4, 0.5, NAN])
+    d = M.median_difference(b - 0.05, b, groups=np.arange(6), n_boot=200)
+    assert d["n"] == 5 and d["groups"] == 5  # the NaN packet is left out
+    assert d["diff"] == pytest.approx(-0.05) and d["ci_low"] == pytest.approx(-0.05) == d["ci_high"]
+    assert d["share_a_better"] == 1.0
+    # Ten pairs with errors spread over 0..0.4, 30 packets each: packets of one pair are not
+    # independent evidence, so the interval is that of resampling ten values, not 300.
+    rng = np.random.default_rng(0)
+    a = np.repeat(np.linspace(0.0, 0.4, 10), 30) + rng.normal(0, 0.001, 300)
+    base = np.full(300, 0.2)
+    by_pair = M.median_difference(a, base, np.repeat(np.arange(10), 30), n_boot=500)
+    by_packet = M.median_difference(a, base, np.arange(300), n_boot=500)
+    assert by_pair["ci_low"] < -0.08 and by_pair["ci_high"] > 0.08
+    assert -0.04 < by_packet["ci_low"] < 0 < by_packet["ci_high"] < 0.04
+    assert M.median_difference([NAN], [0.1], [0])["diff"] is None

@@ -53,6 +53,7 @@ def evaluate(
         t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), fmt(r.get("mae_ms")),
                   _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")), _pct(r.get("fallback_share")))
     emit(dict(report), False, t)
+    _print_comparisons(report["comparisons"]["model"])
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
                   f"{n['bits_per_measurement']:.1f} bits per measurement", highlight=False)
@@ -60,6 +61,19 @@ def evaluate(
         console.print("  of which " + ", ".join(f"{k} {v:.1f}" for k, v in n["bits_per_field"].items()),
                       highlight=False)
     console.print(f"report: {out / 'report.json'}   plots: {', '.join(report['plots'].values())}", highlight=False)
+
+
+def _print_comparisons(comp: dict) -> None:
+    if not comp:
+        return
+    any_c = next(iter(comp.values()))
+    console.print(f"model minus each predictor, median rel err in points, {any_c['level']:.0%} interval from "
+                  f"{any_c['n_boot']} resamples of the {any_c['groups']} (src, dst) pairs:", highlight=False)
+    for name, c in comp.items():
+        if c["diff"] is None:
+            continue
+        console.print(f"  {name:<16} {100 * c['diff']:+6.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
+                      f"  model better in {c['share_a_better']:.0%} of resamples", highlight=False)
 
 
 def _pct(v) -> str:

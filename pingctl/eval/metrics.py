@@ -194,6 +194,46 @@ def coverage(actual, quantiles, levels=QUANTILE_LEVELS, mask=None) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- comparing two predictors
+
+
+def weighted_medians(values, weights) -> np.ndarray:
+    """Lower weighted median of `values` (n) under each row of `weights` (B, n) of counts >= 0:
+    the median of `values` with each repeated its weight's times (np.repeat), B at once."""
+    v = _f(values)
+    order = np.argsort(v, kind="stable")
+    c = np.cumsum(np.asarray(weights, dtype=np.float64)[:, order], axis=1)
+    # lower median of N repeated values: the (N - 1) // 2-th in sorted order (0-based)
+    k = np.floor((c[:, -1:] - 1) / 2)
+    idx = (c <= k).sum(axis=1)
+    return v[order][np.minimum(idx, len(v) - 1)]
+
+
+def median_difference(err_a, err_b, groups, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
+    """median(err_a) - median(err_b) over the packets both predict, with a bootstrap interval.
+
+    The bootstrap resamples `groups` (e.g. (src, dst) pairs), not packets: packets of one pair
+    share its RTT and errors, so resampling packets would make the interval too narrow.
+    `share_a_better` is the share of resamples in which a's median is below b's.
+    """
+    a, b = _f(err_a), _f(err_b)
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b, g = a[ok], b[ok], np.asarray(groups)[ok]
+    out = {"n": int(len(a)), "groups": 0, "median_a": None, "median_b": None, "diff": None, "ci_low": None,
+           "ci_high": None, "level": level, "share_a_better": None, "n_boot": n_boot}
+    if not len(a):
+        return out
+    _, gi = np.unique(g, return_inverse=True)
+    n_groups = int(gi.max()) + 1
+    counts = np.random.default_rng(seed).multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot)
+    w = counts[:, gi]
+    d = weighted_medians(a, w) - weighted_medians(b, w)
+    lo, hi = np.quantile(d, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return out | {"groups": n_groups, "median_a": _num(np.median(a)), "median_b": _num(np.median(b)),
+                  "diff": _num(np.median(a) - np.median(b)), "ci_low": _num(lo), "ci_high": _num(hi),
+                  "share_a_better": _num((d < 0).mean())}
+
+
 # ---------------------------------------------------------------- failure prediction
 
 

@@ -133,6 +133,13 @@ def seen_masks(train: dict, test: dict) -> dict[str, np.ndarray]:
     return {"seen_pair": seen_pair, "unseen_pair": ~seen_pair, "seen_probe": seen_probe, "unseen_probe": ~seen_probe}
 
 
+def pair_groups(test: dict) -> np.ndarray:
+    """An int64 id per test packet, equal for packets of the same (src, dst) pair."""
+    src, dst = column(test, "src"), column(test, "dst")
+    vocab = vocabulary(src, dst)
+    return codes_in(src, vocab) * max(len(vocab), 1) + codes_in(dst, vocab)
+
+
 def _slice_sizes(masks: dict, actual: np.ndarray) -> dict:
     ok = M.successful(actual)
     return {k: {"n": int(m.sum()), "n_ok": int((m & ok).sum())} for k, m in masks.items()}
@@ -218,7 +225,8 @@ def baseline_table(
         predictors={},
         noise_floor=None,
     )
-    report.ctx.update(actual=actual, ip_version=ipv, masks=masks, predictions={}, truth_median=None)
+    report.ctx.update(actual=actual, ip_version=ipv, masks=masks, predictions={}, truth_median=None,
+                      pair=pair_groups(test_enc))
     for name, pred in (baselines or default_baselines(seed=seed, vivaldi_rounds=vivaldi_rounds)).items():
         t0 = time.perf_counter()
         pred.fit(train)
@@ -260,7 +268,8 @@ def add_predictor(report: dict, name: str, median, quantiles=None, pit=None, p_f
         actual = np.asarray(column(test, "rtt"), np.float64)
         ipv = np.asarray(column(test, "ip_version"), np.int64)
         masks = M.standard_masks(ipv, actual, None, tuple(report.get("rtt_buckets_ms") or M.RTT_BUCKETS))
-        ctx = {"actual": actual, "ip_version": ipv, "masks": masks, "predictions": {}, "truth_median": None}
+        ctx = {"actual": actual, "ip_version": ipv, "masks": masks, "predictions": {}, "truth_median": None,
+               "pair": pair_groups(test)}
         if isinstance(report, Report):
             report.ctx = ctx
     actual = ctx["actual"]
@@ -279,6 +288,16 @@ def add_predictor(report: dict, name: str, median, quantiles=None, pit=None, p_f
     if name not in order:
         order.append(name)
     return entry
+
+
+def compare(report: Report, name: str = "model", n_boot: int = 2000, seed: int = 0) -> dict[str, dict]:
+    """`name` against every other predictor of the report: the difference of their median relative
+    errors on the packets both predict (negative: `name` is better), with a bootstrap interval
+    over (src, dst) pairs (`metrics.median_difference`)."""
+    ctx = report.ctx
+    err = {k: M.relative_error(v["median"], ctx["actual"]) for k, v in ctx["predictions"].items()}
+    return {other: M.median_difference(err[name], err[other], ctx["pair"], n_boot, seed=seed)
+            for other in report["order"] if other != name}
 
 
 # ---------------------------------------------------------------- presentation

@@ -9,7 +9,7 @@ import numpy as np
 
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError
-from pingctl.eval.report import baseline_table, add_predictor, load_split, summary_rows, take, write_plots
+from pingctl.eval.report import add_predictor, baseline_table, compare, load_split, summary_rows, take, write_plots
 
 
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
@@ -55,6 +55,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
         _add_context_median(report, pred["context_median"])
     # show the model first
     report["order"] = ["model"] + [n for n in report["order"] if n != "model"]
+    report["comparisons"] = {"model": compare(report, "model", seed=seed)}
     report["nll"] = pred["nll"]
     report["queries"] = int(len(idx))
     report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
