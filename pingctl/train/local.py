@@ -167,9 +167,9 @@ def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser,
 
 
 def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, resumed_from, elapsed: float) -> dict:
-    # first/final losses describe this invocation, like the step range beside them; `records` also
-    # holds earlier runs of a resumed directory (metrics.jsonl accumulates)
-    mine = [r for r in records if parser.first_step is not None and r["step"] >= parser.first_step] or records
+    # first/final losses describe this invocation (its log), like the step range beside them;
+    # `records` also holds earlier runs of a resumed directory (metrics.jsonl accumulates)
+    mine = parser.records or records
     train = [r for r in mine if r["kind"] == "train"]
     ev = [r for r in mine if r["kind"] == "eval"]
     this = [r for r in parser.records if r["kind"] == "train"]
