@@ -4,8 +4,11 @@ import ipaddress
 import json
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from pingctl.cli.app import app
@@ -46,6 +49,32 @@ def test_rtt_distribution_is_exact_and_matches_sampling(model, pair):
     assert 0.5 * np.abs(emp - p1).sum() < 0.15  # total variation, 400 samples
 
 
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=30), st.floats(0.0, 0.3))
+def test_trimmed_mean_is_the_mean_of_the_central_mass(weights, trim):
+    from pingctl.infer.queries import RttDistribution
+
+    w = np.asarray(weights) + 1e-3
+    values = np.cumsum(np.arange(1, len(w) + 1, dtype=float))  # increasing, unevenly spaced
+    d = RttDistribution(0.0, np.arange(len(w), dtype=np.uint16), values, w / w.sum())
+    m = d.trimmed_mean(trim)
+    assert d.quantile(trim) - 1e-9 <= m <= d.quantile(1 - trim) + 1e-9
+    # the same number from a fine sample of the quantile function
+    u = (np.arange(200_000) + 0.5) / 200_000
+    u = u[(u > trim) & (u < 1 - trim)]
+    ref = values[np.minimum(np.searchsorted(np.cumsum(d.probs), u), len(w) - 1)].mean()
+    assert m == pytest.approx(ref, rel=2e-3)
+    if trim == 0.0:
+        assert m == pytest.approx(d.mean)
+
+
+def test_trimmed_mean_ignores_a_far_tail():
+    from pingctl.infer.queries import RttDistribution
+
+    d = RttDistribution(0.0, np.arange(3, dtype=np.uint16), np.array([10.0, 20.0, 60_000.0]),
+                        np.array([0.5, 0.495, 0.005]))
+    assert d.mean > 300 and d.trimmed_mean(0.01) == pytest.approx((0.49 * 10 + 0.49 * 20) / 0.98)
+
+
 def test_distribution_read_at_quantiles_matches_the_exact_one(model, pair):
     from pingctl.infer import queries as Q
 
@@ -77,6 +106,22 @@ def test_constrained_generation_is_grammatical(model):
         assert len(s) == 0 or s[0] == C.MeasurementStart
 
 
+@pytest.mark.parametrize("which", ["v4", "v6"])
+def test_generation_for_one_probe_pins_its_source(model, pair, which):
+    from pingctl.infer import queries as Q
+
+    src = pair[0] if which == "v4" else "2001:db8::7"  # v6: an address the model never saw
+    streams = Q.generate(model, 3, 4, np.random.default_rng(2), src=src)
+    seen = 0
+    for d in streams:
+        assert not d.errors
+        m = d.measurements
+        assert all(s == src for s in m.src_text())
+        assert all(ipaddress.ip_address(x).version == ipaddress.ip_address(src).version for x in m.dst_text())
+        seen += len(m)
+    assert seen > 0
+
+
 def test_completions_respect_fixed_bytes(model, pair):
     from pingctl.infer import queries as Q
 
@@ -92,7 +137,7 @@ def test_completions_respect_fixed_bytes(model, pair):
         assert ipaddress.ip_address(f["dst"]) in net
 
 
-def test_cli_queries_and_validation(tiny_run, pair, tmp_path):
+def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     src, dst = pair
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--json", "--plot", str(tmp_path / "d.png")])
     assert r.exit_code == 0, r.output
@@ -105,6 +150,16 @@ def test_cli_queries_and_validation(tiny_run, pair, tmp_path):
     r = runner.invoke(app, ["sample", str(tiny_run), "--n", "2", "--measurements", "3", "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     assert pq.read_table(out).num_rows == len(json.loads(r.stdout)["measurements"]) > 0
+    # streams of one probe, after a context of its own measurements
+    ctx = tmp_path / "ctx.parquet"
+    t = pq.read_table(synth_rows / "synth" / "part-00000.parquet")
+    pq.write_table(t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 5), ctx)
+    r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--n", "2", "--measurements", "3",
+                            "--context", str(ctx), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["mode"] == "generate" and res["context_tokens"] > 0 and res["measurements"]
+    assert {m["src"] for m in res["measurements"]} == {src}
     for args, msg in (
         (["--src", "300.1.1.1", "--dst", dst], "300.1.1.1"),
         (["--src", "1.2.3", "--dst", dst], "not an IP address"),
@@ -112,6 +167,7 @@ def test_cli_queries_and_validation(tiny_run, pair, tmp_path):
         (["--src", src, "--dst", "2001:db8::/32"], "one family"),
         (["--src", src, "--rtt", "30-10"], "low <= high"),
         (["--dst", dst], "say what to ask"),
+        (["--src", src, "--dst", dst, "--step", "99999"], "no checkpoint at step 99999 (checkpoints: 0"),
     ):
         r = runner.invoke(app, ["sample", str(tiny_run), *args])
         assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output, (args, r.output)

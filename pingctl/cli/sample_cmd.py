@@ -34,7 +34,8 @@ def sample(
     rtt: Annotated[str | None, typer.Option(help="RTT in ms (20) or range (10-30): completion / inverse search.")] = None,
     time: Annotated[str | None, typer.Option(help="UTC time of the query (ISO 8601 or Unix seconds).")] = None,
     context: Annotated[Path | None, typer.Option(help="Parquet of the probe's preceding measurements.")] = None,
-    n: Annotated[int | None, typer.Option("--n", help="Inverse search: samples; alone: streams to generate.")] = None,
+    n: Annotated[int | None, typer.Option(
+        "--n", help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
     measurements: Annotated[int, typer.Option(help="Generation: measurements per stream.")] = 8,
     k: Annotated[int, typer.Option("-k", help="Completions to show.")] = 10,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Generation output (.parquet or .json).")] = None,
@@ -65,12 +66,12 @@ def sample(
         mode = "complete"
     elif src and rtt and not dst:
         mode = "inverse"
-    elif not src and not dst and not rtt:
+    elif not dst and not rtt:
         mode = "generate"
     else:
         raise PingctlError(
             "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
-            "(completion), --src IP --rtt MS (inverse search) or only --n N (generation)"
+            "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
     for name, value in (("--src", src), ("--dst", dst)):
         if value and not _is_pattern(value):
@@ -91,7 +92,8 @@ def sample(
         if as_json:
             emit(result, True)
             return
-        rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", d.mean)]
+        rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", d.mean),
+                (f"mean ms, central {1 - 2 * Q.TRIM:.0%}", d.trimmed_mean())]
         rows += [(f"p{round(q * 100)} ms", d.quantile(q)) for q in Q.QUANTILES]
         emit(result, False, kv_table(f"RTT {src} -> {dst} (step {model.step})", rows))
         _histogram(d)
@@ -110,7 +112,8 @@ def sample(
         result["candidates"] = found[:k]
         _table(result, as_json, f"destinations {src} reaches in {rtt} ms", found[:k], ("dst", "probability", "samples"))
         return
-    streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p)
+    streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p,
+                         context=ctx_tokens if len(ctx_tokens) else None, src=src)
     rows = []
     for i, d in enumerate(streams):
         m = d.measurements

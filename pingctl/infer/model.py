@@ -71,7 +71,10 @@ class LoadedModel:
         step = latest_step(run) if step is None else step
         items = run / MAXTEXT_RUN_NAME / "checkpoints" / str(step) / "items"
         if not items.is_dir():
-            raise PingctlError(f"{run}: no checkpoint at step {step}")
+            from pingctl.train.local import checkpoint_steps
+
+            have = ", ".join(map(str, checkpoint_steps(run))) or "none"
+            raise PingctlError(f"{run}: no checkpoint at step {step} (checkpoints: {have})")
         hw = hardware or ("cpu" if cfg.train.hardware == "cpu" else cfg.train.hardware)
         _env(hw)
         import jax
@@ -160,15 +163,19 @@ class LoadedModel:
         top_p: float = 1.0,
         stop_after_measurements: int | None = None,
         whole_measurements: bool = True,
+        src: bytes | None = None,
     ) -> list[np.ndarray]:
         """`n` grammar-constrained continuations of `prefix` (whole sequences, prefix included).
 
         Every step only tokens the grammar allows are eligible; temperature and top-p then
         shape what is left. Sampling stops at `max_tokens`, at the context limit, or once
-        `stop_after_measurements` complete measurements were generated.
+        `stop_after_measurements` complete measurements were generated. `src` (4 or 16
+        address bytes) pins every generated measurement's source: the other family's address
+        roles are never eligible and the source bytes are forced — the stream of one probe.
         """
         from pingctl.tokenizer import GrammarState
 
+        pin = _SourcePin(src) if src is not None else None
         if len(prefix) == 0:  # nothing predicts a context's first token: it is always MeasurementStart
             prefix = np.zeros(1, np.int32)
         states = []
@@ -181,6 +188,7 @@ class LoadedModel:
         done = [False] * n
         # measurements begun after the prefix's last complete one (an open one counts)
         starts = [0 if states[0].can_end else 1] * n
+        pending = [0] * n  # forced source bytes still to emit, per stream
         ms = 0  # MeasurementStart token id (0) in both schemes
         budget = min(max_tokens, self.seq_len - len(prefix))
         for _ in range(budget):
@@ -190,7 +198,11 @@ class LoadedModel:
             lp = self.next_log_probs([np.asarray(seqs[i]) for i in live])
             for row, i in enumerate(live):
                 mask = np.asarray(states[i].mask())[: self.vocab_size]
+                if pin is not None:
+                    mask = pin.mask(mask, pending[i])
                 tok = _draw(lp[row, : len(mask)], mask, rng, temperature, top_p)
+                if pin is not None:
+                    pending[i] = pin.after(tok, pending[i])
                 if (
                     stop_after_measurements is not None
                     and tok == ms
@@ -212,6 +224,35 @@ class LoadedModel:
                 seq = seq[: last[-1]] if len(last) else seq[:0]
             out.append(seq)
         return out
+
+
+class _SourcePin:
+    """Masks that force one source address: after the source role token only its bytes, in
+    order; the other family's src/dst roles never (src and dst share a family, so a dst of
+    the other family would leave no legal source)."""
+
+    def __init__(self, src: bytes):
+        from pingctl.tokenizer import C, get_vocab
+
+        vocab = get_vocab("compact")
+        vocab_size, self.byte0 = vocab.size, vocab.byte_offset
+        self.src = bytes(src)
+        self.role = C.SrcIPv4 if len(src) == 4 else C.SrcIPv6
+        self.block = np.ones(vocab_size, bool)
+        self.block[[C.SrcIPv6, C.DstIPv6] if len(src) == 4 else [C.SrcIPv4, C.DstIPv4]] = False
+        self.only = np.zeros((len(src), vocab_size), bool)
+        self.only[np.arange(len(src)), self.byte0 + np.frombuffer(self.src, np.uint8).astype(np.int64)] = True
+
+    def mask(self, grammar: np.ndarray, pending: int) -> np.ndarray:
+        n = len(grammar)
+        if pending:
+            return grammar & self.only[len(self.src) - pending, :n]
+        return grammar & self.block[:n]
+
+    def after(self, token: int, pending: int) -> int:
+        if pending:
+            return pending - 1
+        return len(self.src) if token == self.role else 0
 
 
 def _draw(lp: np.ndarray, mask: np.ndarray, rng: np.random.Generator, temperature: float, top_p: float) -> int:
