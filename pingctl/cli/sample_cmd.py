@@ -92,9 +92,9 @@ def sample(
         if as_json:
             emit(result, True)
             return
-        rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", d.mean),
-                (f"mean ms, central {1 - 2 * Q.TRIM:.0%}", d.trimmed_mean())]
-        rows += [(f"p{round(q * 100)} ms", d.quantile(q)) for q in Q.QUANTILES]
+        rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", result["mean_ms"]),
+                (f"mean ms, central {1 - 2 * Q.TRIM:.0%}", result["trimmed_mean_ms"])]
+        rows += [(f"p{round(q * 100)} ms", result[f"p{round(q * 100)}_ms"]) for q in Q.QUANTILES]
         emit(result, False, kv_table(f"RTT {src} -> {dst} (step {model.step})", rows))
         _histogram(d)
         if plot:
@@ -113,7 +113,7 @@ def sample(
         _table(result, as_json, f"destinations {src} reaches in {rtt} ms", found[:k], ("dst", "probability", "samples"))
         return
     streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p,
-                         context=ctx_tokens if len(ctx_tokens) else None, src=src)
+                         context=ctx_tokens, src=src)
     rows = []
     for i, d in enumerate(streams):
         m = d.measurements

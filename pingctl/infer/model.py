@@ -235,24 +235,23 @@ class _SourcePin:
         from pingctl.tokenizer import C, get_vocab
 
         vocab = get_vocab("compact")
-        vocab_size, self.byte0 = vocab.size, vocab.byte_offset
-        self.src = bytes(src)
-        self.role = C.SrcIPv4 if len(src) == 4 else C.SrcIPv6
-        self.block = np.ones(vocab_size, bool)
-        self.block[[C.SrcIPv6, C.DstIPv6] if len(src) == 4 else [C.SrcIPv4, C.DstIPv4]] = False
-        self.only = np.zeros((len(src), vocab_size), bool)
-        self.only[np.arange(len(src)), self.byte0 + np.frombuffer(self.src, np.uint8).astype(np.int64)] = True
+        self.n = len(src)
+        self.role = C.SrcIPv4 if self.n == 4 else C.SrcIPv6
+        self.block = np.ones(vocab.size, bool)
+        self.block[[C.SrcIPv6, C.DstIPv6] if self.n == 4 else [C.SrcIPv4, C.DstIPv4]] = False
+        self.only = np.zeros((self.n, vocab.size), bool)
+        self.only[np.arange(self.n), vocab.byte_offset + np.frombuffer(bytes(src), np.uint8).astype(np.int64)] = True
 
     def mask(self, grammar: np.ndarray, pending: int) -> np.ndarray:
         n = len(grammar)
         if pending:
-            return grammar & self.only[len(self.src) - pending, :n]
+            return grammar & self.only[self.n - pending, :n]
         return grammar & self.block[:n]
 
     def after(self, token: int, pending: int) -> int:
         if pending:
             return pending - 1
-        return len(self.src) if token == self.role else 0
+        return self.n if token == self.role else 0
 
 
 def _draw(lp: np.ndarray, mask: np.ndarray, rng: np.random.Generator, temperature: float, top_p: float) -> int:

@@ -91,8 +91,6 @@ class RttDistribution:
         """Mean of the central 1 - 2*trim of the mass (exact: each code weighs by the overlap
         of its CDF interval with [trim, 1 - trim]). An undertrained model puts a little mass on
         codes far past any ping timeout, which moves the plain mean by seconds."""
-        if trim <= 0.0:
-            return self.mean
         hi = np.cumsum(self.probs)
         lo = hi - self.probs
         w = np.clip(np.minimum(hi, 1.0 - trim) - np.maximum(lo, trim), 0.0, None)
