@@ -165,6 +165,7 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", "1.2.3", "--dst", dst], "not an IP address"),
         (["--src", src, "--dst", "2001:db8::*/32"], "bad CIDR"),
         (["--src", src, "--dst", "2001:db8::/32"], "one family"),
+        (["--src", src, "--dst", "2001:db8::1"], "--src is IPv4 but --dst is IPv6"),
         (["--src", src, "--rtt", "30-10"], "low <= high"),
         (["--dst", dst], "say what to ask"),
         (["--src", src, "--dst", dst, "--step", "99999"], "no checkpoint at step 99999 (checkpoints: 0"),

@@ -73,9 +73,11 @@ def sample(
             "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
-    for name, value in (("--src", src), ("--dst", dst)):
-        if value and not _is_pattern(value):
-            Q.parse_pattern(value)  # validates before the (slow) model load
+    family = {name: Q.parse_pattern(value)[0]  # validates before the (slow) model load
+              for name, value in (("--src", src), ("--dst", dst)) if value and not _is_pattern(value)}
+    if len(set(family.values())) > 1:
+        raise PingctlError(f"--src is IPv{family['--src']} but --dst is IPv{family['--dst']}: "
+                           "a measurement has one family")
     t_query = _parse_time(time)
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, step)
