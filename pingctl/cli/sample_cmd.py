@@ -73,11 +73,7 @@ def sample(
             "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
-    family = {name: Q.parse_pattern(value)[0]  # validates before the (slow) model load
-              for name, value in (("--src", src), ("--dst", dst)) if value and not _is_pattern(value)}
-    if len(set(family.values())) > 1:
-        raise PingctlError(f"--src is IPv{family['--src']} but --dst is IPv{family['--dst']}: "
-                           "a measurement has one family")
+    Q.parse_pair(src, dst)  # validates before the (slow) model load
     t_query = _parse_time(time)
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, step)

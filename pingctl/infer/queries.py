@@ -254,6 +254,14 @@ def parse_pattern(text: str) -> tuple[int, list[np.ndarray]]:
     return (6 if len(raw) == 16 else 4), [np.arange(256) == b for b in raw]
 
 
+def parse_pair(src: str | None, dst: str | None) -> tuple[tuple | None, tuple | None]:
+    """parse_pattern of each given side; one address family for both."""
+    ps, pd = (parse_pattern(v) if v else None for v in (src, dst))
+    if ps and pd and ps[0] != pd[0]:
+        raise PingctlError(f"--src is IPv{ps[0]} but --dst is IPv{pd[0]}: a measurement has one family")
+    return ps, pd
+
+
 def _parse_full(text: str) -> bytes:
     try:
         return ipaddress.ip_address(text).packed
@@ -271,10 +279,7 @@ def complete(
 ) -> list[dict]:
     """Top-k (src, dst) completions with P(missing bytes | fixed parts)."""
     _require_compact(model)
-    fs, asrc = parse_pattern(src)
-    fd, adst = parse_pattern(dst)
-    if fs != fd:
-        raise PingctlError(f"source is IPv{fs} but destination is IPv{fd}: a measurement has one family")
+    (fs, asrc), (fd, adst) = parse_pair(src, dst)
     plan: list = [C.MeasurementStart]
     if rtt_ms is not None:  # training shuffles field order, so the result can come first
         code = int(encode_rtt([rtt_ms])[0])
