@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -137,6 +138,27 @@ def test_completions_respect_fixed_bytes(model, pair):
         assert ipaddress.ip_address(f["dst"]) in net
 
 
+def test_context_per_pair_keeps_the_most_recent_measurements_of_each_pair(model):
+    from pingctl.infer import queries as Q
+    from pingctl.tokenizer import Measurements
+
+    # out of time order on purpose: the cap must pick by time, not by file position
+    src = ["10.0.0.1"] * 6
+    dst = ["10.0.1.1", "10.0.2.2", "10.0.1.1", "10.0.3.3", "10.0.1.1", "10.0.2.2"]
+    rtt = [11.0, 22.0, 12.0, 33.0, 13.0, 23.0]
+    t = [100, 200, 300, 400, 500, 150]
+    ctx = Measurements.from_fields(src, dst, rtt, t)
+    capped, last = Q.context_tokens(model, ctx, 400, per_pair=1)
+    # the most recent of each pair: 10.0.1.1 at 500, 10.0.2.2 at 200, 10.0.3.3 at 400
+    keep = [4, 1, 3]
+    want, want_last = Q.context_tokens(model, Measurements.from_fields(
+        [src[i] for i in keep], [dst[i] for i in keep], [rtt[i] for i in keep], [t[i] for i in keep]), 400)
+    assert np.array_equal(capped, want) and last == want_last == 500
+    full, _ = Q.context_tokens(model, ctx, 400)
+    two, _ = Q.context_tokens(model, ctx, 400, per_pair=2)
+    assert len(capped) < len(two) < len(full)
+
+
 def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     src, dst = pair
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--json", "--plot", str(tmp_path / "d.png")])
@@ -160,6 +182,16 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     res = json.loads(r.stdout)
     assert res["mode"] == "generate" and res["context_tokens"] > 0 and res["measurements"]
     assert {m["src"] for m in res["measurements"]} == {src}
+    trained = yaml.safe_load((tiny_run / "config.yaml").read_text())["loader"]["max_per_pair"]
+    assert res["context_per_pair"] == trained  # the default: contexts shaped as in training
+    r1 = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--context", str(ctx),
+                             "--context-per-pair", "1", "--json"])
+    r0 = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--context", str(ctx),
+                             "--context-per-pair", "0", "--json"])
+    assert r1.exit_code == 0 and r0.exit_code == 0, r1.output + r0.output
+    n_pairs = len(set(t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 5).column("dst_addr").to_pylist()))
+    assert n_pairs < 5  # a result's packets share their pair, so the five repeat one
+    assert json.loads(r1.stdout)["context_tokens"] < json.loads(r0.stdout)["context_tokens"]
     for args, msg in (
         (["--src", "300.1.1.1", "--dst", dst], "300.1.1.1"),
         (["--src", "1.2.3", "--dst", dst], "not an IP address"),
@@ -168,6 +200,8 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", src, "--dst", "2001:db8::1"], "--src is IPv4 but --dst is IPv6"),
         (["--src", src, "--rtt", "30-10"], "low <= high"),
         (["--dst", dst], "say what to ask"),
+        (["--src", src, "--dst", dst, "--context-per-pair", "-1"], "--context-per-pair must be >= 0"),
+        (["--src", src, "--dst", dst, "--context", str(tmp_path / "missing.parquet")], "missing.parquet"),
         (["--src", src, "--dst", dst, "--step", "99999"], "no checkpoint at step 99999 (checkpoints: 0"),
     ):
         r = runner.invoke(app, ["sample", str(tiny_run), *args])

@@ -43,22 +43,52 @@ def _train(args, **kw):
     return subprocess.run([sys.executable, "-m", "pingctl", "train", *args, "--json"], capture_output=True, text=True, **kw)
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_renders_a_config_maxtext_accepts(preset, tmp_path, rows):
-    cfg = load_config(None, [f"model.preset={preset}", f"train.train_rows={rows[0]}", "train.steps=5"])
+def _pyconfig(text: str, tmp_path: Path, *attrs: str) -> list[str]:
+    """The given attributes of the config MaxText's own pyconfig builds from `text`."""
     path = tmp_path / "maxtext.yml"
-    path.write_text(render_maxtext(cfg, tmp_path))
+    path.write_text(text)
     code = (
         "import sys; from maxtext.configs import pyconfig; "
         "c = pyconfig.initialize(['', sys.argv[1], 'skip_jax_distributed_system=true']); "
-        "print(c.vocab_size, c.emb_dim, c.num_decoder_layers, c.max_target_length, c.dataset_type)"
+        "print(*(getattr(c, a) for a in sys.argv[2:]))"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, str(path), *attrs], capture_output=True, text=True,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
-    vocab, emb, layers, seq, dtype = out.stdout.split()[-5:]
+    return out.stdout.split()[-len(attrs):]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_renders_a_config_maxtext_accepts(preset, tmp_path, rows):
+    cfg = load_config(None, [f"model.preset={preset}", f"train.train_rows={rows[0]}", "train.steps=5"])
+    vocab, emb, layers, seq, dtype = _pyconfig(render_maxtext(cfg, tmp_path), tmp_path,
+                                               "vocab_size", "emb_dim", "num_decoder_layers", "max_target_length",
+                                               "dataset_type")
     p = PRESETS[preset]
     assert (int(vocab), int(emb), int(layers), int(seq), dtype) == (267, p["emb_dim"], p["layers"], 1024, "DatasetType.GRAIN")
+
+
+def test_overrides_replace_template_keys_and_reach_maxtext(tmp_path, rows):
+    # enable_dropout and dtype are also written by the template: the override must win, as the
+    # only definition (MaxText's loader rejects duplicate keys; before, dropout_rate alone was inert)
+    over = "model.overrides={enable_dropout: true, dropout_rate: 0.1, dtype: bfloat16, remat_policy: full}"
+    cfg = load_config(None, ["model.preset=tiny", f"train.train_rows={rows[0]}", over])
+    text = render_maxtext(cfg, tmp_path)
+    live = [ln.split(":")[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert live.count("enable_dropout") == 1 and live.count("dtype") == 1 and live.count("remat_policy") == 1
+    assert _pyconfig(text, tmp_path, "enable_dropout", "dropout_rate", "dtype", "remat_policy") == [
+        "True", "0.1", "bfloat16", "full"]
+
+
+@pytest.mark.parametrize("key,field", [("max_target_length", "loader.seq_len"), ("learning_rate", "train.learning_rate")])
+def test_overrides_of_keys_pingctl_derives_are_refused_with_the_field_to_use(key, field, tmp_path, rows):
+    from pingctl.errors import PingctlError
+
+    cfg = load_config(None, [f"train.train_rows={rows[0]}", f"model.overrides={{{key}: 7}}"])
+    with pytest.raises(PingctlError, match=f"{key}: set {field}"):
+        render_maxtext(cfg, tmp_path)
+    r = _train([str(rows[0]), "--run-dir", str(tmp_path / "run"), "--set", f"model.overrides={{{key}: 7}}"])
+    assert r.returncode != 0 and field in r.stdout + r.stderr and "Traceback" not in r.stderr
 
 
 def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):

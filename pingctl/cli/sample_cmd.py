@@ -34,6 +34,9 @@ def sample(
     rtt: Annotated[str | None, typer.Option(help="RTT in ms (20) or range (10-30): completion / inverse search.")] = None,
     time: Annotated[str | None, typer.Option(help="UTC time of the query (ISO 8601 or Unix seconds).")] = None,
     context: Annotated[Path | None, typer.Option(help="Parquet of the probe's preceding measurements.")] = None,
+    context_per_pair: Annotated[int | None, typer.Option(
+        help="At most this many measurements of one (src, dst) pair from --context, the most recent "
+             "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     n: Annotated[int | None, typer.Option(
         "--n", help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
     measurements: Annotated[int, typer.Option(help="Generation: measurements per stream.")] = 8,
@@ -73,14 +76,21 @@ def sample(
             "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
-    Q.parse_pair(src, dst)  # validates before the (slow) model load
+    # everything the user typed is validated before the (slow) model load
+    Q.parse_pair(src, dst)
     t_query = _parse_time(time)
+    if context_per_pair is not None and context_per_pair < 0:
+        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {context_per_pair}")
+    ctx = _read_context(context) if context is not None else None
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, step)
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     if context is not None:
-        ctx_tokens, last_t = Q.context_tokens(model, _read_context(context), model.seq_len - 64)
+        per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
+        ctx_tokens, last_t = Q.context_tokens(model, ctx, model.seq_len - 64, per_pair)
     result: dict = {"mode": mode, "run": str(run), "step": model.step, "context_tokens": int(len(ctx_tokens))}
+    if context is not None:
+        result["context_per_pair"] = per_pair
     if mode == "distribution":
         d = Q.rtt_distribution(model, Q.query_prefix(src, dst, t_query, ctx_tokens, last_t))
         result.update({"src": src, "dst": dst, "time": t_query, **d.summary()})

@@ -33,12 +33,20 @@ def _require_compact(model) -> None:
 # ----------------------------------------------------------------- prompts
 
 
-def context_tokens(model, context: Measurements | None, budget: int) -> tuple[np.ndarray, int | None]:
+def context_tokens(model, context: Measurements | None, budget: int, per_pair: int = 0) -> tuple[np.ndarray, int | None]:
     """The most recent context measurements that fit `budget` tokens, time-ordered, every one
-    timestamped (the *full* training mode); returns (tokens, last timestamp)."""
+    timestamped (the *full* training mode); returns (tokens, last timestamp). With `per_pair`,
+    only the most recent `per_pair` measurements of each (src, dst) pair are kept first, as
+    `loader.max_per_pair` shapes training contexts."""
     if context is None or len(context) == 0:
         return np.zeros(0, np.int32), None
     order = np.argsort(context.time_s, kind="stable")
+    if per_pair:
+        from pingctl.loader.contexts import first_k_per_key
+
+        pair = np.concatenate([context.src, context.dst], axis=1)[order[::-1]]
+        _, key = np.unique(pair, axis=0, return_inverse=True)
+        order = order[::-1][first_k_per_key(key.ravel(), per_pair)][::-1]
     m = context.take(order)
     m.has_time[:] = True
     enc = encode(m, "compact")

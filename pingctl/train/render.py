@@ -69,9 +69,71 @@ def maxtext_values(cfg: Config, run_dir: Path) -> dict:
     }
 
 
+# MaxText keys that pingctl derives from its own config: overriding them in `model.overrides`
+# would desynchronise MaxText from pingctl's loader, resume logic or inference, so the pingctl
+# field is named instead.
+RESERVED = {
+    "run_name": "train.run_dir",
+    "base_output_directory": "train.run_dir",
+    "hardware": "train.hardware",
+    "steps": "train.steps",
+    "vocab_size": "tokenizer.scheme",
+    "max_target_length": "loader.seq_len",
+    "per_device_batch_size": "loader.batch_size",
+    "learning_rate": "train.learning_rate",
+    "warmup_steps_fraction": "train.warmup_fraction",
+    "attention": "train.attention",
+    "dataset_type": "the rows given to `pingctl train`",
+    "grain_train_files": "the rows given to `pingctl train`",
+    "grain_eval_files": "train.eval_rows (--eval)",
+    "eval_interval": "train.eval_interval",
+    "eval_steps": "train.eval_steps",
+    "checkpoint_period": "train.checkpoint_period",
+    "log_period": "train.log_period",
+    "metrics_file": "the run directory's metrics.jsonl",
+    "jax_cache_dir": "train.jax_cache_dir",
+    "enable_wandb": "train.wandb",
+}
+OVERRIDES_MARK = "# Overrides (model.overrides"
+
+
+def check_overrides(overrides: dict) -> None:
+    bad = {k: RESERVED[k] for k in overrides if k in RESERVED}
+    if bad:
+        hint = "; ".join(f"{k}: set {v}" for k, v in bad.items())
+        raise PingctlError(f"model.overrides may not set {', '.join(bad)} (pingctl sets it from its own config: {hint})")
+
+
+def _drop_overridden(text: str, overrides: dict) -> str:
+    """Comment out the template's own line for every key that `model.overrides` sets, so the
+    override is the key's only definition (MaxText's loader rejects duplicate keys)."""
+    head, mark, tail = text.partition(OVERRIDES_MARK)
+    out = []
+    for line in head.splitlines(keepends=True):
+        key = line.split(":", 1)[0]
+        if ":" in line and key in overrides and key.isidentifier():
+            line = f"# {line.rstrip()}  (replaced by model.overrides)\n"
+        out.append(line)
+    return "".join(out) + mark + tail
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+        if dup:
+            raise PingctlError(f"rendered MaxText config defines {dup} more than once")
+        return super().construct_mapping(node, deep=deep)
+
+
 def render_maxtext(cfg: Config, run_dir: Path) -> str:
+    overrides = cfg.model.overrides
+    check_overrides(overrides)
     text = env().get_template("maxtext.yml.j2").render(**maxtext_values(cfg, run_dir))
-    yaml.safe_load(text)  # a template bug must fail here, not inside MaxText
+    if overrides:
+        text = _drop_overridden(text, overrides)
+    # A template bug must fail here, not inside MaxText (whose loader also rejects duplicates).
+    yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     return text
 
 
