@@ -79,18 +79,17 @@ def sample(
     # everything the user typed is validated before the (slow) model load
     Q.parse_pair(src, dst)
     t_query = _parse_time(time)
-    if context_per_pair is not None and context_per_pair < 0:
-        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {context_per_pair}")
+    Q.check_per_pair(context_per_pair)
     ctx = _read_context(context) if context is not None else None
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, step)
+    result: dict = {"mode": mode, "run": str(run), "step": model.step}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
-    if context is not None:
+    if ctx is not None:
         per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
         ctx_tokens, last_t = Q.context_tokens(model, ctx, model.seq_len - 64, per_pair)
-    result: dict = {"mode": mode, "run": str(run), "step": model.step, "context_tokens": int(len(ctx_tokens))}
-    if context is not None:
         result["context_per_pair"] = per_pair
+    result["context_tokens"] = int(len(ctx_tokens))
     if mode == "distribution":
         d = Q.rtt_distribution(model, Q.query_prefix(src, dst, t_query, ctx_tokens, last_t))
         result.update({"src": src, "dst": dst, "time": t_query, **d.summary()})

@@ -67,7 +67,7 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
     pk = _probe_keys(pool, sources)
     pair = None
     if per_pair:
-        from pingctl.loader.contexts import first_k_per_key
+        from pingctl.loader.contexts import last_k_per_key
 
         dsts = vocabulary(pool["dst"])
         pair = codes_in(pool["src"], sources) * len(dsts) + codes_in(pool["dst"], dsts)
@@ -88,8 +88,8 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
         prev = order[lo:hi]
         if policy == "cold":
             prev = prev[(psrc[prev] != test["src"][i]) | (pdst[prev] != test["dst"][i])]
-        if pair is not None:  # the most recent per_pair of each pair: first k of the reversed list
-            prev = prev[first_k_per_key(pair[prev][::-1], per_pair)[::-1]]
+        if pair is not None:
+            prev = prev[last_k_per_key(pair[prev], per_pair)]
         out.append(prev[-context:])
     return out
 

@@ -23,10 +23,10 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     from pingctl.eval.model import check_policy, predict
     from pingctl.infer.model import LoadedModel
+    from pingctl.infer.queries import check_per_pair
 
     check_policy(policy)  # before the splits and the model are loaded
-    if per_pair is not None and per_pair < 0:
-        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
+    check_per_pair(per_pair)
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path)

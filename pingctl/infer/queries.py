@@ -33,6 +33,12 @@ def _require_compact(model) -> None:
 # ----------------------------------------------------------------- prompts
 
 
+def check_per_pair(per_pair: int | None) -> None:
+    """`--context-per-pair` of `pingctl sample` and `pingctl eval`: None (as trained) or >= 0."""
+    if per_pair is not None and per_pair < 0:
+        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
+
+
 def context_tokens(model, context: Measurements | None, budget: int, per_pair: int = 0) -> tuple[np.ndarray, int | None]:
     """The most recent context measurements that fit `budget` tokens, time-ordered, every one
     timestamped (the *full* training mode); returns (tokens, last timestamp). With `per_pair`,
@@ -42,11 +48,10 @@ def context_tokens(model, context: Measurements | None, budget: int, per_pair: i
         return np.zeros(0, np.int32), None
     order = np.argsort(context.time_s, kind="stable")
     if per_pair:
-        from pingctl.loader.contexts import first_k_per_key
+        from pingctl.loader.contexts import last_k_per_key
 
-        pair = np.concatenate([context.src, context.dst], axis=1)[order[::-1]]
-        _, key = np.unique(pair, axis=0, return_inverse=True)
-        order = order[::-1][first_k_per_key(key.ravel(), per_pair)][::-1]
+        _, pair = np.unique(np.concatenate([context.src, context.dst], axis=1)[order], axis=0, return_inverse=True)
+        order = order[last_k_per_key(pair.ravel(), per_pair)]
     m = context.take(order)
     m.has_time[:] = True
     enc = encode(m, "compact")

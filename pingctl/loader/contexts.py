@@ -156,6 +156,11 @@ def first_k_per_key(key: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
+def last_k_per_key(key: np.ndarray, k: int) -> np.ndarray:
+    """bool mask: the last `k` occurrences of each key value (the most recent, in time order)."""
+    return first_k_per_key(key[::-1], k)[::-1]
+
+
 def _first_per_pair(rec: ProbeRecord, idx: np.ndarray, k: int) -> np.ndarray:
     """The first `k` positions of each (src, dst) pair among time-ordered positions `idx`."""
     key = (rec.src_idx[idx].astype(np.int64) << 32) | rec.dst_idx[idx].astype(np.int64)

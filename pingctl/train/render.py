@@ -110,8 +110,8 @@ def _drop_overridden(text: str, overrides: dict) -> str:
     head, mark, tail = text.partition(OVERRIDES_MARK)
     out = []
     for line in head.splitlines(keepends=True):
-        key = line.split(":", 1)[0]
-        if ":" in line and key in overrides and key.isidentifier():
+        key, sep, _ = line.partition(":")
+        if sep and key in overrides:  # top-level keys only: an indented or comment line never matches
             line = f"# {line.rstrip()}  (replaced by model.overrides)\n"
         out.append(line)
     return "".join(out) + mark + tail
