@@ -102,3 +102,25 @@ def test_field_bits_split_the_measurement_bits_by_block():
     assert pos == len(f)
     n = nll_from_scores([f], [s], np.array([6]))
     assert sum(n["bits_per_field"].values()) == pytest.approx(n["bits_per_measurement"])
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_prompts_are_timestamped_as_the_run_was_trained(timed):
+    from types import SimpleNamespace
+
+    from pingctl.eval.model import prompts
+    from pingctl.tokenizer import C, decode
+
+    model = SimpleNamespace(seq_len=256, timestamps=timed)
+    pool = context_pool(TEST, TRAIN, "cold")
+    idx = np.array([3])
+    ctx = context_indices(pool, TEST, idx, 16, "cold")
+    (prompt,), (full,) = prompts(model, TEST, idx, pool, ctx)
+    time_tokens = {C.TimestampAbs, C.TimestampDelta1, C.TimestampDelta4}
+    assert bool(time_tokens & set(prompt.tolist())) == timed
+    # the full sequence is the prompt followed by the packet's own result block
+    assert np.array_equal(full[: len(prompt)], prompt) and full[len(prompt)] == C.RttStart
+    m = decode(full, "compact").measurements
+    assert list(m.dst_text()) == ["2.2.2.2", "2.2.2.2", "1.1.1.1"]  # two cold-context packets, then the query
+    assert m.rtt_ms.tolist() == pytest.approx([30.0, 31.0, 11.0], rel=2e-3)
+    assert bool(m.has_time.all()) == timed and (timed or not m.has_time.any())

@@ -159,6 +159,51 @@ def test_context_per_pair_keeps_the_most_recent_measurements_of_each_pair(model)
     assert len(capped) < len(two) < len(full)
 
 
+def test_untimed_context_has_no_timestamps_and_the_same_measurements():
+    from pingctl.infer import queries as Q
+    from pingctl.tokenizer import C, Measurements, decode
+
+    ctx = Measurements.from_fields(["10.0.0.1"] * 4, ["10.0.1.1", "10.0.2.2", "10.0.3.3", "10.0.4.4"],
+                                   [11.0, -1.0, 33.0, 44.0], [400, 100, 300, 200])
+    timed, last = Q.context_tokens(None, ctx, 400)
+    plain, none = Q.context_tokens(None, ctx, 400, timed=False)
+    assert last == 400 and none is None and len(plain) < len(timed)
+    assert not {C.TimestampAbs, C.TimestampDelta1, C.TimestampDelta4} & set(plain.tolist())
+    a, b = decode(timed, "compact").measurements, decode(plain, "compact").measurements
+    assert list(b.dst_text()) == list(a.dst_text()) == ["10.0.2.2", "10.0.4.4", "10.0.3.3", "10.0.1.1"]
+    assert np.array_equal(a.rtt_ms, b.rtt_ms) and not b.has_time.any()
+    # a tight budget keeps the most recent measurements in both forms
+    short, _ = Q.context_tokens(None, ctx, 8 + 2 * 14, timed=False)
+    assert list(decode(short, "compact").measurements.dst_text()) == ["10.0.3.3", "10.0.1.1"]
+
+
+def test_run_trained_without_timestamps_is_asked_without_them(tiny_run, synth_rows, pair, tmp_path):
+    import shutil
+
+    from pingctl.infer.model import LoadedModel
+
+    run = tmp_path / "untimed"
+    shutil.copytree(tiny_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert LoadedModel.load(run).timestamps  # the fixture trained with the default mode mix
+    cfg["loader"]["mode_weights"] = [0.0, 0.0, 1.0]
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert not LoadedModel.load(run).timestamps
+    src, dst = pair
+    ctx = tmp_path / "ctx.parquet"
+    t = pq.read_table(synth_rows / "synth" / "part-00000.parquet")
+    pq.write_table(t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 5), ctx)
+    args = ["sample", "--src", src, "--dst", dst, "--context", str(ctx), "--context-per-pair", "0", "--json"]
+    r_timed = runner.invoke(app, [args[0], str(tiny_run), *args[1:]])
+    r_plain = runner.invoke(app, [args[0], str(run), *args[1:]])
+    assert r_timed.exit_code == 0 and r_plain.exit_code == 0, r_timed.output + r_plain.output
+    timed, plain = json.loads(r_timed.stdout), json.loads(r_plain.stdout)
+    assert timed["timestamps"] and not plain["timestamps"]
+    assert plain["context_tokens"] < timed["context_tokens"]  # the same five measurements, no timestamps
+    r = runner.invoke(app, ["sample", str(run), "--src", src, "--dst", dst, "--time", "2024-01-01T12:00:00Z"])
+    assert r.exit_code != 0 and "trained without timestamps" in r.output and "Traceback" not in r.output, r.output
+
+
 def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     src, dst = pair
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--json", "--plot", str(tmp_path / "d.png")])

@@ -59,7 +59,7 @@ def sample(
 
     from pingctl.errors import PingctlError
     from pingctl.infer import queries as Q
-    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
 
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     rng = np.random.default_rng(cfg.sample.seed)
@@ -81,13 +81,16 @@ def sample(
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
     ctx = _read_context(context) if context is not None else None
+    if t_query is not None and not trained_with_timestamps(run_config(run).loader.mode_weights):
+        raise PingctlError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
+                           "so it cannot condition on a time; ask without --time")
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, step)
-    result: dict = {"mode": mode, "run": str(run), "step": model.step}
+    result: dict = {"mode": mode, "run": str(run), "step": model.step, "timestamps": model.timestamps}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     if ctx is not None:
         per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
-        ctx_tokens, last_t = Q.context_tokens(model, ctx, model.seq_len - 64, per_pair)
+        ctx_tokens, last_t = Q.context_tokens(model, ctx, model.seq_len - 64, per_pair, timed=model.timestamps)
         result["context_per_pair"] = per_pair
     result["context_tokens"] = int(len(ctx_tokens))
     if mode == "distribution":

@@ -2,7 +2,8 @@
 
 For each evaluated test packet the prompt is some of the probe's preceding measurements
 (the *context*, chosen by a policy below, at most `context` of them, every one timestamped,
-as the loader's *full* mode), then the packet's timestamp, source and destination. The
+as the loader's *full* mode), then the packet's timestamp, source and destination. A run
+trained without timestamps (`loader.mode_weights` all on *none*) gets prompts without any. The
 exact RTT-code distribution after that prompt gives the median, the central-interval
 quantiles, the PIT value of the actual RTT and the failure probability. Teacher-forced
 scoring of prompt + actual result gives NLL per token and bits per measurement.
@@ -96,16 +97,18 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
 
 def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray]
             ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(prompt tokens, full tokens with the actual result) per query packet."""
+    """(prompt tokens, full tokens with the actual result) per query packet; timestamped as
+    the run was trained (`model.timestamps`)."""
+    timed = model.timestamps
     t = np.asarray(test["event_time"], np.int64)
     prompts_, fulls = [], []
     budget = model.seq_len - 64
     for i, prev in zip(idx, contexts):
         ctx = _measurements(pool, prev) if len(prev) else None
-        ctx_tok, last_t = Q.context_tokens(model, ctx, budget)
+        ctx_tok, last_t = Q.context_tokens(model, ctx, budget, timed=timed)
         src, dst = str(test["src"][i]), str(test["dst"][i])
-        prompt = Q.query_prefix(src, dst, int(t[i]), ctx_tok, last_t)
-        q = _measurements(test, np.array([i]))
+        prompt = Q.query_prefix(src, dst, int(t[i]) if timed else None, ctx_tok, last_t)
+        q = _measurements(test, np.array([i]), timed)
         ref = Measurements.concat([_measurements(pool, prev[-1:]), q]) if last_t is not None else q
         enc = encode(ref, "compact", order=("time", "src", "dst", "result"))
         tail = enc.measurement(len(ref) - 1)
@@ -114,10 +117,10 @@ def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.nd
     return prompts_, fulls
 
 
-def _measurements(d: dict, idx: np.ndarray) -> Measurements:
+def _measurements(d: dict, idx: np.ndarray, timed: bool = True) -> Measurements:
     return Measurements.from_fields(
         [str(x) for x in d["src"][idx]], [str(x) for x in d["dst"][idx]], np.asarray(d["rtt"])[idx],
-        [int(x) for x in np.asarray(d["event_time"])[idx]],
+        [int(x) for x in np.asarray(d["event_time"])[idx]] if timed else None,
     )
 
 

@@ -50,7 +50,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
                   pit=pred["pit"], p_fail=pred["p_fail"],
                   info={"run": str(run), "step": model.step, "context_measurements": context,
-                        "context_policy": policy, "context_per_pair": per_pair, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
+                        "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
     if policy == "probe":
         _add_context_median(report, pred["context_median"])
     # show the model first

@@ -36,6 +36,25 @@ def _env(hardware: str) -> None:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def trained_with_timestamps(mode_weights) -> bool:
+    """False only for a run whose loader never timestamped a measurement (mode `none` alone):
+    its prompts must then carry no timestamps either, or they are out of its distribution."""
+    full, partial, _none = mode_weights
+    return full > 0 or partial > 0
+
+
+def run_config(run_dir: Path | str):
+    """The resolved config a `pingctl train` run directory was trained with (cheap: no JAX)."""
+    import yaml
+
+    from pingctl.config import Config
+
+    run = Path(run_dir).resolve()
+    if not (run / "config.yaml").exists() or not (run / "maxtext.yml").exists():
+        raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
+    return Config.model_validate(yaml.safe_load((run / "config.yaml").read_text()))
+
+
 def latest_step(run: Path) -> int:
     from pingctl.train.local import checkpoint_steps
 
@@ -56,18 +75,14 @@ class LoadedModel:
     _forward: object
     _state: object
     max_per_pair: int = 0  # the run's loader.max_per_pair: how its training contexts were shaped
+    timestamps: bool = True  # whether its training contexts carried timestamps (loader.mode_weights)
 
     @classmethod
     def load(cls, run_dir: Path | str, step: int | None = None, hardware: str | None = None, batch: int = 32):
-        import yaml
-
-        from pingctl.config import Config
         from pingctl.train.render import MAXTEXT_RUN_NAME
 
         run = Path(run_dir).resolve()
-        if not (run / "config.yaml").exists() or not (run / "maxtext.yml").exists():
-            raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
-        cfg = Config.model_validate(yaml.safe_load((run / "config.yaml").read_text()))
+        cfg = run_config(run)
         step = latest_step(run) if step is None else step
         items = run / MAXTEXT_RUN_NAME / "checkpoints" / str(step) / "items"
         if not items.is_dir():
@@ -105,7 +120,7 @@ class LoadedModel:
                 return forward(st, t, p, s)
 
         return cls(run, step, cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward, state,
-                   cfg.loader.max_per_pair)
+                   cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights))
 
     # ------------------------------------------------------------------ forward
 

@@ -39,11 +39,13 @@ def check_per_pair(per_pair: int | None) -> None:
         raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
 
 
-def context_tokens(model, context: Measurements | None, budget: int, per_pair: int = 0) -> tuple[np.ndarray, int | None]:
+def context_tokens(model, context: Measurements | None, budget: int, per_pair: int = 0,
+                   timed: bool = True) -> tuple[np.ndarray, int | None]:
     """The most recent context measurements that fit `budget` tokens, time-ordered, every one
-    timestamped (the *full* training mode); returns (tokens, last timestamp). With `per_pair`,
-    only the most recent `per_pair` measurements of each (src, dst) pair are kept first, as
-    `loader.max_per_pair` shapes training contexts."""
+    timestamped (the *full* training mode) or, with `timed=False`, none (the *none* mode, for
+    a run trained without timestamps); returns (tokens, last timestamp or None). With
+    `per_pair`, only the most recent `per_pair` measurements of each (src, dst) pair are kept
+    first, as `loader.max_per_pair` shapes training contexts."""
     if context is None or len(context) == 0:
         return np.zeros(0, np.int32), None
     order = np.argsort(context.time_s, kind="stable")
@@ -53,7 +55,7 @@ def context_tokens(model, context: Measurements | None, budget: int, per_pair: i
         _, pair = np.unique(np.concatenate([context.src, context.dst], axis=1)[order], axis=0, return_inverse=True)
         order = order[last_k_per_key(pair.ravel(), per_pair)]
     m = context.take(order)
-    m.has_time[:] = True
+    m.has_time[:] = timed
     enc = encode(m, "compact")
     lens = enc.lengths
     # keep a suffix; its first timestamp becomes absolute (+7 tokens at most)
@@ -61,7 +63,7 @@ def context_tokens(model, context: Measurements | None, budget: int, per_pair: i
     if keep == 0:
         return np.zeros(0, np.int32), None
     m = m.take(np.arange(len(m) - keep, len(m)))
-    return encode(m, "compact").tokens, int(m.time_s[-1])
+    return encode(m, "compact").tokens, (int(m.time_s[-1]) if timed else None)
 
 
 def query_prefix(src: str, dst: str, time_s: int | None, context: np.ndarray, last_time: int | None) -> np.ndarray:
