@@ -53,16 +53,20 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     from pingctl.config import ShardConfig
     from pingctl.shard import shard
 
+    from pingctl.train.local import checkpoint_steps
+
     pairs = tmp_path / "pairsplit"
     shard([synth_rows / "synth"], pairs, ShardConfig(strategy="pair"))
+    first, last = checkpoint_steps(tiny_run)[0], checkpoint_steps(tiny_run)[-1]
     r = runner.invoke(app, [
         "eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
         "--queries", "6", "--context", "4", "--context-policy", "cold", "--context-per-pair", "1",
-        "-o", str(tmp_path / "ev"), "--json",
+        "--step", f"{last},{first}", "-o", str(tmp_path / "ev"), "--json",
     ])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     info = rep["predictors"]["model"]["info"]
+    assert info["steps"] == [first, last] and info["step"] == last  # their weights averaged
     assert info["context_policy"] == "cold" and info["context_sizes"]["mean"] > 0
     assert info["context_per_pair"] == 1
     assert "context_median" not in rep["predictors"]
@@ -74,6 +78,9 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     neg = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
                               "--context-per-pair", "-1"])
     assert neg.exit_code != 0 and "context-per-pair" in neg.output and "Traceback" not in neg.output
+    bad_step = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test",
+                                   str(pairs / "test"), "--step", "best"])
+    assert bad_step.exit_code != 0 and "--step 'best'" in bad_step.output and "Traceback" not in bad_step.output
 
 
 def test_eval_bad_inputs_are_clear(tiny_run, tmp_path):

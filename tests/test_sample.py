@@ -248,6 +248,33 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", src, "--dst", dst, "--context-per-pair", "-1"], "--context-per-pair must be >= 0"),
         (["--src", src, "--dst", dst, "--context", str(tmp_path / "missing.parquet")], "missing.parquet"),
         (["--src", src, "--dst", dst, "--step", "99999"], "no checkpoint at step 99999 (checkpoints: 0"),
+        (["--src", src, "--dst", dst, "--step", "0,99999"], "no checkpoint at step 99999 (checkpoints: 0"),
+        (["--src", src, "--dst", dst, "--step", "0,last"], "steps separated by commas"),
+        (["--src", src, "--dst", dst, "--step", "0,0"], "must be distinct"),
     ):
         r = runner.invoke(app, ["sample", str(tiny_run), *args])
         assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output, (args, r.output)
+
+
+def test_averaged_checkpoints_hold_the_mean_of_their_weights(tiny_run, pair):
+    import jax
+
+    from pingctl.infer.model import LoadedModel
+    from pingctl.train.local import checkpoint_steps
+
+    first, last = checkpoint_steps(tiny_run)[0], checkpoint_steps(tiny_run)[-1]
+    assert first < last
+    a, b = LoadedModel.load(tiny_run, first), LoadedModel.load(tiny_run, last)
+    m = LoadedModel.load(tiny_run, [last, first])
+    assert (m.step, m.steps, b.steps) == (last, (first, last), (last,))
+    floats = 0
+    for x, y, z in zip(jax.tree.leaves(a._state), jax.tree.leaves(b._state), jax.tree.leaves(m._state), strict=True):
+        if jax.numpy.issubdtype(x.dtype, jax.numpy.floating):  # not RNG keys
+            x, y, z = np.asarray(x), np.asarray(y), np.asarray(z)
+            floats += 1
+            np.testing.assert_allclose(z, (x + y) / 2, rtol=1e-5, atol=1e-6)
+    assert floats > 4
+    # the forward pass runs on the averaged weights, not on either checkpoint's
+    seq = [np.array([C.MeasurementStart, C.SrcIPv4, *range(11, 15)], dtype=np.int32)]
+    la, lb, lm = (mdl.log_probs(seq)[0] for mdl in (a, b, m))
+    assert not np.allclose(lm, la) and not np.allclose(lm, lb)

@@ -91,6 +91,23 @@ def test_overrides_of_keys_pingctl_derives_are_refused_with_the_field_to_use(key
     assert r.returncode != 0 and field in r.stdout + r.stderr and "Traceback" not in r.stderr
 
 
+def test_resume_allows_training_only_overrides_and_refuses_another_model(rows, tmp_path):
+    from pingctl.errors import PingctlError
+    from pingctl.train.local import prepare_run
+
+    run = tmp_path / "run"
+    base = ["model.preset=tiny", f"train.train_rows={rows[0]}"]
+    prepare_run(load_config(None, base), run)
+    (run / "maxtext" / "checkpoints" / "9").mkdir(parents=True)
+    (run / "maxtext" / "checkpoints" / "9" / "commit_success.txt").write_text("ok")
+    dropout = "model.overrides={enable_dropout: true, dropout_rate: 0.1, adam_weight_decay: 0.2}"
+    prepare_run(load_config(None, [*base, dropout]), run)  # same weights, trained differently from here
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["overrides"]["dropout_rate"] == 0.1
+    for other in ("model.preset=small", "model.overrides={emb_dim: 96}", "loader.seq_len=256"):
+        with pytest.raises(PingctlError, match="different model"):
+            prepare_run(load_config(None, [*base, dropout, other]), run)
+
+
 def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
     run = tmp_path / "run"
     common = [str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run), *TINY,

@@ -26,7 +26,9 @@ def evaluate(
         help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the packet subset and Vivaldi.")] = 0,
-    step: Annotated[int | None, typer.Option(help="Checkpoint step (default: the latest).")] = None,
+    step: Annotated[str | None, typer.Option(
+        help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
+             "average those checkpoints' weights.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a trained model against global/pair/prefix medians and Vivaldi on a test split.
@@ -36,16 +38,22 @@ def evaluate(
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
     """
     from pingctl.eval.run import evaluate as run_eval
+    from pingctl.infer.model import parse_steps
+
+    steps = parse_steps(step)
 
     with step_progress("eval") as report_progress:
-        report = run_eval(run, train, test, out, truth, queries, context, seed, step, policy=context_policy,
+        report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
                           per_pair=context_per_pair, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return
     from rich.table import Table
 
-    t = Table(title=f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}",
+    used = report["predictors"]["model"]["info"]["steps"]
+    at = f"step {used[0]}" if len(used) == 1 else f"the mean of steps {', '.join(map(str, used))}"
+    t = Table(title=f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}, "
+                    f"model at {at}",
               title_justify="left")
     for c in ("predictor", "median rel err", "p90 rel err", "MAE ms", "cov50", "cov90", "fail AUC", "fallback"):
         t.add_column(c, justify="left" if c == "predictor" else "right")

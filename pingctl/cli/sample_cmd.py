@@ -43,7 +43,9 @@ def sample(
     k: Annotated[int, typer.Option("-k", help="Completions to show.")] = 10,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Generation output (.parquet or .json).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
-    step: Annotated[int | None, typer.Option(help="Checkpoint step (default: the latest).")] = None,
+    step: Annotated[str | None, typer.Option(
+        help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
+             "average those checkpoints' weights.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
@@ -59,7 +61,7 @@ def sample(
 
     from pingctl.errors import PingctlError
     from pingctl.infer import queries as Q
-    from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
+    from pingctl.infer.model import LoadedModel, parse_steps, run_config, trained_with_timestamps
 
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     rng = np.random.default_rng(cfg.sample.seed)
@@ -80,13 +82,15 @@ def sample(
     Q.parse_pair(src, dst)
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
+    steps = parse_steps(step)
     ctx = _read_context(context) if context is not None else None
     if t_query is not None and not trained_with_timestamps(run_config(run).loader.mode_weights):
         raise PingctlError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
                            "so it cannot condition on a time; ask without --time")
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, step)
-    result: dict = {"mode": mode, "run": str(run), "step": model.step, "timestamps": model.timestamps}
+        model = LoadedModel.load(run, steps)
+    result: dict = {"mode": mode, "run": str(run), "step": model.step, "steps": list(model.steps),
+                    "timestamps": model.timestamps}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     if ctx is not None:
         per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
@@ -105,7 +109,7 @@ def sample(
         rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", result["mean_ms"]),
                 (f"mean ms, central {1 - 2 * Q.TRIM:.0%}", result["trimmed_mean_ms"])]
         rows += [(f"p{round(q * 100)} ms", result[f"p{round(q * 100)}_ms"]) for q in Q.QUANTILES]
-        emit(result, False, kv_table(f"RTT {src} -> {dst} (step {model.step})", rows))
+        emit(result, False, kv_table(f"RTT {src} -> {dst} ({model.label})", rows))
         _histogram(d)
         if plot:
             console.print(f"plot: {plot}")

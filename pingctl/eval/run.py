@@ -13,7 +13,7 @@ from pingctl.eval.report import add_predictor, baseline_table, compare, load_spl
 
 
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
-             queries: int = 300, context: int = 16, seed: int = 0, step: int | None = None,
+             queries: int = 300, context: int = 16, seed: int = 0, step: int | list[int] | None = None,
              vivaldi_rounds: int = 2000, policy: str = "probe", per_pair: int | None = None,
              progress=lambda _step, _done=0, _total=None: None) -> dict:
     """Model and baselines on the same `queries` test packets; writes report.json and plots.
@@ -49,7 +49,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     q = pred["quantiles"]
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
                   pit=pred["pit"], p_fail=pred["p_fail"],
-                  info={"run": str(run), "step": model.step, "context_measurements": context,
+                  info={"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
                         "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
     if policy == "probe":
         _add_context_median(report, pred["context_median"])

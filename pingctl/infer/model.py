@@ -8,6 +8,7 @@ shapes once. Everything the callers see is NumPy.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,42 @@ def latest_step(run: Path) -> int:
     return steps[-1]
 
 
+def parse_steps(text: str | None) -> list[int] | None:
+    """`--step` as typed: one step, or several separated by commas (their weights are averaged)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        steps = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise PingctlError(f"--step {text!r}: expected a step or steps separated by commas, e.g. 1000,1100,1200") from None
+    if any(s < 0 for s in steps) or len(set(steps)) != len(steps):
+        raise PingctlError(f"--step {text!r}: steps must be distinct and non-negative")
+    return steps
+
+
+def _steps(run: Path, step: int | Sequence[int] | None) -> list[int]:
+    from pingctl.train.local import checkpoint_steps
+
+    if step is None:
+        return [latest_step(run)]
+    steps = sorted([step] if isinstance(step, int) else step)
+    have = checkpoint_steps(run)
+    missing = [s for s in steps if s not in have]
+    if missing:
+        raise PingctlError(f"{run}: no checkpoint at step {', '.join(map(str, missing))} "
+                           f"(checkpoints: {', '.join(map(str, have)) or 'none'})")
+    return steps
+
+
+def _running_mean(mean, x, k: int):
+    """mean of k-1 arrays updated with the k-th; non-float leaves (RNG keys, counters) kept from the first."""
+    import jax.numpy as jnp
+
+    if not jnp.issubdtype(mean.dtype, jnp.floating):
+        return mean
+    return (mean + (x.astype(jnp.float32) - mean.astype(jnp.float32)) / k).astype(mean.dtype)
+
+
 @dataclass
 class LoadedModel:
     run: Path
@@ -76,20 +113,18 @@ class LoadedModel:
     _state: object
     max_per_pair: int = 0  # the run's loader.max_per_pair: how its training contexts were shaped
     timestamps: bool = True  # whether its training contexts carried timestamps (loader.mode_weights)
+    steps: tuple[int, ...] = ()  # the checkpoints whose weights were averaged (one: `step` itself)
 
     @classmethod
-    def load(cls, run_dir: Path | str, step: int | None = None, hardware: str | None = None, batch: int = 32):
+    def load(cls, run_dir: Path | str, step: int | Sequence[int] | None = None, hardware: str | None = None,
+             batch: int = 32):
+        """`step`: one checkpoint (default: the latest) or several, whose weights are averaged."""
         from pingctl.train.render import MAXTEXT_RUN_NAME
 
         run = Path(run_dir).resolve()
         cfg = run_config(run)
-        step = latest_step(run) if step is None else step
-        items = run / MAXTEXT_RUN_NAME / "checkpoints" / str(step) / "items"
-        if not items.is_dir():
-            from pingctl.train.local import checkpoint_steps
-
-            have = ", ".join(map(str, checkpoint_steps(run))) or "none"
-            raise PingctlError(f"{run}: no checkpoint at step {step} (checkpoints: {have})")
+        steps = _steps(run, step)
+        paths = [run / MAXTEXT_RUN_NAME / "checkpoints" / str(s) / "items" for s in steps]
         hw = hardware or ("cpu" if cfg.train.hardware == "cpu" else cfg.train.hardware)
         _env(hw)
         import jax
@@ -101,13 +136,23 @@ class LoadedModel:
         from maxtext.configs import pyconfig
         from maxtext.utils import model_creation_utils
 
-        mt = pyconfig.initialize([
-            "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hw}",
-            "skip_jax_distributed_system=true", "enable_checkpointing=false", "per_device_batch_size=1",
-            "enable_tensorboard=false",
-        ])
-        model, mesh = model_creation_utils.from_pretrained(mt)
-        graphdef, state = nnx.split(model)
+        def restore(items: Path):
+            mt = pyconfig.initialize([
+                "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hw}",
+                "skip_jax_distributed_system=true", "enable_checkpointing=false", "per_device_batch_size=1",
+                "enable_tensorboard=false",
+            ])
+            model, mesh = model_creation_utils.from_pretrained(mt)
+            return mt, mesh, *nnx.split(model)
+
+        mt, mesh, graphdef, state = restore(paths[0])
+        if len(paths) > 1:
+            # Checkpoint averaging (Vaswani et al. 2017 averaged their last 5-20): a running mean
+            # keeps at most two copies of the weights in memory.
+            for k, items in enumerate(paths[1:], start=2):
+                other = restore(items)[3]
+                state = jax.tree.map(lambda a, b, k=k: _running_mean(a, b, k), state, other)
+                del other
 
         @jax.jit
         def forward(state, tokens, positions, segments):
@@ -119,8 +164,14 @@ class LoadedModel:
             with jax.set_mesh(mesh):
                 return forward(st, t, p, s)
 
-        return cls(run, step, cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward, state,
-                   cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights))
+        return cls(run, steps[-1], cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward,
+                   state, cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps))
+
+    @property
+    def label(self) -> str:
+        if len(self.steps) > 1:
+            return f"mean of steps {', '.join(map(str, self.steps))}"
+        return f"step {self.step}"
 
     # ------------------------------------------------------------------ forward
 

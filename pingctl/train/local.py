@@ -43,8 +43,16 @@ def checkpoint_steps(run: Path) -> list[int]:
     return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists())
 
 
+# MaxText keys that change how the next steps train, not what a checkpoint holds: a run may
+# resume with them changed (e.g. dropout switched on for the stretch past a plateau).
+TRAINING_ONLY = frozenset({"enable_dropout", "dropout_rate", "adam_weight_decay", "remat_policy",
+                           "gradient_clipping_threshold"})
+
+
 def _shape(cfg: dict) -> dict:
-    return {"model": cfg["model"], "tokenizer": cfg["tokenizer"], "seq_len": cfg["loader"]["seq_len"]}
+    model = dict(cfg["model"])
+    model["overrides"] = {k: v for k, v in (model.get("overrides") or {}).items() if k not in TRAINING_ONLY}
+    return {"model": model, "tokenizer": cfg["tokenizer"], "seq_len": cfg["loader"]["seq_len"]}
 
 
 def absolute_rows(cfg: Config) -> Config:
