@@ -52,7 +52,6 @@ def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp
 def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     from pingctl.config import ShardConfig
     from pingctl.shard import shard
-
     from pingctl.train.local import checkpoint_steps
 
     pairs = tmp_path / "pairsplit"

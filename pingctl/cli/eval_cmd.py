@@ -38,7 +38,7 @@ def evaluate(
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
     """
     from pingctl.eval.run import evaluate as run_eval
-    from pingctl.infer.model import parse_steps
+    from pingctl.infer.model import parse_steps, steps_label
 
     steps = parse_steps(step)
 
@@ -50,10 +50,8 @@ def evaluate(
         return
     from rich.table import Table
 
-    used = report["predictors"]["model"]["info"]["steps"]
-    at = f"step {used[0]}" if len(used) == 1 else f"the mean of steps {', '.join(map(str, used))}"
     t = Table(title=f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}, "
-                    f"model at {at}",
+                    f"model: {steps_label(report['predictors']['model']['info']['steps'])}",
               title_justify="left")
     for c in ("predictor", "median rel err", "p90 rel err", "MAE ms", "cov50", "cov90", "fail AUC", "fallback"):
         t.add_column(c, justify="left" if c == "predictor" else "right")

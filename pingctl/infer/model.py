@@ -78,6 +78,13 @@ def parse_steps(text: str | None) -> list[int] | None:
     return steps
 
 
+def steps_label(steps: Sequence[int]) -> str:
+    """How the checkpoint a model was loaded from is named in titles."""
+    if len(steps) > 1:
+        return f"mean of steps {', '.join(map(str, steps))}"
+    return f"step {steps[0]}"
+
+
 def _steps(run: Path, step: int | Sequence[int] | None) -> list[int]:
     from pingctl.train.local import checkpoint_steps
 
@@ -146,13 +153,12 @@ class LoadedModel:
             return mt, mesh, *nnx.split(model)
 
         mt, mesh, graphdef, state = restore(paths[0])
-        if len(paths) > 1:
-            # Checkpoint averaging (Vaswani et al. 2017 averaged their last 5-20): a running mean
-            # keeps at most two copies of the weights in memory.
-            for k, items in enumerate(paths[1:], start=2):
-                other = restore(items)[3]
-                state = jax.tree.map(lambda a, b, k=k: _running_mean(a, b, k), state, other)
-                del other
+        # Checkpoint averaging (Vaswani et al. 2017 averaged their last 5-20): a running mean
+        # keeps at most two copies of the weights in memory.
+        for k, items in enumerate(paths[1:], start=2):
+            other = restore(items)[3]
+            state = jax.tree.map(lambda a, b, k=k: _running_mean(a, b, k), state, other)
+            del other
 
         @jax.jit
         def forward(state, tokens, positions, segments):
@@ -169,9 +175,7 @@ class LoadedModel:
 
     @property
     def label(self) -> str:
-        if len(self.steps) > 1:
-            return f"mean of steps {', '.join(map(str, self.steps))}"
-        return f"step {self.step}"
+        return steps_label(self.steps)
 
     # ------------------------------------------------------------------ forward
 
