@@ -236,6 +236,9 @@ def test_ipv6_canonical_and_af_checks():
         ({"timestamp": 5}, "bad_time"),
         ({"timestamp": T0 * 1000}, "bad_time"),  # milliseconds: far future
         ({"timestamp": "1700000000"}, "bad_time"),
+        ({"timestamp": 1.8e302}, "bad_time"),  # * 1e6 overflows to inf (found by the fuzz test below)
+        ({"timestamp": -1e300}, "bad_time"),
+        ({"timestamp": 1.8e302, "af": False}, "bad_time"),  # the same on the generic path
         ({"result": [{"rtt": -2.0}]}, "bad_rtt"),
         ({"result": [{"rtt": "1.5"}]}, "bad_rtt"),
         ({"result": [{"rtt": None}]}, "bad_rtt"),
@@ -312,6 +315,9 @@ def test_since_until_parsing():
     assert parse_when(None, "since") is None
     with pytest.raises(PingctlError, match="ISO 8601"):
         parse_when("yesterday", "since")
+    for huge in ("1e305", "-1e305", "nan", "inf"):
+        with pytest.raises(PingctlError, match="not a valid time"):
+            parse_when(huge, "until")
     with pytest.raises(PingctlError, match="before"):
         Options.from_config(IngestConfig(since="2024-01-02", until="2024-01-01"))
 

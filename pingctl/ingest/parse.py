@@ -44,6 +44,9 @@ REJECT_REASONS = {
 }
 FILTERS = ("msm", "probe", "time", "sample", "af")
 I64 = (1 << 63) - 1
+# |timestamp| in seconds at or past this is far outside any valid time, and ts * 1e6 could
+# overflow to inf (round() then raises): such floats are rejected before they are scaled.
+TS_ABS_MAX_S = 1e15
 
 
 def parse_when(value: Any, what: str) -> int | None:
@@ -59,7 +62,7 @@ def parse_when(value: Any, what: str) -> int | None:
     except ValueError:
         pass
     else:
-        if secs != secs or secs in (float("inf"), float("-inf")):
+        if not (-TS_ABS_MAX_S < secs < TS_ABS_MAX_S):  # also NaN and +-inf
             raise PingctlError(f"{what} {value!r}: not a valid time")
         return round(secs * 1_000_000)
     try:
@@ -519,7 +522,9 @@ def parse_records(
                         filtered["probe"] += 1
                         continue
                     ts = r.timestamp
-                    ts_us = ts * 1_000_000 if type(ts) is int else round(ts * 1_000_000)
+                    ts_us = (ts * 1_000_000 if type(ts) is int
+                             else round(ts * 1_000_000) if -TS_ABS_MAX_S < ts < TS_ABS_MAX_S
+                             else -1)  # out of range: the generic path rejects it
                     if lo_ok <= ts_us < hi_ok:
                         if sampling and not sample_keep(msm, prb, ts_us, threshold):
                             n_records += 1
@@ -655,7 +660,7 @@ def parse_records(
                 ts = d.get("timestamp")
                 if type(ts) is int:
                     ts_us = ts * 1_000_000
-                elif type(ts) is float and -inf < ts < inf:
+                elif type(ts) is float and -TS_ABS_MAX_S < ts < TS_ABS_MAX_S:
                     ts_us = round(ts * 1_000_000)
                 else:
                     reject("bad_time", line0 + j, raw if single else None, d)
