@@ -56,7 +56,8 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
 
     pairs = tmp_path / "pairsplit"
     shard([synth_rows / "synth"], pairs, ShardConfig(strategy="pair"))
-    first, last = checkpoint_steps(tiny_run)[0], checkpoint_steps(tiny_run)[-1]
+    have = checkpoint_steps(tiny_run)
+    first, last = have[0], have[-1]
     r = runner.invoke(app, [
         "eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
         "--queries", "6", "--context", "4", "--context-policy", "cold", "--context-per-pair", "1",

@@ -262,7 +262,8 @@ def test_averaged_checkpoints_hold_the_mean_of_their_weights(tiny_run, pair):
     from pingctl.infer.model import LoadedModel
     from pingctl.train.local import checkpoint_steps
 
-    first, last = checkpoint_steps(tiny_run)[0], checkpoint_steps(tiny_run)[-1]
+    have = checkpoint_steps(tiny_run)
+    first, last = have[0], have[-1]
     assert first < last
     a, b = LoadedModel.load(tiny_run, first), LoadedModel.load(tiny_run, last)
     m = LoadedModel.load(tiny_run, [last, first])

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import JsonOpt, console, emit, fmt, handle_errors, step_progress
+from pingctl.cli.common import JsonOpt, StepOpt, console, emit, fmt, handle_errors, step_progress
 
 
 def evaluate(
@@ -26,9 +26,7 @@ def evaluate(
         help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the packet subset and Vivaldi.")] = 0,
-    step: Annotated[str | None, typer.Option(
-        help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
-             "average those checkpoints' weights.")] = None,
+    step: StepOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a trained model against global/pair/prefix medians and Vivaldi on a test split.

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, fmt, handle_errors, kv_table, load
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, handle_errors, kv_table, load
 
 
 def _is_pattern(text: str | None) -> bool:
@@ -43,9 +43,7 @@ def sample(
     k: Annotated[int, typer.Option("-k", help="Completions to show.")] = 10,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Generation output (.parquet or .json).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
-    step: Annotated[str | None, typer.Option(
-        help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
-             "average those checkpoints' weights.")] = None,
+    step: StepOpt = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
