@@ -17,6 +17,8 @@ def _all_commands(typer_app: typer.Typer, prefix=()):
     def walk(cmd, path):
         subs = getattr(cmd, "commands", None)
         if subs:
+            if path:  # a group below the root (config, bench) is a command too
+                yield path
             for name, sub in subs.items():
                 yield from walk(sub, path + (name,))
         else:

@@ -37,8 +37,16 @@ def _register() -> None:
 
     for mod in (ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, train_cmd, sample_cmd, eval_cmd, inspect_cmd):
         mod.register(app)
-    app.add_typer(config_cmd.app, name="config", help="Write, show and check the shared YAML config.")
-    app.add_typer(bench_cmd.app, name="bench", help="Performance figures: prints a table and writes JSON.")
+    app.add_typer(
+        config_cmd.app,
+        name="config",
+        help="Write, show and check the shared YAML config.\n\nExample: pingctl config init my.yaml && pingctl config check my.yaml",
+    )
+    app.add_typer(
+        bench_cmd.app,
+        name="bench",
+        help="Performance figures: prints a table and writes JSON.\n\nExample: pingctl bench train --presets tiny --steps 20",
+    )
 
 
 _register()
