@@ -61,6 +61,8 @@ def test_cli_config_init_show_check(tmp_path):
     r = runner.invoke(app, ["config", "init", str(path)])
     assert r.exit_code == 0 and path.exists()
     assert runner.invoke(app, ["config", "init", str(path)]).exit_code == 1  # no silent overwrite
+    r = runner.invoke(app, ["config", "init", str(path), "--force", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == {"path": str(path), "bytes": path.stat().st_size}
     r = runner.invoke(app, ["config", "show", "-c", str(path), "--set", "data.shard.strategy=probe", "--json"])
     assert r.exit_code == 0
     assert json.loads(r.stdout)["data"]["shard"]["strategy"] == "probe"

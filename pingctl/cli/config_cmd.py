@@ -17,6 +17,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False)
 def init(
     path: Annotated[Path, typer.Argument(help="Where to write the YAML file.")] = Path("pingctl.yaml"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Write a commented default config file.
 
@@ -30,7 +31,10 @@ def init(
         raise PingctlError(f"{path} already exists (use --force to overwrite)")
     with atomic_file(path) as tmp:
         tmp.write_text(commented_yaml())
-    console.print(f"wrote {path}")
+    if as_json:
+        emit({"path": str(path), "bytes": path.stat().st_size}, True)
+    else:
+        console.print(f"wrote {path}")
 
 
 @app.command("show")
