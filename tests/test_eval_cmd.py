@@ -83,9 +83,30 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     assert bad_step.exit_code != 0 and "--step 'best'" in bad_step.output and "Traceback" not in bad_step.output
 
 
-def test_eval_bad_inputs_are_clear(tiny_run, tmp_path):
+def test_eval_bad_inputs_are_clear(tiny_run, splits, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     r = runner.invoke(app, ["eval", str(tmp_path), "--train", str(tmp_path), "--test", str(tmp_path)])
     assert r.exit_code != 0 and "Traceback" not in r.output
+    t = pq.read_table(next((splits / "test").glob("*.parquet")))
+    pq.write_table(t.slice(0, 0), tmp_path / "empty.parquet")
+    nulls = t.slice(0, 5).set_column(t.schema.get_field_index("rtt"), "rtt", pa.nulls(5, pa.float64()))
+    pq.write_table(nulls, tmp_path / "nulls.parquet")
+    (tmp_path / "afile").write_text("x")
+    train, test = str(splits / "train"), str(splits / "test")
+    for args, msg in (
+        (["--train", str(tmp_path / "empty.parquet"), "--test", test], "no train rows"),
+        (["--train", train, "--test", str(tmp_path / "empty.parquet")], "no test rows"),
+        (["--train", train, "--test", str(tmp_path / "nulls.parquet")], "nulls.parquet: column rtt has 5 null"),
+        (["--train", train, "--test", test, "-o", str(tmp_path / "afile" / "ev")], "cannot create the report"),
+        (["--train", train, "--test", test, "--queries", "0"], "--queries"),
+        (["--train", train, "--test", test, "--context", "-1"], "--context"),
+    ):
+        out = [] if "-o" in args else ["-o", str(tmp_path / "ev")]
+        r = runner.invoke(app, ["eval", str(tiny_run), *args, *out])
+        assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output, (args, r.output)
+        assert not (tmp_path / "ev").exists()  # a failed eval leaves no report directory
 
 
 def test_teacher_forced_pass_equals_separate_passes(tiny_run, splits):

@@ -4,6 +4,7 @@ import ipaddress
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -237,6 +238,9 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     n_pairs = len(set(t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 5).column("dst_addr").to_pylist()))
     assert n_pairs < 5  # a result's packets share their pair, so the five repeat one
     assert json.loads(r1.stdout)["context_tokens"] < json.loads(r0.stdout)["context_tokens"]
+    nullrtt = t.slice(0, 3)
+    pq.write_table(nullrtt.set_column(nullrtt.schema.get_field_index("rtt"), "rtt",
+                                      pa.nulls(3, pa.float64())), tmp_path / "nullrtt.parquet")
     for args, msg in (
         (["--src", "300.1.1.1", "--dst", dst], "300.1.1.1"),
         (["--src", "1.2.3", "--dst", dst], "not an IP address"),
@@ -251,6 +255,15 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", src, "--dst", dst, "--step", "0,99999"], "no checkpoint at step 99999 (checkpoints: 0"),
         (["--src", src, "--dst", dst, "--step", "0,last"], "steps separated by commas"),
         (["--src", src, "--dst", dst, "--step", "0,0"], "must be distinct"),
+        (["--src", src, "--rtt", "nan"], "need finite"),
+        (["--src", src, "--rtt", "10-inf"], "need finite"),
+        (["--src", src, "--dst", "8.8.*.*", "--rtt", "1e12"], "the RTT code ends at"),
+        (["--n", "0"], "--n"),
+        (["--n", "2", "--measurements", "0"], "--measurements"),
+        (["--src", src, "--dst", "8.8.*.*", "-k", "-2"], "-k"),
+        (["--n", "1", "--out", str(tmp_path / "gen.csv")], ".parquet or .json"),
+        (["--src", src, "--dst", dst, "--time", "9" * 25], "64-bit range"),
+        (["--src", src, "--dst", dst, "--context", str(tmp_path / "nullrtt.parquet")], "nullrtt.parquet: rtt"),
     ):
         r = runner.invoke(app, ["sample", str(tiny_run), *args])
         assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output, (args, r.output)

@@ -16,8 +16,8 @@ def evaluate(
     test: Annotated[Path, typer.Option(help="Test split (canonical Parquet).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.json and the plots go.")] = Path("runs/eval"),
     truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
-    queries: Annotated[int, typer.Option(help="Test packets evaluated (a seeded random subset).")] = 300,
-    context: Annotated[int, typer.Option(help="Preceding measurements of the probe in the prompt.")] = 16,
+    queries: Annotated[int, typer.Option(min=1, help="Test packets evaluated (a seeded random subset).")] = 300,
+    context: Annotated[int, typer.Option(min=0, help="Preceding measurements of the probe in the prompt.")] = 16,
     context_policy: Annotated[str, typer.Option(
         help="probe: the probe's preceding test packets, as in training (adds the context_median "
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "

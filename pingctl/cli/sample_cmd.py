@@ -17,13 +17,20 @@ def _is_pattern(text: str | None) -> bool:
 def _rtt_range(text: str) -> tuple[float, float]:
     from pingctl.errors import PingctlError
 
+    import math
+
+    from pingctl.tokenizer.rtt_codec import MAX_MS
+
     try:
         lo, _, hi = text.partition("-")
         lo_f, hi_f = float(lo), float(hi) if hi else float(lo)
     except ValueError:
         raise PingctlError(f"--rtt {text!r}: give milliseconds like 20 or a range like 10-30") from None
-    if lo_f < 0 or hi_f < lo_f:
-        raise PingctlError(f"--rtt {text!r}: need 0 <= low <= high")
+    # NaN compares false with everything, so it must be excluded explicitly
+    if not (math.isfinite(lo_f) and math.isfinite(hi_f)) or lo_f < 0 or hi_f < lo_f:
+        raise PingctlError(f"--rtt {text!r}: need finite 0 <= low <= high")
+    if hi_f > MAX_MS:
+        raise PingctlError(f"--rtt {text!r}: the RTT code ends at {MAX_MS:,.0f} ms")
     return lo_f, hi_f
 
 
@@ -38,9 +45,9 @@ def sample(
         help="At most this many measurements of one (src, dst) pair from --context, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     n: Annotated[int | None, typer.Option(
-        "--n", help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
-    measurements: Annotated[int, typer.Option(help="Generation: measurements per stream.")] = 8,
-    k: Annotated[int, typer.Option("-k", help="Completions to show.")] = 10,
+        "--n", min=1, help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
+    measurements: Annotated[int, typer.Option(min=1, help="Generation: measurements per stream.")] = 8,
+    k: Annotated[int, typer.Option("-k", min=1, help="Completions to show.")] = 10,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Generation output (.parquet or .json).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
     step: StepOpt = None,
@@ -80,6 +87,10 @@ def sample(
     Q.parse_pair(src, dst)
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
+    if rtt is not None:
+        _rtt_range(rtt)
+    if out is not None and out.suffix not in (".parquet", ".json"):
+        raise PingctlError(f"--out {out}: generated streams are written as .parquet or .json")
     steps = parse_steps(step)
     ctx = _read_context(context) if context is not None else None
     if t_query is not None and not trained_with_timestamps(run_config(run).loader.mode_weights):
@@ -149,6 +160,8 @@ def _parse_time(text: str | None) -> int | None:
     from pingctl.errors import PingctlError
 
     if text.isdigit():
+        if int(text) >= 2**63:
+            raise PingctlError(f"--time {text!r}: Unix seconds beyond the 64-bit range")
         return int(text)
     try:
         t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -163,11 +176,16 @@ def _read_context(path: Path):
     from pingctl.errors import PingctlError
     from pingctl.tokenizer import Measurements
 
+    if not path.exists():
+        raise PingctlError(f"--context {path}: no such file")
     try:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001
         raise PingctlError(f"{path}: cannot read context Parquet ({e})") from None
-    return Measurements.from_arrow(table)
+    try:
+        return Measurements.from_arrow(table)
+    except PingctlError as e:
+        raise PingctlError(f"--context {path}: {e}") from None
 
 
 def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tuple[str, ...]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.errors import PingctlError
 from pingctl.eval import metrics as M
 from pingctl.eval.baselines import Prediction, codes_in, column, default_baselines, dict_encode, vocabulary
 
@@ -60,6 +61,7 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
         cols = [c for c in wanted if c in have]
         t = pq.read_table(f, columns=cols, read_dictionary=[c for c in ("src_addr", "dst_addr") if c in cols])
         n = t.num_rows
+        _check_no_nulls(f, t)
         for c in wanted:
             if c not in have:
                 parts[c].append(np.full(n, -1, np.int64))
@@ -81,6 +83,19 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
         else:
             out[key] = np.empty(0, dtype=object if key in ("src", "dst") else np.float64 if c == "rtt" else np.int64)
     return out
+
+
+def _check_no_nulls(path, t) -> None:
+    """Nulls would surface later as a NaN RTT or a None address far from their cause."""
+    import pyarrow.compute as pc
+
+    for c in ("src_addr", "dst_addr", "rtt", "event_time"):
+        if c in t.column_names and t.column(c).null_count:
+            first = int(pc.index(pc.is_null(t.column(c)), True).as_py())
+            raise PingctlError(
+                f"{path}: column {c} has {t.column(c).null_count:,} null value(s), the first in row {first}; "
+                "a canonical table has none (a failed packet has rtt = -1): `pingctl ingest` it first"
+            )
 
 
 def _strings(col) -> np.ndarray:

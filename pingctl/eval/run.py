@@ -27,12 +27,19 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
 
     check_policy(policy)  # before the splits and the model are loaded
     check_per_pair(per_pair)
+    if queries < 1 or context < 0:
+        raise PingctlError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
+    # fail on an unusable --out now, not after minutes of predictions
+    out = Path(out)
+    _check_out_dir(out)
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path)
     test = load_split(test_path)
     if len(test["rtt"]) == 0:
         raise PingctlError(f"{test_path}: no test rows")
+    if len(train["rtt"]) == 0:
+        raise PingctlError(f"{train_path}: no train rows (the baselines are fitted on them)")
     rng = np.random.default_rng(seed)
     idx = np.sort(rng.choice(len(test["rtt"]), size=min(queries, len(test["rtt"])), replace=False))
     sub = take(test, idx)
@@ -59,7 +66,6 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     report["nll"] = pred["nll"]
     report["queries"] = int(len(idx))
     report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     progress("writing plots")
     plots = write_plots(report, out)
@@ -68,6 +74,17 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     report["elapsed_s"] = time.perf_counter() - t0
     write_json(out / "report.json", dict(report))
     return report
+
+
+def _check_out_dir(out: Path) -> None:
+    """The report directory can be created (without creating it: a failed run leaves nothing)."""
+    import os
+
+    p = out
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir() or not os.access(p, os.W_OK):
+        raise PingctlError(f"--out {out}: cannot create the report directory ({p} is not a writable directory)")
 
 
 def _add_context_median(report, cm: dict) -> None:
