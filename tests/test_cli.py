@@ -46,3 +46,23 @@ def test_every_command_help_has_an_example(path):
     r = runner.invoke(app, [*path, "--help"], terminal_width=200)
     assert r.exit_code == 0
     assert "Example:" in r.output, path
+
+
+@pytest.mark.parametrize("args", [
+    ["sample", "run", "--n", "0"],
+    ["sample", "run", "--n", "2", "--measurements", "0"],
+    ["sample", "run", "--src", "1.2.3.4", "--dst", "8.8.*.*", "-k", "-2"],
+    ["eval", "run", "--train", "a", "--test", "b", "--queries", "0"],
+    ["eval", "run", "--train", "a", "--test", "b", "--context", "-1"],
+    ["inspect", "table.parquet", "-n", "-1"],
+    ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--size", "70000"],
+    ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--errors", "-1"],
+    ["bench", "loader", "--batches", "0"],
+    ["bench", "train", "--steps", "0"],
+    ["bench", "synth", "--rows", "0"],
+], ids=" ".join)
+def test_out_of_range_numbers_are_usage_errors(args):
+    # Range checks sit in the option itself so they fail before any data or model is read:
+    # a --n -3 once reached the sampler as a negative count and ended in an IndexError.
+    r = runner.invoke(app, args, terminal_width=200)
+    assert r.exit_code == 2 and "Invalid value" in r.output and "Traceback" not in r.output, r.output

@@ -50,7 +50,7 @@ def bench_ingest(
     inputs: Annotated[list[Path], typer.Argument(help="RIPE Atlas result files (default: ../shared samples).")] = None,
     workers: Annotated[str, typer.Option(help="Comma-separated worker counts to measure.")] = "1,2",
     sagan: Annotated[bool, typer.Option(help="Also time ripe.atlas.sagan on the same input.")] = True,
-    limit: Annotated[int | None, typer.Option(help="Results per file for the sagan timing.")] = 20000,
+    limit: Annotated[int | None, typer.Option(min=1, help="Results per file for the sagan timing.")] = 20000,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -66,7 +66,7 @@ def bench_ingest(
 @app.command("synth")
 @handle_errors
 def bench_synth(
-    rows: Annotated[int, typer.Option(help="Rows to generate.")] = 10_000_000,
+    rows: Annotated[int, typer.Option(min=1, help="Rows to generate.")] = 10_000_000,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     as_json: JsonOpt = False,
     out: OutOpt = None,
@@ -83,7 +83,7 @@ def bench_synth(
 @app.command("shard")
 @handle_errors
 def bench_shard(
-    rows: Annotated[int, typer.Option(help="Rows of synthetic input to split.")] = 10_000_000,
+    rows: Annotated[int, typer.Option(min=1, help="Rows of synthetic input to split.")] = 10_000_000,
     strategy: Annotated[str, typer.Option(help="Comma-separated strategies to time.")] = "time,probe",
     memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit.")] = "4GB",
     as_json: JsonOpt = False,
@@ -118,9 +118,9 @@ def bench_tokenize(
 @app.command("build-rows")
 @handle_errors
 def bench_build_rows(
-    rows: Annotated[int, typer.Option(help="Rows of synthetic input.")] = 10_000_000,
+    rows: Annotated[int, typer.Option(min=1, help="Rows of synthetic input.")] = 10_000_000,
     memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit.")] = "2GB",
-    max_row_mb: Annotated[float, typer.Option(help="Record size cap.")] = 8.0,
+    max_row_mb: Annotated[float, typer.Option(min=0.001, help="Record size cap.")] = 8.0,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -138,9 +138,9 @@ def bench_build_rows(
 def bench_loader(
     rows: Annotated[Path | None, typer.Argument(help="A build-rows output (default: synthetic rows).")] = None,
     workers: Annotated[str, typer.Option(help="Comma-separated Grain worker counts.")] = "0,1,2",
-    seq_len: Annotated[int, typer.Option(help="Sequence length.")] = 1024,
-    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 8,
-    batches: Annotated[int, typer.Option(help="Batches timed per case (after warm-up).")] = 600,
+    seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch size.")] = 8,
+    batches: Annotated[int, typer.Option(min=1, help="Batches timed per case (after warm-up).")] = 600,
     scheme: Annotated[str, typer.Option(help="compact | full.")] = "compact",
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -165,9 +165,9 @@ def bench_loader(
 def bench_train(
     rows: Annotated[Path | None, typer.Argument(help="Training rows (default: synthetic).")] = None,
     presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,small",
-    steps: Annotated[int, typer.Option(help="Steps per preset.")] = 20,
-    seq_len: Annotated[int, typer.Option(help="Sequence length.")] = 1024,
-    batch_size: Annotated[int, typer.Option(help="Global batch size.")] = 8,
+    steps: Annotated[int, typer.Option(min=1, help="Steps per preset.")] = 20,
+    seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
+    batch_size: Annotated[int, typer.Option(min=1, help="Global batch size.")] = 8,
     hardware: Annotated[str, typer.Option(help="cpu | gpu.")] = "cpu",
     as_json: JsonOpt = False,
     out: OutOpt = None,

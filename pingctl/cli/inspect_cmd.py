@@ -36,7 +36,7 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 
 def inspect(
     path: Annotated[Path, typer.Argument(help="A canonical Parquet file/dir, or a `pingctl shard` output dir.")],
-    sample: Annotated[int, typer.Option("--sample", "-n", help="Also show N random rows (or decoded records).")] = 0,
+    sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="Also show N random rows (or decoded records).")] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,

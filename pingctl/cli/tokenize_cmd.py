@@ -32,9 +32,9 @@ def tokenize(
     rtt: Annotated[float | None, typer.Option("--rtt", help="RTT in ms.")] = None,
     time: Annotated[str | None, typer.Option("--time", help="UTC time: ISO 8601 or Unix seconds.")] = None,
     failed: Annotated[bool, typer.Option("--failed", help="The measurement failed (no RTT).")] = False,
-    size: Annotated[int, typer.Option("--size", help="Packet size (full scheme).")] = 0,
-    errors: Annotated[int, typer.Option("--errors", help="Packet error count (full scheme).")] = 0,
-    msm_id: Annotated[int, typer.Option("--msm-id", help="Measurement id (full scheme).")] = 0,
+    size: Annotated[int, typer.Option("--size", min=0, max=65535, help="Packet size (full scheme).")] = 0,
+    errors: Annotated[int, typer.Option("--errors", min=0, max=255, help="Packet error count (full scheme).")] = 0,
+    msm_id: Annotated[int, typer.Option("--msm-id", min=0, help="Measurement id (full scheme).")] = 0,
     decode: Annotated[
         str | None, typer.Option("--decode", help='Token ids to decode: "0 1 204 ...", "-" = stdin, @FILE = a file.')
     ] = None,
