@@ -292,3 +292,27 @@ def test_averaged_checkpoints_hold_the_mean_of_their_weights(tiny_run, pair):
     seq = [np.array([C.MeasurementStart, C.SrcIPv4, *range(11, 15)], dtype=np.int32)]
     la, lb, lm = (mdl.log_probs(seq)[0] for mdl in (a, b, m))
     assert not np.allclose(lm, la) and not np.allclose(lm, lb)
+
+
+def test_damaged_run_is_a_clear_error(tiny_run, pair, tmp_path):
+    """A truncated checkpoint or a mangled config.yaml: one message naming it, no traceback pages."""
+    import shutil
+    import subprocess
+    import sys
+
+    from pingctl.train.local import checkpoint_steps
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    last = checkpoint_steps(run)[-1]
+    for f in (run / "maxtext" / "checkpoints" / str(last) / "items" / "d").iterdir():
+        f.write_bytes(f.read_bytes()[:100])
+    src, dst = pair
+    cmd = [sys.executable, "-m", "pingctl", "sample", str(run), "--src", src, "--dst", dst]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"checkpoints/{last}: cannot restore this checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Task exception" not in proc.stderr, proc.stderr[-2000:]
+    (run / "config.yaml").write_text("loader: [\n")
+    r = runner.invoke(app, ["sample", str(run), "--src", src, "--dst", dst])
+    assert r.exit_code == 1 and "config.yaml: not the config" in r.output, r.output

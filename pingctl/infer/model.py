@@ -7,7 +7,9 @@ shapes once. Everything the callers see is NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +55,11 @@ def run_config(run_dir: Path | str):
     run = Path(run_dir).resolve()
     if not (run / "config.yaml").exists() or not (run / "maxtext.yml").exists():
         raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
-    return Config.model_validate(yaml.safe_load((run / "config.yaml").read_text()))
+    try:
+        return Config.model_validate(yaml.safe_load((run / "config.yaml").read_text()))
+    except (yaml.YAMLError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        first = str(e).strip().splitlines()[0][:200]
+        raise PingctlError(f"{run / 'config.yaml'}: not the config `pingctl train` wrote ({first})") from None
 
 
 def latest_step(run: Path) -> int:
@@ -108,6 +114,28 @@ def _running_mean(mean, x, k: int):
     return (mean + (x.astype(jnp.float32) - mean.astype(jnp.float32)) / k).astype(mean.dtype)
 
 
+@contextlib.contextmanager
+def _quiet_failed_restore():
+    """A damaged checkpoint makes Orbax abandon TensorStore reads mid-flight: their callbacks then
+    hit a closed event loop and asyncio logs each orphaned task, pages of tracebacks around the
+    one error that matters. Silence exactly those; on failure the filter stays, as we exit."""
+    import logging
+
+    log = logging.getLogger("asyncio")
+    level, hook = log.level, sys.unraisablehook
+
+    def unraisable(u):
+        if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
+            return
+        hook(u)
+
+    log.setLevel(logging.CRITICAL)
+    sys.unraisablehook = unraisable
+    yield
+    log.setLevel(level)
+    sys.unraisablehook = hook
+
+
 @dataclass
 class LoadedModel:
     run: Path
@@ -144,6 +172,20 @@ class LoadedModel:
         from maxtext.utils import model_creation_utils
 
         def restore(items: Path):
+            try:
+                with _quiet_failed_restore():
+                    return _restore(items)
+            except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged checkpoint
+                from pingctl.train.local import checkpoint_steps
+
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                raise PingctlError(
+                    f"{items.parent}: cannot restore this checkpoint ({type(e).__name__}: {first}); it may be "
+                    f"damaged or from another model shape; pick another with --step "
+                    f"(checkpoints: {', '.join(map(str, checkpoint_steps(run)))})"
+                ) from e
+
+        def _restore(items: Path):
             mt = pyconfig.initialize([
                 "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hw}",
                 "skip_jax_distributed_system=true", "enable_checkpointing=false", "per_device_batch_size=1",
