@@ -255,3 +255,25 @@ def test_generalization_gap_compares_the_last_eval_with_the_steps_before_it():
     # steps 31..50: 9 x 4.0 + 11 x 2.0 -> mean 2.9
     assert M.generalization_gap(recs[:100] + recs[100:101], window=20) == pytest.approx(0.1)
     assert M.generalization_gap(recs[:100]) is None  # no eval
+
+
+def test_damaged_rows_fail_the_run_instead_of_ending_it_quietly(rows, tmp_path):
+    """MaxText ends its step loop on a data-iterator exception and exits 0; pingctl must not call
+    that a finished run (no summary.json, the completion marker) and must say why."""
+    import shutil
+
+    for damage, expected in (("truncate", "unreadable ArrayRecord file"), ("flip", "training ended before its first step")):
+        bad = tmp_path / damage
+        shutil.copytree(rows[0], bad)
+        f = next(bad.glob("*.arrayrecord"))
+        data = bytearray(f.read_bytes())
+        if damage == "truncate":
+            data = data[:3000]
+        else:  # chunk bodies, not the footer: the file opens, its records do not decode
+            for i in range(4096, int(len(data) * 0.6)):
+                data[i] ^= 0x5A
+        f.write_bytes(bytes(data))
+        run = tmp_path / f"run-{damage}"
+        r = _train([str(bad), "--run-dir", str(run), *TINY, "--set", "train.eval_interval=-1", "--steps", "3"])
+        assert r.returncode == 1 and expected in r.stderr, r.stderr[-3000:]
+        assert "Traceback" not in r.stderr and not (run / "summary.json").exists()

@@ -45,6 +45,25 @@ def rows_manifest(rows_dir: Path) -> dict:
     return manifest
 
 
+def check_rows_files(rows_dir: Path, manifest: dict) -> None:
+    """Every file the manifest lists opens and holds its records: a damaged one found here is
+    an error naming it, where inside MaxText it only ends the step loop ("Training stopped")."""
+    from array_record.python import array_record_module
+
+    rows_dir = Path(rows_dir)
+    for name, sizes in zip(manifest.get("files", []), manifest["record_measurements"]):
+        path = rows_dir / name
+        try:
+            reader = array_record_module.ArrayRecordReader(str(path))
+            n = reader.num_records()
+            reader.close()
+        except Exception as e:  # noqa: BLE001 - the C++ reader raises RuntimeError/ValueError/...
+            raise PingctlError(f"{path}: unreadable ArrayRecord file ({e}); rebuild with `pingctl build-rows`") from None
+        if n != len(sizes):
+            raise PingctlError(f"{path}: {n} records where manifest.json lists {len(sizes)}; "
+                               "rebuild with `pingctl build-rows`")
+
+
 def element_plan(manifest: dict, seq_len: int, min_per_record: int, rows_per_element: int) -> np.ndarray:
     """int64[E, 2]: (record id over all files in order, rows to pack) per element of an epoch."""
     sizes = np.array([n for per_file in manifest["record_measurements"] for n in per_file], np.int64)

@@ -65,15 +65,14 @@ def absolute_rows(cfg: Config) -> Config:
 
 def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False) -> Path:
     """Write config.yaml and maxtext.yml; refuse to resume a different model."""
-    from pingctl.loader.pipeline import rows_manifest
+    from pingctl.loader.pipeline import check_rows_files, rows_manifest
 
     run = Path(run_dir).resolve()
     if not cfg.train.train_rows:
         raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
     cfg = absolute_rows(cfg)
-    rows_manifest(Path(cfg.train.train_rows))
-    if cfg.train.eval_rows:
-        rows_manifest(Path(cfg.train.eval_rows))
+    for rows in filter(None, (cfg.train.train_rows, cfg.train.eval_rows)):
+        check_rows_files(Path(rows), rows_manifest(Path(rows)))
     if cfg.train.wandb:
         if not os.environ.get("WANDB_API_KEY"):
             raise PingctlError("train.wandb is on but WANDB_API_KEY is not set in the environment")
@@ -149,6 +148,13 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
     summary = summarize(cfg, run, records, parser, resumed_from, time.time() - t0)
     stopped = run / STOPPED_FILE
     summary["stopped_early"] = json.loads(stopped.read_text()) if stopped.exists() else None
+    last = summary["last_step"]
+    if summary["stopped_early"] is None and (last is None or last + 1 < cfg.train.steps):
+        # MaxText ends its step loop on a data-iterator exception and still exits 0
+        why = [line for line in log_path.read_bytes()[start:].decode(errors="replace").splitlines() if "Training stopped" in line]
+        at = "before its first step" if last is None else f"at step {last} of {cfg.train.steps}"
+        raise PingctlError(f"training ended {at} with no stop requested (check the rows with `pingctl inspect`): "
+                           f"{why[-1].split('] ', 1)[-1] if why else 'see ' + str(log_path)}")
     write_json(run / "summary.json", summary)
     return summary
 
