@@ -205,6 +205,24 @@ def test_run_trained_without_timestamps_is_asked_without_them(tiny_run, synth_ro
     assert r.exit_code != 0 and "trained without timestamps" in r.output and "Traceback" not in r.output, r.output
 
 
+def test_run_trained_with_the_result_last_refuses_rtt_first_questions(tiny_run, pair, tmp_path):
+    import shutil
+
+    run = tmp_path / "result-last"
+    shutil.copytree(tiny_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["loader"]["result_last"] = 1.0
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    src, dst = pair
+    for args in (["--src", src, "--rtt", "10-30"], ["--src", src, "--dst", "8.8.*.*", "--rtt", "20"]):
+        ok = runner.invoke(app, ["sample", str(tiny_run), *args, "--n", "4", "--json"])
+        assert ok.exit_code == 0, ok.output  # the fixture's run saw RTTs in every position
+        r = runner.invoke(app, ["sample", str(run), *args])
+        assert r.exit_code == 1 and "result_last=1" in r.output and "Traceback" not in r.output, r.output
+    r = runner.invoke(app, ["sample", str(run), "--src", src, "--dst", dst, "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["mode"] == "distribution", r.output
+
+
 def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     src, dst = pair
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--json", "--plot", str(tmp_path / "d.png")])
@@ -256,6 +274,7 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", src, "--dst", dst, "--step", "0,last"], "steps separated by commas"),
         (["--src", src, "--dst", dst, "--step", "0,0"], "must be distinct"),
         (["--src", src, "--rtt", "nan"], "need finite"),
+        (["--src", src, "--dst", "8.8.*.*", "--rtt", "10-30"], "conditions on one RTT"),
         (["--src", src, "--rtt", "10-inf"], "need finite"),
         (["--src", src, "--dst", "8.8.*.*", "--rtt", "1e12"], "the RTT code ends at"),
         (["--n", "0"], "--n"),

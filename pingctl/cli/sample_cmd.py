@@ -88,7 +88,10 @@ def sample(
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
     if rtt is not None:
-        _rtt_range(rtt)
+        lo, hi = _rtt_range(rtt)
+        if mode == "complete" and hi > lo:
+            raise PingctlError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
+                               "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in (".parquet", ".json"):
         raise PingctlError(f"--out {out}: generated streams are written as .parquet or .json")
     steps = parse_steps(step)
@@ -96,6 +99,11 @@ def sample(
     if t_query is not None and not trained_with_timestamps(run_config(run).loader.mode_weights):
         raise PingctlError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
                            "so it cannot condition on a time; ask without --time")
+    if rtt is not None and mode in ("complete", "inverse") and run_config(run).loader.result_last >= 1.0:
+        # these prompts put the RTT before the addresses, an order such a run never saw
+        raise PingctlError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
+                           "addresses), so it cannot answer from an RTT to addresses; ask a run trained with "
+                           "result_last < 1, or ask this one for the RTT distribution of candidate pairs")
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, steps)
     result: dict = {"mode": mode, "run": str(run), "step": model.step, "steps": list(model.steps),
@@ -124,7 +132,7 @@ def sample(
             console.print(f"plot: {plot}")
         return
     if mode == "complete":
-        rtt_ms = _rtt_range(rtt)[0] if rtt else None
+        rtt_ms = _rtt_range(rtt)[0] if rtt else None  # one value: ranges were refused above
         found = Q.complete(model, src or "*.*.*.*", dst or "*.*.*.*", rtt_ms, k=k, context=ctx_tokens)
         result["completions"] = found
         _table(result, as_json, f"completions of {src or '*'} -> {dst or '*'}", found, ("src", "dst", "probability"))
