@@ -215,7 +215,7 @@ def test_run_trained_with_the_result_last_refuses_rtt_first_questions(tiny_run, 
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     src, dst = pair
     for args in (["--src", src, "--rtt", "10-30"], ["--src", src, "--dst", "8.8.*.*", "--rtt", "20"]):
-        ok = runner.invoke(app, ["sample", str(tiny_run), *args, "--n", "4", "--json"])
+        ok = runner.invoke(app, ["sample", str(tiny_run), *args, "--json"])
         assert ok.exit_code == 0, ok.output  # the fixture's run saw RTTs in every position
         r = runner.invoke(app, ["sample", str(run), *args])
         assert r.exit_code == 1 and "result_last=1" in r.output and "Traceback" not in r.output, r.output
@@ -274,6 +274,9 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", src, "--dst", dst, "--step", "0,last"], "steps separated by commas"),
         (["--src", src, "--dst", dst, "--step", "0,0"], "must be distinct"),
         (["--src", src, "--rtt", "nan"], "need finite"),
+        (["--src", src, "--dst", dst, "--n", "3"], "--n does not apply to an RTT distribution"),
+        (["--src", src, "--rtt", "20", "--plot", str(tmp_path / "p.png")], "--plot does not apply to inverse"),
+        (["--src", src, "--dst", "8.8.*.*", "--out", str(tmp_path / "c.parquet")], "--out does not apply to a compl"),
         (["--src", src, "--dst", "8.8.*.*", "--rtt", "10-30"], "conditions on one RTT"),
         (["--src", src, "--rtt", "10-inf"], "need finite"),
         (["--src", src, "--dst", "8.8.*.*", "--rtt", "1e12"], "the RTT code ends at"),

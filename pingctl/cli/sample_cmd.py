@@ -10,6 +10,10 @@ import typer
 from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, handle_errors, kv_table, load
 
 
+_MODE_NAMES = {"distribution": "an RTT distribution (--src IP --dst IP)", "complete": "a completion",
+               "inverse": "inverse search", "generate": "generation"}
+
+
 def _is_pattern(text: str | None) -> bool:
     return bool(text) and ("*" in text or "/" in text)
 
@@ -84,6 +88,11 @@ def sample(
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
     # everything the user typed is validated before the (slow) model load
+    for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate",)),
+                               (plot, "--plot", ("distribution",))):
+        if given is not None and mode not in modes:
+            raise PingctlError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
+                               + " and ".join(_MODE_NAMES[m] for m in modes))
     Q.parse_pair(src, dst)
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
