@@ -19,10 +19,9 @@ def _is_pattern(text: str | None) -> bool:
 
 
 def _rtt_range(text: str) -> tuple[float, float]:
-    from pingctl.errors import PingctlError
-
     import math
 
+    from pingctl.errors import PingctlError
     from pingctl.tokenizer.rtt_codec import MAX_MS
 
     try:
