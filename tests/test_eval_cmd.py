@@ -43,6 +43,7 @@ def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp
     v = comp["vivaldi"]
     assert v["diff"] == pytest.approx(m["slices"]["all"]["median_rel_err"] - rep["predictors"]["vivaldi"]["slices"]["all"]["median_rel_err"])
     assert 0 < v["groups"] <= v["n"] <= 12 and v["ci_low"] <= v["ci_high"] and 0 <= v["share_a_better"] <= 1
+    assert v["verdict"] == ("better" if v["ci_high"] < 0 else "worse" if v["ci_low"] > 0 else "tie")
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["queries"] == 12
     for p in rep["plots"].values():
@@ -130,3 +131,16 @@ def test_teacher_forced_pass_equals_separate_passes(tiny_run, splits):
         ref = Q.bytes_distribution(model.next_log_probs([np.concatenate([ps[k], [Q.C.RttStart, Q.BYTE0 + b]])])[0])
         np.testing.assert_allclose(row, ref, atol=1e-5)
     np.testing.assert_allclose(np.concatenate(scores), np.concatenate(model.score(fulls)), atol=1e-5)
+
+
+def test_verdict_line_names_what_the_model_beats_ties_and_loses_to(capsys):
+    from pingctl.cli.eval_cmd import _print_comparisons
+
+    def c(diff, lo, hi, verdict):
+        return {"diff": diff, "ci_low": lo, "ci_high": hi, "verdict": verdict, "share_a_better": 0.5,
+                "level": 0.95, "n_boot": 100, "groups": 9}
+
+    _print_comparisons({"global_median": c(-0.2, -0.3, -0.1, "better"), "vivaldi": c(-0.01, -0.03, 0.02, "tie"),
+                        "pair_median": c(0.1, 0.05, 0.2, "worse")})
+    out = capsys.readouterr().out
+    assert "verdict: the model beats global_median; ties vivaldi (the interval holds 0); loses to pair_median" in out

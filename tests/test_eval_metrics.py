@@ -146,7 +146,8 @@ def test_median_difference_by_hand_and_its_interval_resamples_pairs():
     d = M.median_difference(b - 0.05, b, groups=np.arange(6), n_boot=200)
     assert d["n"] == 5 and d["groups"] == 5  # the NaN packet is left out
     assert d["diff"] == pytest.approx(-0.05) and d["ci_low"] == pytest.approx(-0.05) == d["ci_high"]
-    assert d["share_a_better"] == 1.0
+    assert d["share_a_better"] == 1.0 and d["verdict"] == "better"
+    assert M.median_difference(b + 0.05, b, groups=np.arange(6), n_boot=200)["verdict"] == "worse"
     # Ten pairs with errors spread over 0..0.4, 30 packets each: packets of one pair are not
     # independent evidence, so the interval is that of resampling ten values, not 300.
     rng = np.random.default_rng(0)
@@ -154,6 +155,6 @@ def test_median_difference_by_hand_and_its_interval_resamples_pairs():
     base = np.full(300, 0.2)
     by_pair = M.median_difference(a, base, np.repeat(np.arange(10), 30), n_boot=500)
     by_packet = M.median_difference(a, base, np.arange(300), n_boot=500)
-    assert by_pair["ci_low"] < -0.08 and by_pair["ci_high"] > 0.08
+    assert by_pair["ci_low"] < -0.08 and by_pair["ci_high"] > 0.08 and by_pair["verdict"] == "tie"
     assert -0.04 < by_packet["ci_low"] < 0 < by_packet["ci_high"] < 0.04
     assert M.median_difference([NAN], [0.1], [0])["diff"] is None

@@ -78,6 +78,11 @@ def _print_comparisons(comp: dict) -> None:
             continue
         console.print(f"  {name:<16} {100 * c['diff']:+6.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
                       f"  model better in {c['share_a_better']:.0%} of resamples", highlight=False)
+    by = {v: [n for n, c in comp.items() if c.get("verdict") == v] for v in ("better", "tie", "worse")}
+    parts = [f"beats {', '.join(by['better'])}" if by["better"] else "beats none",
+             *([f"ties {', '.join(by['tie'])} (the interval holds 0)"] if by["tie"] else []),
+             *([f"loses to {', '.join(by['worse'])}"] if by["worse"] else [])]
+    console.print("verdict: the model " + "; ".join(parts), highlight=False, soft_wrap=True)
 
 
 def _pct(v) -> str:

@@ -214,13 +214,14 @@ def median_difference(err_a, err_b, groups, n_boot: int = 2000, level: float = 0
 
     The bootstrap resamples `groups` (e.g. (src, dst) pairs), not packets: packets of one pair
     share its RTT and errors, so resampling packets would make the interval too narrow.
-    `share_a_better` is the share of resamples in which a's median is below b's.
+    `share_a_better` is the share of resamples in which a's median is below b's. `verdict`:
+    "better" (a lower, the whole interval below 0), "worse" (above 0) or "tie" (it holds 0).
     """
     a, b = _f(err_a), _f(err_b)
     ok = np.isfinite(a) & np.isfinite(b)
     a, b, g = a[ok], b[ok], np.asarray(groups)[ok]
     out = {"n": int(len(a)), "groups": 0, "median_a": None, "median_b": None, "diff": None, "ci_low": None,
-           "ci_high": None, "level": level, "share_a_better": None, "n_boot": n_boot}
+           "ci_high": None, "level": level, "share_a_better": None, "n_boot": n_boot, "verdict": None}
     if not len(a):
         return out
     _, gi = np.unique(g, return_inverse=True)
@@ -231,7 +232,8 @@ def median_difference(err_a, err_b, groups, n_boot: int = 2000, level: float = 0
     lo, hi = np.quantile(d, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
     return out | {"groups": n_groups, "median_a": _num(np.median(a)), "median_b": _num(np.median(b)),
                   "diff": _num(np.median(a) - np.median(b)), "ci_low": _num(lo), "ci_high": _num(hi),
-                  "share_a_better": _num((d < 0).mean())}
+                  "share_a_better": _num((d < 0).mean()),
+                  "verdict": "better" if hi < 0 else "worse" if lo > 0 else "tie"}
 
 
 # ---------------------------------------------------------------- failure prediction
