@@ -11,10 +11,14 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
 def detect(path: Path) -> str:
-    """The kind of artifact at `path`: 'splits', 'rows' or 'table'."""
+    """The kind of artifact at `path`: 'run', 'splits', 'rows' or 'table'."""
+    from pingctl.train.describe import is_run_dir
+
     path = Path(path)
     if not path.exists():
         raise PingctlError(f"{path}: no such file or directory")
+    if is_run_dir(path):
+        return "run"
     if path.suffix == ".arrayrecord" or (path.is_dir() and any(path.glob("*.arrayrecord"))):
         return "rows"
     if path.is_dir() and any((path / s).is_dir() for s in ("train", "val", "test")):
@@ -67,6 +71,13 @@ def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB"
 
 def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
     kind = detect(path)
+    if kind == "run":
+        from pingctl.train.describe import describe_run
+
+        if sample:
+            raise PingctlError(f"{path}: --sample shows rows of a table or probe rows, not of a run directory")
+
+        return describe_run(path)
     if kind == "rows":
         from pingctl.rows.inspect import describe_rows
         from pingctl.rows.layout import to_measurements

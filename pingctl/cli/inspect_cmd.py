@@ -35,15 +35,19 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 
 
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A canonical Parquet file/dir, or a `pingctl shard` output dir.")],
+    path: Annotated[Path, typer.Argument(
+        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, or a `pingctl train` run.")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="Also show N random rows (or decoded records).")] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Describe a dataset: rows, time span, address families, probes, pairs, RTT percentiles.
+    """Describe a dataset (rows, time span, families, probes, pairs, RTT percentiles), probe rows, or a run.
 
     Example: pingctl inspect runs/demo/splits --sample 5
+
+    A run directory (pingctl inspect runs/demo/train): model, data shaping, steps and tokens,
+    losses, checkpoints; read from its files, so it also works on a run still training.
     """
     from pingctl.inspect_table import describe
 
@@ -54,6 +58,9 @@ def inspect(
         return
     if result["kind"] == "rows":
         _print_rows(result)
+        return
+    if result["kind"] == "run":
+        _print_run(result)
         return
     from rich.table import Table
 
@@ -87,6 +94,36 @@ def inspect(
             console.print(f"[yellow]{name}: {d['invalid_rows']:,} invalid rows: {d['invalid_by_reason']}[/]")
     if not parts:
         console.print("[yellow]no Parquet data found[/]")
+
+
+def _print_run(r: dict) -> None:
+    def at(loss, step) -> str:
+        return "-" if loss is None else f"{loss:.3f} (step {step})"
+
+    state = "complete" if r["complete"] else "stopped by --max-minutes" if r["stopped_early"] else "incomplete"
+    ckpts = ", ".join(map(str, r["checkpoints"])) or "-"
+    if r["uncommitted_checkpoints"]:
+        ckpts += f"  (uncommitted, ignored: {', '.join(map(str, r['uncommitted_checkpoints']))})"
+    rows = [
+        ("preset / parameters", f"{r['preset']} / {r['parameters']:,}"),
+        ("overrides", ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "-"),
+        ("scheme / seq_len x batch", f"{r['scheme']} / {r['seq_len']} x {r['batch_size']}"),
+        ("timestamps / result_last / max_per_pair", f"{fmt(r['timestamps'])} / {r['result_last']:g} / {r['max_per_pair']}"),
+        ("train rows", r["train_rows"]),
+        ("eval rows", r["eval_rows"]),
+        ("steps done / configured", f"{fmt(None if r['last_step'] is None else r['last_step'] + 1)} / {r['steps_configured']:,}"),
+        ("state", state),
+        ("tokens seen (packed)", r["tokens_seen"]),
+        (f"train loss, last {r['train_loss_window']} steps", r["train_loss_last"]),
+        ("eval loss, last", at(r["eval_loss_last"], r["eval_step_last"])),
+        ("eval loss, best", at(r["eval_loss_best"], r["eval_step_best"])),
+        ("eval - train loss (last eval)", r["generalization_gap"]),
+        ("step time s", r["step_seconds"]),
+        ("checkpoints", ckpts),
+        ("loss curve", r["loss_png"]),
+        ("TensorBoard", r["tensorboard"]),
+    ]
+    emit(r, False, kv_table(f"run: {r['path']}", rows))
 
 
 def _print_rows(r: dict) -> None:

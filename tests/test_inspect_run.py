@@ -1,0 +1,38 @@
+"""`pingctl inspect RUN`: a run directory described from its files (no JAX)."""
+
+import json
+import shutil
+
+import yaml
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+
+runner = CliRunner()
+
+
+def test_inspect_describes_a_run_and_its_state(tiny_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    r = runner.invoke(app, ["inspect", str(run), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    steps, seq, batch = cfg["train"]["steps"], cfg["loader"]["seq_len"], cfg["loader"]["batch_size"]
+    assert d["kind"] == "run" and d["complete"] and d["last_step"] == steps - 1
+    assert d["tokens_seen"] == steps * seq * batch
+    assert d["checkpoints"] == summary["checkpoints"] and d["uncommitted_checkpoints"] == []
+    assert d["parameters"] == summary["parameters"] and d["preset"] == summary["preset"]
+    assert d["train_loss_last"] is not None and d["train_loss_window"] == min(20, steps)
+    # an interrupted save: the step directory is there, its commit marker is not
+    last = d["checkpoints"][-1]
+    (run / "maxtext" / "checkpoints" / str(last) / "commit_success.txt").unlink()
+    (run / "summary.json").unlink()
+    d2 = json.loads(runner.invoke(app, ["inspect", str(run), "--json"]).stdout)
+    assert d2["checkpoints"] == d["checkpoints"][:-1] and d2["uncommitted_checkpoints"] == [last]
+    assert not d2["complete"]
+    text = runner.invoke(app, ["inspect", str(run)], terminal_width=200)
+    assert text.exit_code == 0 and "incomplete" in text.output and f"uncommitted, ignored: {last}" in text.output
+    bad = runner.invoke(app, ["inspect", str(run), "--sample", "3"])
+    assert bad.exit_code == 1 and "not of a run directory" in bad.output
