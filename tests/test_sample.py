@@ -230,6 +230,20 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     res = json.loads(r.stdout)
     assert res["mode"] == "distribution" and res["p5_ms"] <= res["p50_ms"] <= res["p95_ms"]
     assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
+    # the exact distribution itself, for the user's own analysis
+    for name in ("dist.parquet", "dist.json"):
+        r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "-o", str(tmp_path / name), "--json"])
+        assert r.exit_code == 0, r.output
+        q = json.loads(r.stdout)
+        if name.endswith(".json"):
+            d = json.loads((tmp_path / name).read_text())
+            p_fail, v, p = d["p_fail"], np.array(d["rtt_ms"]), np.array(d["probability"])
+        else:
+            t = pq.read_table(tmp_path / name)
+            p_fail = json.loads(t.schema.metadata[b"pingctl"])["p_fail"]
+            v, p = t.column("rtt_ms").to_numpy(), t.column("probability").to_numpy()
+        assert len(v) == 65536 and abs(p.sum() - 1) < 1e-9 and p_fail == pytest.approx(q["p_fail"])
+        assert v[np.searchsorted(np.cumsum(p), 0.5)] == pytest.approx(q["p50_ms"])
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--rtt", "10-40", "--n", "16", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["candidates"]
     out = tmp_path / "gen.parquet"

@@ -51,7 +51,8 @@ def sample(
         "--n", min=1, help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
     measurements: Annotated[int, typer.Option(min=1, help="Generation: measurements per stream.")] = 8,
     k: Annotated[int, typer.Option("-k", min=1, help="Completions to show.")] = 10,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Generation output (.parquet or .json).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
     step: StepOpt = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
@@ -87,7 +88,7 @@ def sample(
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
     # everything the user typed is validated before the (slow) model load
-    for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate",)),
+    for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate", "distribution")),
                                (plot, "--plot", ("distribution",))):
         if given is not None and mode not in modes:
             raise PingctlError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
@@ -101,7 +102,7 @@ def sample(
             raise PingctlError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
                                "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in (".parquet", ".json"):
-        raise PingctlError(f"--out {out}: generated streams are written as .parquet or .json")
+        raise PingctlError(f"--out {out}: written as .parquet or .json")
     steps = parse_steps(step)
     ctx = _read_context(context) if context is not None else None
     if t_query is not None and not trained_with_timestamps(run_config(run).loader.mode_weights):
@@ -128,6 +129,9 @@ def sample(
         if plot:
             _plot(d, plot, f"{src} -> {dst}")
             result["plot"] = str(plot)
+        if out:
+            _write_distribution(d, out, src, dst)
+            result["out"] = str(out)
         if as_json:
             emit(result, True)
             return
@@ -136,8 +140,9 @@ def sample(
         rows += [(f"p{round(q * 100)} ms", result[f"p{round(q * 100)}_ms"]) for q in Q.QUANTILES]
         emit(result, False, kv_table(f"RTT {src} -> {dst} ({model.label})", rows))
         _histogram(d)
-        if plot:
-            console.print(f"plot: {plot}")
+        for what, path in (("plot", plot), ("distribution", out)):
+            if path:
+                console.print(f"{what}: {path}")
         return
     if mode == "complete":
         rtt_ms = _rtt_range(rtt)[0] if rtt else None  # one value: ranges were refused above
@@ -249,6 +254,26 @@ def _plot(d, path: Path, title: str) -> None:
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+
+
+def _write_distribution(d, out: Path, src: str, dst: str) -> None:
+    """Every RTT code with its value and P(code | success); P(failure) beside them (Parquet:
+    schema metadata), so users can compute what the printed summary leaves out."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pingctl.atomic import atomic_file
+
+    meta = {"src": src, "dst": dst, "p_fail": d.p_fail}
+    with atomic_file(out) as tmp:
+        if out.suffix == ".json":
+            tmp.write_text(json.dumps({**meta, "code": d.codes.tolist(), "rtt_ms": d.values_ms.tolist(),
+                                       "probability": d.probs.tolist()}))
+        else:
+            table = pa.table({"code": pa.array(d.codes, pa.uint16()), "rtt_ms": d.values_ms, "probability": d.probs})
+            pq.write_table(table.replace_schema_metadata({"pingctl": json.dumps(meta)}), tmp)
 
 
 def _write_generated(streams, out: Path) -> None:
