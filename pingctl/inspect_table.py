@@ -76,7 +76,6 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
 
         if sample:
             raise PingctlError(f"{path}: --sample shows rows of a table or probe rows, not of a run directory")
-
         return describe_run(path)
     if kind == "rows":
         from pingctl.rows.inspect import describe_rows

@@ -96,19 +96,20 @@ def sample(
     Q.parse_pair(src, dst)
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
-    if rtt is not None:
-        lo, hi = _rtt_range(rtt)
-        if mode == "complete" and hi > lo:
-            raise PingctlError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
-                               "ranges are for inverse search (--src IP --rtt 10-30)")
+    rtt_lo, rtt_hi = _rtt_range(rtt) if rtt is not None else (None, None)
+    if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
+        raise PingctlError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
+                           "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in (".parquet", ".json"):
         raise PingctlError(f"--out {out}: written as .parquet or .json")
     steps = parse_steps(step)
     ctx = _read_context(context) if context is not None else None
-    if t_query is not None and not trained_with_timestamps(run_config(run).loader.mode_weights):
+    # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
+    trained = run_config(run).loader if t_query is not None or rtt is not None else None
+    if t_query is not None and not trained_with_timestamps(trained.mode_weights):
         raise PingctlError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
                            "so it cannot condition on a time; ask without --time")
-    if rtt is not None and mode in ("complete", "inverse") and run_config(run).loader.result_last >= 1.0:
+    if rtt is not None and mode in ("complete", "inverse") and trained.result_last >= 1.0:
         # these prompts put the RTT before the addresses, an order such a run never saw
         raise PingctlError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
                            "addresses), so it cannot answer from an RTT to addresses; ask a run trained with "
@@ -145,14 +146,12 @@ def sample(
                 console.print(f"{what}: {path}")
         return
     if mode == "complete":
-        rtt_ms = _rtt_range(rtt)[0] if rtt else None  # one value: ranges were refused above
-        found = Q.complete(model, src or "*.*.*.*", dst or "*.*.*.*", rtt_ms, k=k, context=ctx_tokens)
+        found = Q.complete(model, src or "*.*.*.*", dst or "*.*.*.*", rtt_lo, k=k, context=ctx_tokens)
         result["completions"] = found
         _table(result, as_json, f"completions of {src or '*'} -> {dst or '*'}", found, ("src", "dst", "probability"))
         return
     if mode == "inverse":
-        lo, hi = _rtt_range(rtt)
-        found = Q.inverse(model, src, lo, hi, n or 64, rng, cfg.sample.temperature, context=ctx_tokens)
+        found = Q.inverse(model, src, rtt_lo, rtt_hi, n or 64, rng, cfg.sample.temperature, context=ctx_tokens)
         result["candidates"] = found[:k]
         _table(result, as_json, f"destinations {src} reaches in {rtt} ms", found[:k], ("dst", "probability", "samples"))
         return

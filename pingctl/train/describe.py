@@ -6,7 +6,6 @@ directories): no JAX, so `pingctl inspect RUN` is instant and works on a run sti
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pingctl.train import metrics as M
@@ -21,7 +20,7 @@ def is_run_dir(path: Path) -> bool:
 
 def describe_run(run: Path) -> dict:
     from pingctl.infer.model import run_config, trained_with_timestamps
-    from pingctl.train.local import checkpoint_steps
+    from pingctl.train.local import checkpoint_steps, read_summary
     from pingctl.train.render import MAXTEXT_RUN_NAME, parameters
 
     run = Path(run)
@@ -32,7 +31,7 @@ def describe_run(run: Path) -> dict:
     ckpt_dir = run / MAXTEXT_RUN_NAME / "checkpoints"
     committed = checkpoint_steps(run)
     present = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit()) if ckpt_dir.is_dir() else []
-    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else None
+    summary = read_summary(run) if (run / "summary.json").exists() else None
     last = train[-1]["step"] if train else None
     tail = train[-LAST_WINDOW:]
     best = min(evals, key=lambda r: r["eval_loss"]) if evals else None

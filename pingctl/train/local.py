@@ -151,10 +151,9 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
     last = summary["last_step"]
     if summary["stopped_early"] is None and (last is None or last + 1 < cfg.train.steps):
         # MaxText ends its step loop on a data-iterator exception and still exits 0
-        why = [line for line in log_path.read_bytes()[start:].decode(errors="replace").splitlines() if "Training stopped" in line]
         at = "before its first step" if last is None else f"at step {last} of {cfg.train.steps}"
         raise PingctlError(f"training ended {at} with no stop requested (check the rows with `pingctl inspect`): "
-                           f"{why[-1].split('] ', 1)[-1] if why else 'see ' + str(log_path)}")
+                           f"{parser.stop_reason or 'see ' + str(log_path)}")
     write_json(run / "summary.json", summary)
     return summary
 

@@ -17,6 +17,7 @@ _STEP = re.compile(
 )
 _EVAL_START = re.compile(r"Starting eval after train step (?P<step>\d+)")
 _EVAL_STEP = re.compile(r"Completed eval step: (?P<k>\d+), .*running loss=(?P<loss>[\d.naif]+)")
+_STOPPED = re.compile(r"Training stopped: (?P<why>.*)")  # MaxText left its step loop (and exits 0)
 _RESTORE = re.compile(r"[Rr]estor\w* .*?step[ =:]*(?P<step>\d+)")
 
 
@@ -28,9 +29,13 @@ class LogParser:
         self._eval_step: int | None = None
         self._eval_loss: float | None = None
         self.first_step: int | None = None
+        self.stop_reason: str | None = None
 
     def feed(self, line: str) -> dict | None:
         """Returns a record when the line completes one."""
+        if m := _STOPPED.search(line):
+            self.stop_reason = m.group(0)
+            return None
         if m := _EVAL_START.search(line):
             self._flush_eval()
             self._eval_step, self._eval_loss = int(m["step"]), None
