@@ -140,3 +140,28 @@ def test_cli_build_then_inspect(split_dir, tmp_path):
 def test_empty_input_is_a_clear_error(tmp_path):
     with pytest.raises(PingctlError, match="input not found"):
         build_rows([tmp_path / "nothing"], tmp_path / "rows")
+
+
+def test_inspect_rtt_percentiles_weigh_every_measurement_alike(tmp_path):
+    """One long-history probe among many short ones: the rows' RTT percentiles are those of
+    all measurements (at the RTT codec's resolution), not a per-record average."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(7)
+    short = make_table(3000, probes=10, targets=3)
+    short = short.set_column(short.schema.get_field_index("rtt"), "rtt", pa.array(rng.uniform(0.5, 1.5, 3000)))
+    long = make_table(20_000, probes=1, targets=3, seed=1)
+    long = long.set_column(long.schema.get_field_index("src_addr"), "src_addr", pa.array(["193.0.99.1"] * 20_000))
+    long = long.set_column(long.schema.get_field_index("prb_id"), "prb_id", pa.array(np.full(20_000, 20_000)))
+    d = tmp_path / "train"
+    d.mkdir()
+    pq.write_table(short, d / "short.parquet")
+    pq.write_table(long, d / "long.parquet")
+    build_rows([d], tmp_path / "rows")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "rows"), "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["rtt_ms"]
+    rtt = np.concatenate([short["rtt"].to_numpy(), long["rtt"].to_numpy()])
+    rtt = rtt[rtt >= 0]
+    for q in (5, 50, 95, 99):
+        assert got[f"p{q}"] == pytest.approx(np.percentile(rtt, q), rel=1e-3), q

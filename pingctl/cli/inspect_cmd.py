@@ -128,7 +128,9 @@ def _print_run(r: dict) -> None:
 
 def _print_rows(r: dict) -> None:
     def dist(d: dict) -> str:
-        return " / ".join(fmt(d.get(k)) for k in ("min", "p50", "mean", "max")) if d else "-"
+        # counts are whole numbers: show them without fmt's three float decimals
+        return " / ".join(fmt(int(v)) if float(v).is_integer() else fmt(v)
+                          for v in (d.get(k) for k in ("min", "p50", "mean", "max"))) if d else "-"
 
     rows = [
         ("files", r["files"]),

@@ -10,7 +10,11 @@ import numpy as np
 from pingctl.errors import PingctlError
 from pingctl.rows.layout import RecordError, decode
 
-RTT_SAMPLE_PER_RECORD = 2048
+# RTT percentiles come from a histogram of the compact codec's 16-bit codes: exact at the
+# codec's resolution (<= 1/2048 relative), constant memory, and every measurement counts the
+# same (a per-record sample would overweight short records).
+RTT_CODES = 1 << 16
+RTT_FLUSH = 1 << 20
 HIST_EDGES = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10**9)
 
 
@@ -54,7 +58,9 @@ def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> d
     errors: list[dict] = []
     n_meas, sizes, spans, probes = [], [], [], set()
     v4 = v6 = failures = 0
-    rtts: list[np.ndarray] = []
+    rtt_hist = np.zeros(RTT_CODES, np.int64)
+    pending: list[np.ndarray] = []
+    n_pending = 0
     tokens: list[int] = []
     samples = []
     for f, i, raw in iter_records(files, errors):
@@ -73,10 +79,11 @@ def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> d
         v4 += rec.n - int(is6.sum())
         ok = rec.rtt_ms >= 0
         failures += rec.n - int(ok.sum())
-        good = rec.rtt_ms[ok]
-        if len(good):
-            step = max(1, len(good) // RTT_SAMPLE_PER_RECORD)
-            rtts.append(good[::step])
+        pending.append(rec.rtt_ms[ok])
+        n_pending += len(pending[-1])
+        if n_pending >= RTT_FLUSH:
+            _add_codes(rtt_hist, pending)
+            n_pending = 0
         if tokens_per_measurement is not None:
             tokens.append(int(tokens_per_measurement(rec)))
         if len(samples) < sample:
@@ -89,8 +96,8 @@ def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> d
             f"{'record ' + str(errors[0]['record']) if errors[0]['record'] is not None else '(whole file)'}: "
             f"{errors[0]['error']}"
         )
-    allr = np.concatenate(rtts) if rtts else np.array([])
-    pct = {f"p{q}": float(np.percentile(allr, q)) for q in (5, 50, 95, 99)} if len(allr) else {}
+    _add_codes(rtt_hist, pending)
+    pct = hist_percentiles(rtt_hist, (5, 50, 95, 99))
     hist = np.histogram(n_meas, bins=HIST_EDGES)[0] if n_meas else np.zeros(len(HIST_EDGES) - 1)
     return {
         "kind": "rows",
@@ -115,6 +122,31 @@ def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> d
         "layout_version": meta.get("layout_version"),
         "sample": samples,
     }
+
+
+def _add_codes(hist: np.ndarray, pending: list[np.ndarray]) -> None:
+    from pingctl.tokenizer.rtt_codec import encode_rtt
+
+    if pending:
+        counts = np.bincount(encode_rtt(np.concatenate(pending)))
+        hist[: len(counts)] += counts
+        pending.clear()
+
+
+def hist_percentiles(hist: np.ndarray, qs) -> dict:
+    """np.percentile's linear interpolation over the decoded values a code histogram holds."""
+    from pingctl.tokenizer.rtt_codec import decode_rtt
+
+    n = int(hist.sum())
+    if not n:
+        return {}
+    cum = np.cumsum(hist)
+    out = {}
+    for q in qs:
+        pos = (n - 1) * q / 100
+        lo, hi = decode_rtt(np.searchsorted(cum, [np.floor(pos), np.ceil(pos)], side="right"))
+        out[f"p{q}"] = float(lo + (hi - lo) * (pos - np.floor(pos)))
+    return out
 
 
 def _dist(values) -> dict:
