@@ -66,3 +66,16 @@ def test_out_of_range_numbers_are_usage_errors(args):
     # a --n -3 once reached the sampler as a negative count and ended in an IndexError.
     r = runner.invoke(app, args, terminal_width=200)
     assert r.exit_code == 2 and "Invalid value" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_kv_table_folds_long_paths_instead_of_cutting_them():
+    from rich.console import Console
+
+    from pingctl.cli.common import kv_table
+
+    path = "/work/main/runs/atlas/train/maxtext/tensorboard/pingctl-run-0123456789abcdef"
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))
+    con.print(kv_table("train summary", [("TensorBoard", path), ("elapsed s", 191.0)]))
+    text = con.export_text()
+    assert "…" not in text
+    assert path in "".join(text.split()).replace("│", "")

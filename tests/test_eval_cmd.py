@@ -144,3 +144,24 @@ def test_verdict_line_names_what_the_model_beats_ties_and_loses_to(capsys):
                         "pair_median": c(0.1, 0.05, 0.2, "worse")})
     out = capsys.readouterr().out
     assert "verdict: the model beats global_median; ties vivaldi (the interval holds 0); loses to pair_median" in out
+
+
+def test_results_table_keeps_every_name_and_figure_whole_at_80_columns():
+    """CI logs and piped output are 80 columns wide: prefix_median and pair_median must not
+    both print as 'p…', and no figure may be cut."""
+    from rich.console import Console
+
+    from pingctl.cli.eval_cmd import results_table
+
+    names = ["model", "global_median", "prefix_median", "pair_median", "vivaldi", "context_median", "noise_floor"]
+    rows = [{"predictor": n, "median_rel_err": 0.4131, "p90_rel_err": 15.956, "mae_ms": 37245.25, "cov50": 0.524,
+             "cov90": 0.952, "auc": 0.798, "fallback_share": 1.0} for n in names]
+    report = {"queries": 48, "rows": rows, "predictors": {"model": {"info": {"steps": [299]}}}}
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))
+    con.print(results_table(report, "runs/atlas/splits/test", "probe"))
+    text = con.export_text()
+    assert "…" not in text
+    for n in names:
+        assert f"\n{n} " in text
+    for figure in ("41.3%", "1595.6%", "37,245.2", "52.4%", "95.2%", "0.798", "100.0%"):
+        assert figure in text

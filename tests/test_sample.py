@@ -352,3 +352,13 @@ def test_damaged_run_is_a_clear_error(tiny_run, pair, tmp_path):
     (run / "config.yaml").write_text("loader: [\n")
     r = runner.invoke(app, ["sample", str(run), "--src", src, "--dst", dst])
     assert r.exit_code == 1 and "config.yaml: not the config" in r.output, r.output
+
+
+def test_stream_table_shows_utc_times_and_failures_in_words():
+    from pingctl.cli.sample_cmd import _cell
+
+    assert _cell("time", 1_676_064_641) == "2023-02-10 21:30:41"
+    assert _cell("time", None) == "-"
+    assert _cell("time", 139_127_374_000_000) == "139127374000000 (Unix s)"  # a model may generate any time
+    assert _cell("rtt_ms", -1.0) == "failed" and _cell("rtt_ms", 12.5) == "12.500"
+    assert _cell("probability", 0.12345) == "0.1235"

@@ -130,3 +130,23 @@ def test_cli_json_and_inspect(table_dir, tmp_path):
     assert len(desc["splits"]["train"]["sample"]) == 3
     r = runner.invoke(app, ["shard", str(tmp_path / "missing"), "-o", str(tmp_path / "o2")])
     assert r.exit_code == 1 and "input not found" in r.output
+
+
+def test_splits_table_reads_whole_at_80_columns():
+    from rich.console import Console
+
+    from pingctl.cli.shard_cmd import splits_table
+
+    def split(name, rows):
+        return {"split": name, "rows": rows, "share": rows / 111_111_111, "files": 1_234, "probes": 12_345,
+                "pairs": 1_234_567, "v6_rows": 41_000_000, "failure_share": 0.147,
+                "start": "2019-04-24 20:00:00+00:00", "end": "2023-02-18 20:56:33+00:00"}
+
+    result = {"strategy": "time", "splits": [split("train", 100_000_000), split("val", 5_555_555), split("test", 5_555_556)]}
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))
+    con.print(splits_table(result, "runs/atlas/splits"))
+    text = con.export_text()
+    assert "…" not in text
+    for figure in ("100,000,000", "5,555,556", "90.0%", "1,234,567", "41,000,000", "14.7%", "2019-04-24 20:00",
+                   "2023-02-18 20:56"):
+        assert figure in text

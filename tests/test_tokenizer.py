@@ -437,3 +437,37 @@ def test_bench_tokenize_small():
     cases = {(r["case"], r["scheme"]) for r in res["table"]}
     assert ("strings->tokens", "compact") in cases and ("decode", "full") in cases
     assert all(r["meas/s"] > 0 for r in res["table"])
+
+
+def test_times_beyond_a_microsecond_timestamp_become_null_not_another_date():
+    """A decoded TimestampAbs may be any int64 of seconds; canonical event_time is int64 us."""
+    import pyarrow as pa
+
+    from pingctl.tokenizer.measurements import MAX_EVENT_TIME_S, Measurements
+
+    t = pa.table({"src_addr": ["193.0.0.1"] * 4, "dst_addr": ["8.8.8.8"] * 4, "rtt": [1.0, 2.0, 3.0, 4.0],
+                  "event_time": pa.array([1_676_064_641, 139_127_374_000_000, -(2**63), MAX_EVENT_TIME_S],
+                                         pa.int64())})
+    m = Measurements.from_arrow(t)
+    assert m.unrepresentable_times().tolist() == [False, True, True, False]
+    ts = m.to_arrow().column("event_time")
+    assert ts.null_count == 2 and not ts[1].is_valid and not ts[2].is_valid
+    assert ts[0].value == 1_676_064_641 * 1_000_000 and ts[3].value == MAX_EVENT_TIME_S * 1_000_000
+
+
+def test_unix_second_columns_are_read_exactly_or_refused():
+    import pyarrow as pa
+
+    from pingctl.tokenizer.measurements import MeasurementError, Measurements
+
+    def table(col):
+        return pa.table({"src_addr": ["193.0.0.1"] * 2, "dst_addr": ["8.8.8.8"] * 2, "rtt": [1.0, 2.0],
+                         "event_time": col})
+
+    big = 2**53 + 1  # not a float64: the old float detour read it as 2**53
+    assert Measurements.from_arrow(table(pa.array([big, 5], pa.int64()))).time_s.tolist() == [big, 5]
+    with pytest.raises(MeasurementError, match="int64 range"):
+        Measurements.from_arrow(table(pa.array([2**64 - 1, 5], pa.uint64())))
+    with pytest.raises(MeasurementError, match="not finite"):
+        Measurements.from_arrow(table(pa.array([float("nan"), 5.0])))
+    assert Measurements.from_arrow(table(pa.array([None, 5.5]))).has_time.tolist() == [False, True]

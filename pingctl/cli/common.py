@@ -81,9 +81,22 @@ def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) 
 def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column("what", style="bold")
-    t.add_column("value", justify="right")
+    # fold, not ellipsis: a long path in an 80-column terminal must stay whole to be copied
+    t.add_column("value", justify="right", overflow="fold")
     for k, v in rows:
         t.add_row(k, fmt(v))
+    return t
+
+
+def grid_table(title: str, columns: list[str], left: tuple[str, ...] = ()) -> Table:
+    """A many-column table that still reads at 80 columns (CI logs, piped output): no outer
+    frame and headers that break at "\n"; where even that is too wide, cells fold (never an
+    ellipsis), so no name or figure loses characters."""
+    from rich import box
+
+    t = Table(title=title, title_justify="left", box=box.MINIMAL, pad_edge=False, show_edge=False)
+    for c in columns:
+        t.add_column(c, justify="left" if c in left else "right", overflow="fold")
     return t
 
 

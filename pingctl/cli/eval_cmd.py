@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import JsonOpt, StepOpt, console, emit, fmt, handle_errors, step_progress
+from pingctl.cli.common import JsonOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, step_progress
 
 
 def evaluate(
@@ -36,7 +36,7 @@ def evaluate(
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
     """
     from pingctl.eval.run import evaluate as run_eval
-    from pingctl.infer.model import parse_steps, steps_label
+    from pingctl.infer.model import parse_steps
 
     steps = parse_steps(step)
 
@@ -46,17 +46,7 @@ def evaluate(
     if as_json:
         emit(dict(report), True)
         return
-    from rich.table import Table
-
-    t = Table(title=f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}, "
-                    f"model: {steps_label(report['predictors']['model']['info']['steps'])}",
-              title_justify="left")
-    for c in ("predictor", "median rel err", "p90 rel err", "MAE ms", "cov50", "cov90", "fail AUC", "fallback"):
-        t.add_column(c, justify="left" if c == "predictor" else "right")
-    for r in report["rows"]:
-        t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), fmt(r.get("mae_ms")),
-                  _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")), _pct(r.get("fallback_share")))
-    emit(dict(report), False, t)
+    emit(dict(report), False, results_table(report, test, context_policy))
     _print_comparisons(report["comparisons"]["model"])
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
@@ -65,6 +55,19 @@ def evaluate(
         console.print("  of which " + ", ".join(f"{k} {v:.1f}" for k, v in n["bits_per_field"].items()),
                       highlight=False)
     console.print(f"report: {out / 'report.json'}   plots: {', '.join(report['plots'].values())}", highlight=False)
+
+
+def results_table(report: dict, test, context_policy: str):
+    from pingctl.infer.model import steps_label
+
+    t = grid_table(f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}, "
+                   f"model: {steps_label(report['predictors']['model']['info']['steps'])}",
+                   ["predictor", "median\nrel err", "p90\nrel err", "MAE ms", "cov50", "cov90", "fail\nAUC",
+                    "fall-\nback"], left=("predictor",))
+    for r in report["rows"]:
+        t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), _ms(r.get("mae_ms")),
+                  _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")), _pct(r.get("fallback_share")))
+    return t
 
 
 def _print_comparisons(comp: dict) -> None:
@@ -83,6 +86,10 @@ def _print_comparisons(comp: dict) -> None:
              *([f"ties {', '.join(by['tie'])} (the interval holds 0)"] if by["tie"] else []),
              *([f"loses to {', '.join(by['worse'])}"] if by["worse"] else [])]
     console.print("verdict: the model " + "; ".join(parts), highlight=False, soft_wrap=True)
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:,.1f}"
 
 
 def _pct(v) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, handle_errors, kv_table, load
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table, handle_errors, kv_table, load
 
 
 _MODE_NAMES = {"distribution": "an RTT distribution (--src IP --dst IP)", "complete": "a completion",
@@ -166,10 +166,14 @@ def sample(
                          "time": int(times[j]) if m.has_time[j] else None})
     result["measurements"] = rows
     result["errors"] = sum(len(d.errors) for d in streams)
+    result["times_out_of_range"] = int(sum(d.measurements.unrepresentable_times().sum() for d in streams))
     if out:
         _write_generated(streams, out)
         result["out"] = str(out)
     _table(result, as_json, f"{len(streams)} generated streams", rows[:40], ("stream", "time", "src", "dst", "rtt_ms"))
+    if result["times_out_of_range"] and not as_json:
+        err_console.print(f"[yellow]{result['times_out_of_range']} generated time(s) lie beyond a timestamp's "
+                          f"+-292,000 years{'; their event_time is null in ' + str(out) if out else ''}[/]")
 
 
 def _parse_time(text: str | None) -> int | None:
@@ -209,14 +213,26 @@ def _read_context(path: Path):
 
 
 def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tuple[str, ...]) -> None:
-    from rich.table import Table
-
-    t = Table(title=title, title_justify="left")
-    for c in cols:
-        t.add_column(c, justify="right" if c in ("probability", "samples", "rtt_ms", "stream") else "left")
+    t = grid_table(title, list(cols), left=("src", "dst", "time"))
     for r in rows:
-        t.add_row(*(f"{r[c]:.4f}" if c == "probability" else fmt(r.get(c)) for c in cols))
+        t.add_row(*(_cell(c, r.get(c)) for c in cols))
     emit(result, as_json, t)
+
+
+def _cell(column: str, v) -> str:
+    """Table text only; --json keeps Unix seconds and the canonical -1 for a failed packet."""
+    import datetime as dt
+
+    if column == "probability":
+        return f"{v:.4f}"
+    if column == "time" and v is not None:
+        try:
+            return dt.datetime.fromtimestamp(v, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        except (ValueError, OverflowError, OSError):  # a generated time past year 9999
+            return f"{v} (Unix s)"
+    if column == "rtt_ms" and v is not None and v < 0:
+        return "failed"
+    return fmt(v)
 
 
 def _histogram(d) -> None:

@@ -47,17 +47,7 @@ def shard(
     if as_json:
         emit(result, True)
         return
-    from rich.table import Table
-
-    t = Table(title=f"splits ({result['strategy']}) -> {out}", title_justify="left")
-    for col in ("split", "rows", "share", "files", "probes", "pairs", "v6", "fail", "dates (UTC)"):
-        t.add_column(col, justify="left" if col in ("split", "dates (UTC)") else "right")
-    for s in result["splits"]:
-        span = f"{str(s.get('start'))[:10]} .. {str(s.get('end'))[:10]}" if s["rows"] else "-"
-        t.add_row(
-            s["split"], fmt(s["rows"]), f"{s.get('share', 0):.1%}", fmt(s.get("files", 0)), fmt(s.get("probes")),
-            fmt(s.get("pairs")), fmt(s.get("v6_rows")), f"{s.get('failure_share') or 0:.1%}", span,
-        )
+    t = splits_table(result, out)
     summary = kv_table(
         "shard summary",
         [
@@ -74,6 +64,29 @@ def shard(
     emit(result, False, [t, summary])
     if result["rows_rejected"]:
         console.print(f"[yellow]rejected rows and reasons: {out / 'rejects.jsonl'}[/]")
+
+
+def splits_table(result: dict, out):
+    # splits as columns, as `inspect` shows them: nine figures per split fit 80 columns this way
+    from rich.table import Table
+
+    t = Table(title=f"splits ({result['strategy']}) -> {out}", title_justify="left")
+    t.add_column("", style="bold")
+    for s in result["splits"]:
+        t.add_column(s["split"], justify="right")
+    for label, cell in (
+        ("rows", lambda s: fmt(s["rows"])),
+        ("share", lambda s: f"{s.get('share', 0):.1%}"),
+        ("files", lambda s: fmt(s.get("files", 0))),
+        ("probes", lambda s: fmt(s.get("probes"))),
+        ("pairs", lambda s: fmt(s.get("pairs"))),
+        ("IPv6 rows", lambda s: fmt(s.get("v6_rows"))),
+        ("failure share", lambda s: f"{s.get('failure_share') or 0:.1%}"),
+        ("first (UTC)", lambda s: str(s.get("start"))[:16] if s["rows"] else "-"),
+        ("last (UTC)", lambda s: str(s.get("end"))[:16] if s["rows"] else "-"),
+    ):
+        t.add_row(label, *(cell(s) for s in result["splits"]))
+    return t
 
 
 def register(app) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from pingctl.errors import PingctlError
 
 FAILED_RTT = -1.0
+MAX_EVENT_TIME_S = (2**63 - 1) // 1_000_000  # the largest Unix second a timestamp[us] holds
 
 
 class MeasurementError(PingctlError, ValueError):
@@ -162,6 +163,10 @@ class Measurements:
                 cols[name] = col.to_numpy(zero_copy_only=False)
         return cls(**cols)
 
+    def unrepresentable_times(self) -> np.ndarray:
+        """Timestamped measurements whose time does not fit a microsecond timestamp (int64)."""
+        return self.has_time & ((self.time_s > MAX_EVENT_TIME_S) | (self.time_s < -MAX_EVENT_TIME_S))
+
     def to_arrow(self, parsed: bool = False):
         """Canonical columns (string addresses; event_time null where has_time is false), or
         with parsed=True the `parsed_schema` layout."""
@@ -180,7 +185,11 @@ class Measurements:
             return pa.Table.from_arrays(cols, schema=parsed_schema())
         from pingctl.schema import arrow_schema
 
-        ts = pa.array(self.time_s * 1_000_000, pa.int64(), mask=~self.has_time).cast(pa.timestamp("us", tz="UTC"))
+        # A decoded TimestampAbs is any int64 of seconds; microseconds would wrap past
+        # +-292,000 years, so such times are null here (callers count them: unrepresentable_times).
+        fits = self.has_time & ~self.unrepresentable_times()
+        ts = pa.array(np.where(fits, self.time_s, 0) * 1_000_000, pa.int64(), mask=~fits).cast(
+            pa.timestamp("us", tz="UTC"))
         cols = {
             "msm_id": pa.array(self.msm_id, pa.int64()),
             "event_time": ts,
@@ -384,7 +393,14 @@ def _seconds(col) -> tuple[np.ndarray, np.ndarray]:
     if pa.types.is_timestamp(col.type):
         raw = pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
         return np.floor_divide(raw, _PER_SECOND[col.type.unit]), has
-    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+    if pa.types.is_integer(col.type):  # exact: a float64 detour loses seconds past 2**53
+        try:
+            return pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), has
+        except pa.ArrowInvalid:
+            raise MeasurementError("event_time: Unix seconds beyond the int64 range") from None
+    if pa.types.is_floating(col.type):
         raw = pc.fill_null(col.cast(pa.float64()), 0).to_numpy(zero_copy_only=False)
+        if np.any(np.abs(raw[has]) >= 2.0**63) or not np.all(np.isfinite(raw[has])):
+            raise MeasurementError("event_time: Unix seconds that are not finite or beyond the int64 range")
         return np.floor(raw).astype(np.int64), has
     raise MeasurementError(f"event_time: column of type {col.type} is neither a timestamp nor Unix seconds")
