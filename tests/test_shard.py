@@ -150,3 +150,28 @@ def test_splits_table_reads_whole_at_80_columns():
     for figure in ("100,000,000", "5,555,556", "90.0%", "1,234,567", "41,000,000", "14.7%", "2019-04-24 20:00",
                    "2023-02-18 20:56"):
         assert figure in text
+
+
+def test_inspect_sample_rows_lose_no_characters_at_80_columns(tmp_path, monkeypatch):
+    from pingctl.cli import common
+
+    t = make_table(50, probes=5, targets=5)
+    n = t.num_rows
+    long_src = [f"2a00:11c0:14:aa3:{k % 5:x}:8bff:fe09:b908" for k in range(n)]
+    long_dst = [f"2001:503:ba3e::2:{k % 5 + 1}0" for k in range(n)]
+    for name, col in (("src_addr", long_src), ("dst_addr", long_dst), ("ip_version", [6] * n),
+                      ("msm_id", [49_921_351] * n)):
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array(col, t.schema.field(name).type))
+    pq.write_table(t, tmp_path / "t.parquet")
+    monkeypatch.setattr(common.console, "width", 80)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "t.parquet"), "--sample", "3"])
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output
+    listing = r.output[r.output.index("sample rows"):]
+    assert "49921351" in listing and "2024-01-01 00:" in listing  # whole ids, UTC times to the second
+    lines = listing.splitlines()[1:5]
+    head = lines[0]
+    a, b = head.index("src_addr"), head.index("dst_addr")
+    src = "".join(line[a:b].strip() for line in lines[1:])
+    dst = "".join(line[b:].split()[0] for line in lines[1:] if line[b:b + 1].strip())  # left-aligned pieces
+    assert any(src.startswith(x) for x in long_src) and any(dst.startswith(x) for x in long_dst)  # folded, not cut

@@ -88,16 +88,32 @@ def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     return t
 
 
-def grid_table(title: str, columns: list[str], left: tuple[str, ...] = ()) -> Table:
+def grid_table(title: str, columns: list[str], left: tuple[str, ...] = (), whole: tuple[str, ...] = (),
+               listing: bool = False) -> Table:
     """A many-column table that still reads at 80 columns (CI logs, piped output): no outer
     frame and headers that break at "\n"; where even that is too wide, cells fold (never an
     ellipsis), so no name or figure loses characters."""
     from rich import box
 
-    t = Table(title=title, title_justify="left", box=box.MINIMAL, pad_edge=False, show_edge=False)
+    # a listing of records (sample rows) separates columns by one space: an IPv4 pair then fits
+    frame = dict(box=None, collapse_padding=True) if listing else dict(box=box.MINIMAL)
+    t = Table(title=title, title_justify="left", pad_edge=False, show_edge=False, **frame)
     for c in columns:
-        t.add_column(c, justify="left" if c in left else "right", overflow="fold")
+        # `whole` columns (numbers, times) never break; the others (addresses) fold to make room
+        t.add_column(c, justify="left" if c in left else "right", overflow="fold", no_wrap=c in whole)
     return t
+
+
+def utc_text(seconds: int | None) -> str:
+    """Unix seconds as UTC for tables (JSON keeps the number)."""
+    import datetime as dt
+
+    if seconds is None:
+        return "-"
+    try:
+        return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):  # e.g. a generated time past year 9999
+        return f"{seconds} (Unix s)"
 
 
 def fmt(v: Any) -> str:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load
+from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, kv_table,
+                                load, utc_text)
 
 
 def _table_rows(d: dict) -> list[tuple[str, object]]:
@@ -64,7 +65,8 @@ def inspect(
         return
     from rich.table import Table
 
-    parts = result["splits"] if result["kind"] == "splits" else {str(path): result}
+    # the title holds the whole path; a column header of it would be cut at 80 columns
+    parts = result["splits"] if result["kind"] == "splits" else {Path(path).name or str(path): result}
     tables: list = []
     if parts:
         t = Table(title=f"{result['kind']}: {path}", title_justify="left")
@@ -79,9 +81,10 @@ def inspect(
         tables.append(t)
     for name, d in parts.items():
         if d.get("sample"):
-            st = Table(title=f"{name}: {len(d['sample'])} sample rows", title_justify="left", box=None)
-            for c in ("event_time", "src_addr", "dst_addr", "rtt", "msm_id", "prb_id", "errors"):
-                st.add_column(c, no_wrap=True, justify="right" if c in ("rtt", "msm_id", "prb_id", "errors") else "left")
+            st = grid_table(f"{name}: {len(d['sample'])} sample rows",
+                            ["event_time (UTC)", "src_addr", "dst_addr", "rtt", "msm_id", "prb_id", "errors"],
+                            left=("event_time (UTC)", "src_addr", "dst_addr"),
+                            whole=("event_time (UTC)", "rtt", "msm_id", "prb_id", "errors"), listing=True)
             for r in d["sample"]:
                 st.add_row(
                     str(r["event_time"])[:19], r["src_addr"], r["dst_addr"], fmt(r["rtt"]),
@@ -160,12 +163,11 @@ def _print_rows(r: dict) -> None:
             h.add_row(bucket, fmt(count), "█" * max(1, round(30 * count / peak)))
     tables.append(h)
     for s in r["sample"]:
-        t = Table(title=f"{s['file']} record {s['record']}: {s['probe']} part {s['part']}, {s['n']:,} measurements",
-                  title_justify="left", box=None)
-        for c in ("time", "src", "dst", "rtt_ms", "msm_id"):
-            t.add_column(c, no_wrap=True)
+        t = grid_table(f"{s['file']} record {s['record']}: {s['probe']} part {s['part']}, {s['n']:,} measurements",
+                       ["time (UTC)", "src", "dst", "rtt_ms", "msm_id"], left=("time (UTC)", "src", "dst"),
+                       whole=("time (UTC)", "rtt_ms", "msm_id"), listing=True)
         for m in s["first"]:
-            t.add_row(str(m["time"]), m["src"], m["dst"], fmt(m["rtt_ms"]), str(m["msm_id"]))
+            t.add_row(utc_text(m["time"]), m["src"], m["dst"], fmt(m["rtt_ms"]), str(m["msm_id"]))
         tables.append(t)
     emit(r, False, tables)
     for e in r["errors"]:

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table, handle_errors, kv_table, load
+from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
+                                handle_errors, kv_table, load, utc_text)
 
 
 _MODE_NAMES = {"distribution": "an RTT distribution (--src IP --dst IP)", "complete": "a completion",
@@ -213,7 +214,8 @@ def _read_context(path: Path):
 
 
 def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tuple[str, ...]) -> None:
-    t = grid_table(title, list(cols), left=("src", "dst", "time"))
+    t = grid_table(title, list(cols), left=("src", "dst", "time"),
+                   whole=("stream", "time", "rtt_ms", "probability", "samples"), listing="time" in cols)
     for r in rows:
         t.add_row(*(_cell(c, r.get(c)) for c in cols))
     emit(result, as_json, t)
@@ -221,15 +223,10 @@ def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tupl
 
 def _cell(column: str, v) -> str:
     """Table text only; --json keeps Unix seconds and the canonical -1 for a failed packet."""
-    import datetime as dt
-
     if column == "probability":
         return f"{v:.4f}"
-    if column == "time" and v is not None:
-        try:
-            return dt.datetime.fromtimestamp(v, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-        except (ValueError, OverflowError, OSError):  # a generated time past year 9999
-            return f"{v} (Unix s)"
+    if column == "time":
+        return utc_text(v)
     if column == "rtt_ms" and v is not None and v < 0:
         return "failed"
     return fmt(v)
