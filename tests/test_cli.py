@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -79,3 +80,18 @@ def test_kv_table_folds_long_paths_instead_of_cutting_them():
     text = con.export_text()
     assert "…" not in text
     assert path in "".join(text.split()).replace("│", "")
+
+
+def test_bench_table_keeps_every_figure_whole_at_80_columns(tmp_path, monkeypatch):
+    from pingctl.cli import common
+
+    monkeypatch.setattr(common.console, "width", 80)
+    out = tmp_path / "b.json"
+    r = runner.invoke(app, ["bench", "tokenize", "--n", "20000", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output
+    rows = json.loads(out.read_text())["table"]
+    for row in rows:
+        for col in ("meas/s", "tokens/s"):
+            if isinstance(row.get(col), (int, float)):
+                assert common.fmt(row[col]) in r.output, (row["case"], col)

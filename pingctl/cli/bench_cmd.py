@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, load
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, load
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -24,17 +24,17 @@ OutOpt = Annotated[
 def report(result: dict, as_json: bool, out: Path | None) -> None:
     import os
 
-    from rich.table import Table
-
     from pingctl.atomic import write_json
 
     result.setdefault("machine", {"cpus": os.cpu_count(), "python": platform.python_version()})
     out = out or Path("runs/bench") / f"{result['name']}.json"
     write_json(out, result)
     rows = result.get("table", [])
-    t = Table(title=f"bench {result['name']}", title_justify="left")
-    for col in rows[0].keys() if rows else []:
-        t.add_column(col, justify="left" if col in ("case", "stage", "tool") else "right")
+    cols = list(rows[0].keys()) if rows else []
+    names = ("case", "stage", "tool")
+    # the figures are the point of a bench: they never break; the case names fold instead
+    t = grid_table(f"bench {result['name']}", cols, left=names, whole=tuple(c for c in cols if c not in names),
+                   listing=True)
     for r in rows:
         t.add_row(*(fmt(v) for v in r.values()))
     emit(result, as_json, t)
