@@ -11,7 +11,7 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
 def detect(path: Path) -> str:
-    """The kind of artifact at `path`: 'run', 'splits', 'rows' or 'table'."""
+    """The kind of artifact at `path`: 'run', 'eval', 'splits', 'rows' or 'table'."""
     from pingctl.train.describe import is_run_dir
 
     path = Path(path)
@@ -19,6 +19,8 @@ def detect(path: Path) -> str:
         raise PingctlError(f"{path}: no such file or directory")
     if is_run_dir(path):
         return "run"
+    if path.name == "report.json" or (path.is_dir() and (path / "report.json").is_file()):
+        return "eval"
     if path.suffix == ".arrayrecord" or (path.is_dir() and any(path.glob("*.arrayrecord"))):
         return "rows"
     if path.is_dir() and any((path / s).is_dir() for s in ("train", "val", "test")):
@@ -77,6 +79,10 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
         if sample:
             raise PingctlError(f"{path}: --sample shows rows of a table or probe rows, not of a run directory")
         return describe_run(path)
+    if kind == "eval":
+        if sample:
+            raise PingctlError(f"{path}: --sample shows rows of a table or probe rows, not of an eval report")
+        return read_eval_report(path)
     if kind == "rows":
         from pingctl.rows.inspect import describe_rows
         from pingctl.rows.layout import to_measurements
@@ -95,3 +101,19 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
                 splits[s] = describe_table([d], sample)
         return {"kind": "splits", "path": str(path), "splits": splits}
     return {"kind": "table", "path": str(path), **describe_table([path], sample)}
+
+
+def read_eval_report(path: Path) -> dict:
+    """A `pingctl eval` output (its directory or report.json), checked enough to print its table."""
+    import json
+
+    f = Path(path) if Path(path).name == "report.json" else Path(path) / "report.json"
+    try:
+        report = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise PingctlError(f"{f}: not a readable eval report ({e})") from None
+    keys = ("rows", "comparisons", "nll", "queries", "predictors", "inputs")
+    missing = [k for k in keys if k not in report] if isinstance(report, dict) else list(keys)
+    if missing:
+        raise PingctlError(f"{f}: not a `pingctl eval` report (missing {', '.join(missing) or 'everything'})")
+    return {"kind": "eval", "path": str(f), **report}

@@ -46,6 +46,14 @@ def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp
     assert v["verdict"] == ("better" if v["ci_high"] < 0 else "worse" if v["ci_low"] > 0 else "tie")
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["queries"] == 12
+    # `pingctl inspect` of the output prints the same table and verdict from report.json
+    shown = runner.invoke(app, ["inspect", str(tmp_path)])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert [next(i for i, line in enumerate(lines) if line.startswith(n + " ")) for n in rep["order"]] == sorted(
+        next(i for i, line in enumerate(lines) if line.startswith(n + " ")) for n in rep["order"])
+    assert "verdict: the model" in shown.output and "report: " in shown.output
+    assert json.loads(runner.invoke(app, ["inspect", str(tmp_path / "report.json"), "--json"]).stdout)["kind"] == "eval"
     for p in rep["plots"].values():
         assert open(p, "rb").read(4) == b"\x89PNG"
 
@@ -165,3 +173,17 @@ def test_results_table_keeps_every_name_and_figure_whole_at_80_columns():
         assert f"\n{n} " in text
     for figure in ("41.3%", "1595.6%", "37,245.2", "52.4%", "95.2%", "0.798", "100.0%"):
         assert figure in text
+
+
+def test_inspect_eval_refuses_what_is_not_a_report(tmp_path):
+    d = tmp_path / "ev"
+    d.mkdir()
+    (d / "report.json").write_text("{not json")
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 1 and "not a readable eval report" in r.output and "Traceback" not in r.output
+    (d / "report.json").write_text(json.dumps({"rows": []}))
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 1 and "missing comparisons" in r.output
+    (d / "report.json").write_text(json.dumps([1, 2]))
+    r = runner.invoke(app, ["inspect", str(d / "report.json")])
+    assert r.exit_code == 1 and "not a `pingctl eval` report" in r.output

@@ -46,15 +46,29 @@ def evaluate(
     if as_json:
         emit(dict(report), True)
         return
-    emit(dict(report), False, results_table(report, test, context_policy))
-    _print_comparisons(report["comparisons"]["model"])
+    print_report(report, out / "report.json")
+
+
+def print_report(report: dict, path) -> None:
+    """The eval table, the model-minus-baseline intervals, the verdict and the NLL; also what
+    `pingctl inspect EVAL_DIR` prints from a saved report.json."""
+    info = report["predictors"]["model"]["info"]
+    emit(dict(report), False, results_table(report, report["inputs"]["test"], info.get("context_policy", "?")))
+    # report.json is written with sorted keys: restore the table's order
+    comp = report["comparisons"].get("model", {})
+    _print_comparisons({k: comp[k] for k in sorted(comp, key=lambda k: _rank(report.get("order", []), k))})
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
                   f"{n['bits_per_measurement']:.1f} bits per measurement", highlight=False)
     if n.get("bits_per_field"):
-        console.print("  of which " + ", ".join(f"{k} {v:.1f}" for k, v in n["bits_per_field"].items()),
+        fields = sorted(n["bits_per_field"].items(), key=lambda kv: _rank(["time", "src", "dst", "result"], kv[0]))
+        console.print("  of which " + ", ".join(f"{k} {v:.1f}" for k, v in fields),
                       highlight=False)
-    console.print(f"report: {out / 'report.json'}   plots: {', '.join(report['plots'].values())}", highlight=False)
+    console.print(f"report: {path}   plots: {', '.join(report.get('plots', {}).values())}", highlight=False)
+
+
+def _rank(order: list, key) -> tuple:
+    return (order.index(key), "") if key in order else (len(order), str(key))
 
 
 def results_table(report: dict, test, context_policy: str):

@@ -37,7 +37,8 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 
 def inspect(
     path: Annotated[Path, typer.Argument(
-        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, or a `pingctl train` run.")],
+        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, "
+             "or a `pingctl eval` output (its dir or report.json).")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="Also show N random rows (or decoded records).")] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -49,6 +50,8 @@ def inspect(
 
     A run directory (pingctl inspect runs/demo/train): model, data shaping, steps and tokens,
     losses, checkpoints; read from its files, so it also works on a run still training.
+    An eval output (pingctl inspect runs/demo/eval): its table, intervals and verdict again,
+    from report.json, without recomputing predictions.
     """
     from pingctl.inspect_table import describe
 
@@ -62,6 +65,11 @@ def inspect(
         return
     if result["kind"] == "run":
         _print_run(result)
+        return
+    if result["kind"] == "eval":
+        from pingctl.cli.eval_cmd import print_report
+
+        print_report(result, result["path"])
         return
     from rich.table import Table
 
