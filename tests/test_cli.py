@@ -80,6 +80,8 @@ def test_kv_table_folds_long_paths_instead_of_cutting_them():
     text = con.export_text()
     assert "…" not in text
     assert path in "".join(text.split()).replace("│", "")
+    assert "│ /work/main/" in text  # its pieces start at the left, so the fold reads as one path
+    assert " 191.000 │" in text  # numbers stay right-aligned
 
 
 def test_bench_table_keeps_every_figure_whole_at_80_columns(tmp_path, monkeypatch):

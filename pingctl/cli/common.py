@@ -13,6 +13,7 @@ from typing import Annotated, Any, Callable
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 err_console = Console(stderr=True)
@@ -84,7 +85,10 @@ def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     # fold, not ellipsis: a long path in an 80-column terminal must stay whole to be copied
     t.add_column("value", justify="right", overflow="fold")
     for k, v in rows:
-        t.add_row(k, fmt(v))
+        text = fmt(v)
+        # a path that folds reads as a path only when its pieces start at the left
+        path_like = isinstance(v, Path) or (isinstance(v, str) and "/" in v and " " not in v)
+        t.add_row(k, Text(text, justify="left") if path_like else text)
     return t
 
 
