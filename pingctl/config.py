@@ -196,6 +196,16 @@ class SampleConfig(Section):
     seed: int = Field(0, description="sampling seed")
 
 
+class EvalConfig(Section):
+    queries: int = Field(300, ge=1, description="test packets evaluated (a seeded random subset)")
+    context: int = Field(16, ge=0, description="preceding measurements of the probe in the prompt")
+    context_policy: Literal["probe", "cold", "none"] = Field(
+        "probe", description="probe: its preceding test packets; cold: excluding the queried pair; none")
+    context_per_pair: int | None = Field(
+        None, ge=0, description="cap per (src, dst) pair in the prompt (null: as the run was trained; 0: none)")
+    seed: int = Field(0, description="seed of the packet subset and Vivaldi")
+
+
 class Config(Section):
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
@@ -204,6 +214,7 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     sample: SampleConfig = SampleConfig()
+    eval: EvalConfig = EvalConfig()
 
 
 # ---------------------------------------------------------------- loading
@@ -286,9 +297,11 @@ def load_config(
         keys, value = parse_override(item)
         _set_path(tree, keys, value)
         source += f" + {item}"
-    for dotted, value in (cli_values or {}).items():
-        if value is not None:
-            _set_path(tree, dotted.split("."), value)
+    given = {k: v for k, v in (cli_values or {}).items() if v is not None}
+    for dotted, value in given.items():
+        _set_path(tree, dotted.split("."), value)
+    if given:
+        source += " + command-line options"
     try:
         return Config.model_validate(tree)
     except ValidationError as e:

@@ -69,7 +69,7 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     first, last = have[0], have[-1]
     r = runner.invoke(app, [
         "eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
-        "--queries", "6", "--context", "4", "--context-policy", "cold", "--context-per-pair", "1",
+        "--set", "eval.queries=6", "--context", "4", "--context-policy", "cold", "--context-per-pair", "1",
         "--step", f"{last},{first}", "-o", str(tmp_path / "ev"), "--json",
     ])
     assert r.exit_code == 0, r.output
@@ -83,10 +83,12 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     assert rep["slices"]["unseen_pair"]["n"] == 6
     bad = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
                               "--context-policy", "oracle"])
-    assert bad.exit_code != 0 and "context-policy" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
+    assert "command-line options" in bad.output and "context_policy = 'oracle'" in bad.output
+    assert "'probe', 'cold' or 'none'" in bad.output
     neg = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
                               "--context-per-pair", "-1"])
-    assert neg.exit_code != 0 and "context-per-pair" in neg.output and "Traceback" not in neg.output
+    assert neg.exit_code != 0 and "context_per_pair = -1" in neg.output and "Traceback" not in neg.output
     bad_step = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test",
                                    str(pairs / "test"), "--step", "best"])
     assert bad_step.exit_code != 0 and "--step 'best'" in bad_step.output and "Traceback" not in bad_step.output

@@ -40,7 +40,7 @@ def _register() -> None:
     app.add_typer(
         config_cmd.app,
         name="config",
-        help="Write, show and check the shared YAML config.\n\nExample: pingctl config init my.yaml && pingctl config check my.yaml",
+        help="Write, show and check the shared YAML config.\n\nExample: pingctl config init my.yaml && pingctl config check -c my.yaml",
     )
     app.add_typer(
         bench_cmd.app,

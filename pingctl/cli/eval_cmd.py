@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import JsonOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, step_progress
+from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
+                                step_progress)
 
 
 def evaluate(
@@ -16,17 +17,21 @@ def evaluate(
     test: Annotated[Path, typer.Option(help="Test split (canonical Parquet).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.json and the plots go.")] = Path("runs/eval"),
     truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
-    queries: Annotated[int, typer.Option(min=1, help="Test packets evaluated (a seeded random subset).")] = 300,
-    context: Annotated[int, typer.Option(min=0, help="Preceding measurements of the probe in the prompt.")] = 16,
-    context_policy: Annotated[str, typer.Option(
+    queries: Annotated[int | None, typer.Option(
+        min=1, help="Test packets evaluated (a seeded random subset). [default: eval.queries, 300]")] = None,
+    context: Annotated[int | None, typer.Option(
+        min=0, help="Preceding measurements of the probe in the prompt. [default: eval.context, 16]")] = None,
+    context_policy: Annotated[str | None, typer.Option(
         help="probe: the probe's preceding test packets, as in training (adds the context_median "
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "
-             "pair; none: no context.")] = "probe",
+             "pair; none: no context. [default: eval.context_policy, probe]")] = None,
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the packet subset and Vivaldi.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
     step: StepOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a trained model against global/pair/prefix medians and Vivaldi on a test split.
@@ -39,6 +44,10 @@ def evaluate(
     from pingctl.infer.model import parse_steps
 
     steps = parse_steps(step)
+    cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
+                                "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair}).eval
+    queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
+    context_per_pair = cfg.context_per_pair
 
     with step_progress("eval") as report_progress:
         report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
