@@ -20,9 +20,13 @@ MANIFEST = "manifest.json"
 
 
 def _tmp_sibling(path: Path, is_dir: bool) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    maker = tempfile.mkdtemp if is_dir else tempfile.mkstemp
-    made = maker(prefix=f".{path.name}.tmp-", dir=path.parent)
+    _check_parent(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        maker = tempfile.mkdtemp if is_dir else tempfile.mkstemp
+        made = maker(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as e:
+        raise PingctlError(f"cannot write {path}: {e.strerror or e}") from None
     if isinstance(made, tuple):
         os.close(made[0])
         made = made[1]
@@ -33,8 +37,30 @@ def _tmp_sibling(path: Path, is_dir: bool) -> Path:
     return Path(made)
 
 
+def _check_parent(out: Path) -> None:
+    """The nearest existing ancestor must be a writable directory (checked before any work)."""
+    anc = Path(out).absolute().parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise PingctlError(f"cannot write {out}: {anc} is a file, not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise PingctlError(f"cannot write {out}: {anc} is not writable")
+
+
+def _check_special(out: Path) -> None:
+    # Replacing means rename-over: never do that to a device, FIFO or socket (e.g. -o /dev/null
+    # --force as root would remove the device node), forced or not.
+    if out.exists() and not (out.is_dir() or out.is_file()):
+        raise PingctlError(f"{out} is not a regular file or directory (a device, FIFO or socket); "
+                           "pingctl only writes into directories and regular files")
+
+
 def check_replaceable(out: Path, force: bool = False) -> None:
     """Refuse to overwrite a directory that pingctl did not write, unless forced."""
+    out = Path(out)
+    _check_special(out)
+    _check_parent(out)
     if not out.exists() or force:
         return
     if out.is_file():
@@ -50,6 +76,7 @@ def check_replaceable(out: Path, force: bool = False) -> None:
 def atomic_dir(out: Path) -> Iterator[Path]:
     """Yield a temp directory; on success it replaces `out` (old contents removed)."""
     out = Path(out)
+    _check_special(out)
     tmp = _tmp_sibling(out, is_dir=True)
     try:
         yield tmp
@@ -70,6 +97,9 @@ def atomic_dir(out: Path) -> Iterator[Path]:
 def atomic_file(out: Path) -> Iterator[Path]:
     """Yield a temp file path next to `out`; renamed onto `out` on success."""
     out = Path(out)
+    _check_special(out)
+    if out.is_dir():
+        raise PingctlError(f"{out} is a directory; give a file name")
     tmp = _tmp_sibling(out, is_dir=False)
     try:
         yield tmp
