@@ -451,6 +451,34 @@ def test_truncated_bz2_one_reject_with_line(tmp_path):
     assert 0 < s["results_written"] < 6000
 
 
+def test_zstd_cut_inside_a_later_frame_is_a_reject_not_a_quiet_end(tmp_path):
+    # zstd's stream reader returned a normal end of file here: 100 results lost, no reject
+    a = zstandard.compress(jl(*[res(prb_id=i) for i in range(100)]))
+    b = zstandard.compress(jl(*[res(prb_id=i) for i in range(100, 200)]))
+    f = tmp_path / "two.jsonl.zst"
+    f.write_bytes(a + b[: len(b) // 2])
+    s = ingest([f], tmp_path / "out", cfg())
+    assert s["results_written"] == 100 and s["rejected"] == {"truncated": 1}
+    assert "zstd frame" in read_rejects(tmp_path / "out")[0]["detail"]
+
+
+@pytest.mark.parametrize("codec", [".gz", ".zst"])
+def test_lines_before_damage_are_kept(tmp_path, codec):
+    # GzipFile and zstd's reader dropped the last ~1 MiB decoded before the error
+    good = jl(*[res(prb_id=i) for i in range(200)])
+    f = tmp_path / f"trail.jsonl{codec}"
+    f.write_bytes(_write(tmp_path / f"x{codec}", good).read_bytes() + b"JUNK")
+    s = ingest([f], tmp_path / "out", cfg())
+    assert s["results_written"] == 200 and s["rejected"] == {"truncated": 1}
+
+
+def test_gzip_members_and_zero_padding(tmp_path):
+    f = tmp_path / "pad.jsonl.gz"
+    f.write_bytes(gzip.compress(jl(res(prb_id=1))) + gzip.compress(jl(res(prb_id=2))) + b"\0" * 100)
+    s = ingest([f], tmp_path / "out", cfg())
+    assert s["results_written"] == 2 and s["rejected_total"] == 0
+
+
 @pytest.mark.parametrize("name", ["garbage.jsonl.bz2", "garbage.jsonl.gz", "garbage.jsonl.zst", "garbage.jsonl.xz"])
 def test_garbage_compressed_file(tmp_path, name):
     f = tmp_path / name

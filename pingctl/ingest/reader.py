@@ -151,6 +151,31 @@ def _block_chunks(decompressor_factory, f, out_max: int = CHUNK) -> Iterator[byt
             data = b""
 
 
+def _frame_chunks(new_decoder, f, unit: str) -> Iterator[bytes]:
+    """zstd frames / gzip members one after another, each chunk yielded as soon as it is
+    decoded: the lines before a damaged point are kept (GzipFile and zstd's stream reader drop
+    the last ~1 MiB before raising), and a file cut inside a frame is an error, never a quiet
+    end of file (zstd's stream reader returns EOF there)."""
+    d = new_decoder()
+    started = False
+    while True:
+        data = f.read(RAW_CHUNK)
+        if not data:
+            if started and not d.eof:
+                raise EOFError(f"compressed file ended inside a {unit} (cut off?)")
+            return
+        while data:
+            if not started and not data.strip(b"\0"):  # zero padding between/after members
+                break
+            started = True
+            out = d.decompress(data)
+            if out:
+                yield out
+            if not d.eof:
+                break
+            data, d, started = d.unused_data, new_decoder(), False
+
+
 def decoded_chunks(codec: str, fileobj) -> Iterator[bytes]:
     """Decompressed chunks of about 1 MiB (errors surface while iterating)."""
     if codec == "bz2":
@@ -166,11 +191,14 @@ def decoded_chunks(codec: str, fileobj) -> Iterator[bytes]:
     if codec == "zstd":
         import zstandard
 
-        stream = zstandard.ZstdDecompressor().stream_reader(
-            fileobj, read_size=RAW_CHUNK, read_across_frames=True, closefd=False
-        )
-    else:
-        stream = open_decoder(codec, fileobj)
+        yield from _frame_chunks(zstandard.ZstdDecompressor().decompressobj, fileobj, "zstd frame")
+        return
+    if codec == "gzip":
+        import zlib
+
+        yield from _frame_chunks(lambda: zlib.decompressobj(wbits=31), fileobj, "gzip member")
+        return
+    stream = open_decoder(codec, fileobj)
     while True:
         data = stream.read(CHUNK)
         if not data:
