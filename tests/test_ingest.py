@@ -472,6 +472,20 @@ def test_lines_before_damage_are_kept(tmp_path, codec):
     assert s["results_written"] == 200 and s["rejected"] == {"truncated": 1}
 
 
+def test_json_lines_whose_first_line_is_an_array(tmp_path):
+    # the layout was taken from the first byte ('['), and the object lines after it were
+    # skipped as one "unexpected data after the JSON array" reject
+    arr = lambda *rs: json.dumps([r for r in rs]).encode() + b"\n"  # noqa: E731
+    body = (arr(res(prb_id=1), res(prb_id=2)) + jl(res(prb_id=3), res(prb_id=4), res(prb_id=5))
+            + b"{not json\n" + arr(res(prb_id=6), res(prb_id=7)))
+    f = tmp_path / "mixed.jsonl"
+    f.write_bytes(body)
+    s = ingest([f], tmp_path / "out", cfg())
+    assert s["results_written"] == 7 and s["rejected"] == {"bad_json": 1}
+    assert read_rejects(tmp_path / "out")[0]["line"] == 5
+    assert sorted(set(read_out(tmp_path / "out").column("prb_id").to_pylist())) == [1, 2, 3, 4, 5, 6, 7]
+
+
 def test_gzip_members_and_zero_padding(tmp_path):
     f = tmp_path / "pad.jsonl.gz"
     f.write_bytes(gzip.compress(jl(res(prb_id=1))) + gzip.compress(jl(res(prb_id=2))) + b"\0" * 100)
@@ -495,7 +509,11 @@ def test_truncated_plain_and_array(tmp_path):
     arr = json.dumps([res(), res(), res()], indent=1).encode()
     _, c, rej = ingest_bytes(arr[: len(arr) - 40])
     assert c["results_written"] == 2 and [x["reason"] for x in rej] == ["truncated"]
+    # after a complete array the rest is read as JSON lines: a last line without a newline
+    # that does not parse reads as a cut-off file, as in any JSON-lines file
     _, c, rej = ingest_bytes(json.dumps([res()]).encode() + b" trailing junk")
+    assert c["results_written"] == 1 and [x["reason"] for x in rej] == ["truncated"]
+    _, c, rej = ingest_bytes(json.dumps([res()]).encode() + b" trailing junk\n")
     assert c["results_written"] == 1 and [x["reason"] for x in rej] == ["bad_json"]
     _, c, rej = ingest_bytes(b'[{"a": 1} {"b": 2}]')
     assert [x["reason"] for x in rej] == ["bad_msm_id", "bad_json"]

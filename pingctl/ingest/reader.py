@@ -424,8 +424,8 @@ def iter_records(read_chunk: Callable[[], bytes], max_record: int = MAX_RECORD) 
         yield from _iter_lines(buf, read_chunk, max_record)
 
 
-def _iter_lines(first: bytes, read_chunk, max_record: int) -> Iterator[tuple]:
-    line_no = 0  # lines completed so far
+def _iter_lines(first: bytes, read_chunk, max_record: int, line1: int = 1) -> Iterator[tuple]:
+    line_no = line1 - 1  # lines completed so far
     rest = b""
     skipping = False  # inside an oversized line: drop bytes up to the next newline
     data = first
@@ -561,10 +561,10 @@ class _ArraySplitter:
                 c = self.buf[pos]
                 if state == "open":
                     if c != 0x5B:  # '['
-                        yield self._line_at(pos), [self.buf[pos : pos + 2000]], (
-                            "bad_json",
-                            "unexpected data after the JSON array; rest of file skipped",
-                        )
+                        # JSON lines whose first line is an array: go on line by line (this
+                        # once skipped the rest of the file as one reject)
+                        yield from _iter_lines(self.buf[pos:], self.read_chunk, self.max_record,
+                                               self._line_at(pos))
                         return
                     pos += 1
                     state = "first"
