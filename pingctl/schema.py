@@ -187,6 +187,31 @@ def check_parquet_columns(files: list[Path]) -> bool:
     return all_prb
 
 
+# Unix seconds -> TIMESTAMPTZ, NULL (a bad_time reject) where to_timestamp would raise
+_SECONDS = ("CASE WHEN isfinite({x}) AND abs({x}) < 1e11 THEN to_timestamp({x}) END")
+_TIME_SQL = {
+    "timestamp": "TRY_CAST(event_time AS TIMESTAMPTZ)",
+    "integer": _SECONDS.format(x="TRY_CAST(event_time AS DOUBLE)"),  # a group apart: raw text stays exact
+    "number": _SECONDS.format(x="TRY_CAST(event_time AS DOUBLE)"),
+    "text": "COALESCE(TRY_CAST(event_time AS TIMESTAMPTZ), "
+            + _SECONDS.format(x="TRY_CAST(event_time AS DOUBLE)") + ")",
+}
+
+
+def _time_kind(f: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_schema(f).field("event_time").type
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "timestamp"
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    return "text"
+
+
 def _sql_list(files: list[Path]) -> str:
     return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
 
@@ -199,11 +224,20 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
     parse per unique address.
     """
     has_prb = check_parquet_columns(files)
+    # Files are read in groups of one event_time type, each group's time made TIMESTAMPTZ
+    # before the union: DuckDB's union_by_name would otherwise unify a timestamp column with
+    # another file's string or integer seconds (every valid row rejected, or a crash).
+    groups: dict[str, list[Path]] = {}
+    for f in files:
+        groups.setdefault(_time_kind(f), []).append(f)
+    parts = [
+        f"SELECT * REPLACE ({_TIME_SQL[kind]} AS event_time), event_time IS NULL AS _time_missing, "
+        "event_time::VARCHAR AS _time_raw "
+        f"FROM read_parquet({_sql_list(group)}, filename=true, file_row_number=true, union_by_name=true)"
+        for kind, group in groups.items()
+    ]
     try:
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW _raw AS SELECT * FROM read_parquet({_sql_list(files)}, "
-            "filename=true, file_row_number=true, union_by_name=true)"
-        )
+        con.execute("CREATE OR REPLACE TEMP VIEW _raw AS " + " UNION ALL BY NAME ".join(parts))
         distinct = con.sql(
             "SELECT DISTINCT a FROM (SELECT src_addr::VARCHAR AS a FROM _raw UNION ALL "
             "SELECT dst_addr::VARCHAR FROM _raw)"
@@ -221,8 +255,7 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
         WITH typed AS (
           SELECT
             TRY_CAST(r.msm_id AS BIGINT) AS msm_id,
-            CASE WHEN typeof(r.event_time) LIKE 'TIMESTAMP%' THEN TRY_CAST(r.event_time AS TIMESTAMPTZ)
-                 ELSE to_timestamp(TRY_CAST(r.event_time AS DOUBLE)) END AS event_time,
+            r.event_time, r._time_missing,
             r.src_addr::VARCHAR AS raw_src, r.dst_addr::VARCHAR AS raw_dst,
             TRY_CAST(r.ip_version AS BIGINT) AS ip_version,
             TRY_CAST(r.rtt AS DOUBLE) AS rtt,
@@ -237,7 +270,7 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
           COALESCE(d.canon, t.raw_dst) AS dst_addr, t.ip_version, t.rtt, t.size,
           t.packet_error_count, t.prb_id, t._file, t._row,
           CASE
-            WHEN t.msm_id IS NULL OR t.event_time IS NULL OR t.raw_src IS NULL OR t.raw_dst IS NULL
+            WHEN t.msm_id IS NULL OR t._time_missing OR t.raw_src IS NULL OR t.raw_dst IS NULL
               OR t.ip_version IS NULL OR t.rtt IS NULL OR t.size IS NULL OR t.packet_error_count IS NULL
               THEN 'null_field'
             WHEN s.canon IS NULL THEN 'bad_src_addr'
@@ -246,7 +279,8 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
             WHEN s.version <> t.ip_version OR d.version <> t.ip_version THEN 'af_mismatch'
             -- isfinite, not isnan: DuckDB 2.0 folds isnan() to false from Parquet statistics.
             WHEN NOT isfinite(t.rtt) OR (t.rtt < 0 AND t.rtt <> -1.0) THEN 'bad_rtt'
-            WHEN t.event_time < TIMESTAMPTZ '{lo}' OR t.event_time > TIMESTAMPTZ '{hi}' THEN 'bad_time'
+            WHEN t.event_time IS NULL OR t.event_time < TIMESTAMPTZ '{lo}' OR t.event_time > TIMESTAMPTZ '{hi}'
+              THEN 'bad_time'
             WHEN t.size < 0 THEN 'bad_size'
             WHEN t.packet_error_count < 0 THEN 'bad_error_count'
           END AS reject_reason

@@ -184,7 +184,8 @@ def shard(
         )
         rejects_path = tmp / "rejects.jsonl"
         # `raw` carries the input's own values as text (NaN/inf stay readable JSON strings).
-        raw_cols = ", ".join(f"{c} := r.{c}::VARCHAR" for c in COLUMNS if c != "prb_id")
+        raw_cols = ", ".join(f"{c} := r.{'_time_raw' if c == 'event_time' else c}::VARCHAR"
+                             for c in COLUMNS if c != "prb_id")
         con.execute(
             f"""COPY (SELECT c._file AS file, c._row AS row, c.reject_reason AS reason,
                        struct_pack({raw_cols}) AS raw

@@ -175,3 +175,36 @@ def test_inspect_sample_rows_lose_no_characters_at_80_columns(tmp_path, monkeypa
     src = "".join(line[a:b].strip() for line in lines[1:])
     dst = "".join(line[b:].split()[0] for line in lines[1:] if line[b:b + 1].strip())  # left-aligned pieces
     assert any(src.startswith(x) for x in long_src) and any(dst.startswith(x) for x in long_dst)  # folded, not cut
+
+
+def test_files_with_different_event_time_types_are_read_each_as_itself(tmp_path):
+    """A timestamp file next to files of integer, float and string Unix seconds: every valid
+    row is kept (union_by_name made all of them strings: the valid file was rejected whole,
+    or DuckDB failed on BIGINT -> TIMESTAMP), and bad times are per-row rejects."""
+    import datetime as dt
+    import math
+
+    t = make_table(400, probes=8, targets=4)
+    secs = [int(x.timestamp()) for x in t.column("event_time").to_pylist()]
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(t.slice(0, 100), d / "a_ts.parquet")
+
+    def with_time(part, values, typ, name):
+        pq.write_table(part.set_column(part.schema.get_field_index("event_time"), "event_time",
+                                       pa.array(values, typ)), d / name)
+
+    with_time(t.slice(100, 100), secs[100:199] + [10**15], pa.int64(), "b_int.parquet")
+    with_time(t.slice(200, 100), [float(x) for x in secs[200:298]] + [math.nan, math.inf], pa.float64(), "c_float.parquet")
+    iso = [dt.datetime.fromtimestamp(x, dt.timezone.utc).isoformat() for x in secs[300:350]]
+    with_time(t.slice(300, 100), iso + [str(x) for x in secs[350:399]] + ["not a time"], pa.string(), "d_str.parquet")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["shard", str(d), "-o", str(out), "--strategy", "random", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["rows_read"] == 400 and res["rows_written"] == 396 and res["rejects_by_reason"] == {"bad_time": 4}
+    written = pa.concat_tables([_read_split(out, s) for s in ("train", "val", "test")])
+    got = sorted(int(x.timestamp()) for x in written.column("event_time").to_pylist())
+    assert got == sorted(secs[:199] + secs[200:298] + secs[300:399])
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(x["raw"]["event_time"] for x in rejects) == sorted(["1000000000000000", "nan", "inf", "not a time"])
