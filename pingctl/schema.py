@@ -83,6 +83,8 @@ def parse_address(text: str) -> tuple[str, int] | None:
         ip = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if getattr(ip, "scope_id", None) is not None:
+        return None  # fe80::1%eth0: a zone names an interface of one host, not an address
     return str(ip), ip.version
 
 

@@ -119,3 +119,11 @@ def test_resolve_inputs_skips_hidden_temp_dirs(tmp_path):
     assert [p.name for p in resolve_inputs([tmp_path / "d"])] == ["a.parquet"]
     with pytest.raises(PingctlError, match="not found"):
         resolve_inputs([tmp_path / "nope*.parquet"])
+
+
+def test_zone_ids_are_not_addresses():
+    # ipaddress accepts "fe80::1%eth0"; it passed ingest and shard, then stopped build-rows
+    from pingctl.schema import parse_address
+
+    assert parse_address("2001:4860:4860::8888%eth0") is None and parse_address("fe80::1%1") is None
+    assert parse_address("2001:4860:4860::8888") == ("2001:4860:4860::8888", 6)
