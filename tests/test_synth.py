@@ -328,3 +328,18 @@ def test_city_table():
     assert set(c["region"]) == {"RIPE", "ARIN", "APNIC", "LACNIC", "AFRINIC"}
     assert np.all(np.abs(c["lat"]) <= 90) and np.all(np.abs(c["lon"]) <= 180)
     assert len(set(zip(c["name"], c["country"]))) == len(c["name"])
+
+
+@pytest.mark.parametrize("args", [
+    ["--rows", "100", "--step", "999999999999"],       # MemoryError (110 GiB) before any range check
+    ["--rows", "100", "--start", "9999-12-31T23:59:59"],  # "year 10000 is out of range"
+    ["--rows", "100", "--start", "1999-12-31T00:00:00Z"],
+])
+def test_time_span_outside_valid_times_is_refused_before_any_work(tmp_path, args):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    r = CliRunner().invoke(app, ["synth", "-o", str(tmp_path / "s"), *args])
+    assert r.exit_code == 1 and "generated times would span" in r.output and "internal error" not in r.output
+    assert not (tmp_path / "s").exists()

@@ -204,7 +204,6 @@ def generate(cfg, out: Path, force: bool = False, progress: Progress = _noop) ->
     check_replaceable(out, force)
     t0 = time.perf_counter()
     w = build_world(cfg)
-    _check_time_range(w)
     a = _Arrays(w)
     addr = pa.array(w.addresses, pa.string())
     chunk_res = max(1, ROW_GROUP_ROWS // w.packets)
@@ -254,21 +253,6 @@ def generate(cfg, out: Path, force: bool = False, progress: Progress = _noop) ->
     summary["rows_per_s"] = int(summary["rows"] / elapsed) if elapsed > 0 else 0
     summary["bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     return summary
-
-
-def _check_time_range(w: World) -> None:
-    import datetime as dt
-
-    from pingctl.errors import PingctlError
-    from pingctl.schema import MIN_TIME
-
-    lo = dt.datetime.fromtimestamp(w.start_s, dt.timezone.utc)
-    hi = dt.datetime.fromtimestamp(w.start_s + w.duration_s, dt.timezone.utc)
-    if lo < MIN_TIME or hi > dt.datetime.now(dt.timezone.utc):
-        raise PingctlError(
-            f"generated times would span {lo:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M} UTC; they must lie between "
-            f"{MIN_TIME:%Y-%m-%d} and now (change data.synth.start, rows or step)"
-        )
 
 
 def _iso(us: int | None) -> str | None:

@@ -122,6 +122,24 @@ def parse_start(text: str) -> int:
     return int(t.timestamp())
 
 
+def check_span(start_s: int, duration_s: int) -> None:
+    """Generated times must be valid canonical times: from MIN_TIME up to now."""
+    import time
+
+    from pingctl.schema import MIN_TIME
+
+    lo, now = MIN_TIME.timestamp(), time.time()
+    if start_s < lo or start_s + duration_s > now:
+        def when(x: float) -> str:
+            return dt.datetime.fromtimestamp(x, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") if lo <= x <= now \
+                else f"{x:.0f} s"
+        raise PingctlError(
+            f"generated times would span {when(start_s)} .. {when(start_s + duration_s)} UTC "
+            f"({duration_s / 86_400:,.1f} days); they must lie between {MIN_TIME:%Y-%m-%d} and now "
+            "(change data.synth.start, rows or step)"
+        )
+
+
 @dataclass
 class World:
     seed: int
@@ -535,6 +553,7 @@ def build_world(cfg, seed: int | None = None) -> World:
 
     start_s = parse_start(cfg.start)
     duration = rounds * cfg.step
+    check_span(start_s, duration)  # before anything is sized by the duration
     routes = _route_segments(_rng(seed, "routes"), st, duration)
     outages = _outages(_rng(seed, "outages"), hosts, P, duration)
 
