@@ -18,7 +18,8 @@ from pingctl.errors import ConfigError
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no inf/NaN anywhere: `--max-row-mb inf` reached the writer as a NaN record size
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class IngestConfig(Section):
@@ -284,7 +285,9 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config file is YAML") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -58,6 +58,9 @@ def test_every_command_help_has_an_example(path):
     ["inspect", "table.parquet", "-n", "-1"],
     ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--size", "70000"],
     ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--errors", "-1"],
+    ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--seed", "-1"],
+    ["tokenize", "--scheme", "full", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3",
+     "--msm-id", "99999999999999999999999"],
     ["bench", "loader", "--batches", "0"],
     ["bench", "train", "--steps", "0"],
     ["bench", "synth", "--rows", "0"],
@@ -97,3 +100,10 @@ def test_bench_table_keeps_every_figure_whole_at_80_columns(tmp_path, monkeypatc
         for col in ("meas/s", "tokens/s"):
             if isinstance(row.get(col), (int, float)):
                 assert common.fmt(row[col]) in r.output, (row["case"], col)
+
+
+def test_decode_of_a_binary_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "ids.bin"
+    f.write_bytes(b"\x00\xff\xfe" * 10)
+    r = runner.invoke(app, ["tokenize", "--decode", f"@{f}"])
+    assert r.exit_code == 1 and "not text" in r.output and "internal error" not in r.output

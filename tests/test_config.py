@@ -76,3 +76,17 @@ def test_docs_show_the_current_defaults():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
     assert commented_yaml() in doc, "docs/config.md is stale: run `python scripts/update_config_doc.py`"
+
+
+def test_non_utf8_config_and_non_finite_values_are_config_errors(tmp_path):
+    from pingctl.config import load_config
+    from pingctl.errors import ConfigError
+
+    f = tmp_path / "bin.yaml"
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(f)
+    for key in ("rows.max_row_mb", "sample.temperature", "data.synth.dual_stack_share"):
+        for bad in ("inf", "nan"):
+            with pytest.raises(ConfigError, match="finite"):
+                load_config(None, [f"{key}=.{bad}"])

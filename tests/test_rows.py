@@ -165,3 +165,10 @@ def test_inspect_rtt_percentiles_weigh_every_measurement_alike(tmp_path):
     rtt = rtt[rtt >= 0]
     for q in (5, 50, 95, 99):
         assert got[f"p{q}"] == pytest.approx(np.percentile(rtt, q), rel=1e-3), q
+
+
+def test_manifest_record_sizes_are_json_integers(split_dir, tmp_path):
+    d, _ = split_dir
+    build_rows([d], tmp_path / "rows")
+    sizes = json.loads((tmp_path / "rows" / "manifest.json").read_text())["record_measurements"]
+    assert sizes and all(type(n) is int for per_file in sizes for n in per_file)

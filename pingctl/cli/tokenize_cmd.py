@@ -34,7 +34,7 @@ def tokenize(
     failed: Annotated[bool, typer.Option("--failed", help="The measurement failed (no RTT).")] = False,
     size: Annotated[int, typer.Option("--size", min=0, max=65535, help="Packet size (full scheme).")] = 0,
     errors: Annotated[int, typer.Option("--errors", min=0, max=255, help="Packet error count (full scheme).")] = 0,
-    msm_id: Annotated[int, typer.Option("--msm-id", min=0, help="Measurement id (full scheme).")] = 0,
+    msm_id: Annotated[int, typer.Option("--msm-id", min=0, max=2**63 - 1, help="Measurement id (full scheme).")] = 0,
     decode: Annotated[
         str | None, typer.Option("--decode", help='Token ids to decode: "0 1 204 ...", "-" = stdin, @FILE = a file.')
     ] = None,
@@ -42,7 +42,7 @@ def tokenize(
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows read for --stats.")] = 1_000_000,
     scheme: Annotated[str | None, typer.Option(help="compact | full (overrides config tokenizer.scheme).")] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Shuffle field order with this seed (default: canonical order).")
+        int | None, typer.Option(min=0, help="Shuffle field order with this seed (default: canonical order).")
     ] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -167,7 +167,11 @@ def _parse_ids(text: str, vocab) -> list[int]:
         path = Path(text[1:])
         if not path.is_file():
             raise PingctlError(f"--decode: file not found: {path}")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise PingctlError(f"--decode {path}: not text (byte {e.start} is not UTF-8); give token ids "
+                               "as numbers separated by spaces or commas") from None
     parts = [p for p in re.split(r"[\s,\[\]]+", text) if p]
     if not parts:
         raise PingctlError("--decode: no token ids given")

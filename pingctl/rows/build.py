@@ -75,7 +75,7 @@ class _Writer:
         self._w.write(blob)
         self._bytes += len(blob)
         self.records += 1
-        self.sizes[-1].append(n)
+        self.sizes[-1].append(int(n))  # a NumPy int would reach manifest.json as a string
 
     def close(self) -> None:
         if self._w is not None:
