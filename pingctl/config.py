@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,25 @@ from pingctl.errors import ConfigError
 class Section(BaseModel):
     # no inf/NaN anywhere: `--max-row-mb inf` reached the writer as a NaN record size
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+_MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*(b|bytes?|[kmgt]i?b)?\s*", re.I)
+
+
+def _memory_limit(v: str) -> str:
+    if not _MEMORY.fullmatch(str(v)):
+        raise ValueError("a DuckDB memory limit is a size like 4GB, 512MB or 2GiB")
+    return v
+
+
+def _iso_time(v):
+    if isinstance(v, (dt.date, dt.datetime)):  # YAML reads 2024-02-01T00:00:00 as a datetime
+        v = v.isoformat()
+    try:
+        dt.datetime.fromisoformat(str(v).strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError("not an ISO 8601 time like 2024-01-01T00:00:00Z") from None
+    return v
 
 
 class IngestConfig(Section):
@@ -41,6 +61,20 @@ class IngestConfig(Section):
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return str(v)
         return v
+
+    @field_validator("since", "until")
+    @classmethod
+    def _time_parses(cls, v):
+        # checked here so `config check` catches what ingest would refuse at run time
+        if v is not None:
+            from pingctl.errors import PingctlError
+            from pingctl.ingest.parse import parse_when
+
+            try:
+                parse_when(v, "time")
+            except PingctlError as e:
+                raise ValueError(str(e).removeprefix("time ")) from None
+        return v
     sample: float = Field(1.0, gt=0.0, le=1.0, description="deterministic fraction of results to keep")
     drop_dups: bool = Field(False, description="drop duplicate replies (\"dup\": 1) instead of keeping them")
     workers: int = Field(0, ge=0, description="parallel file workers (0 = one per core)")
@@ -58,6 +92,8 @@ class SynthConfig(Section):
     dual_stack_share: float = Field(0.4, ge=0.0, le=1.0, description="share of hosts that also have IPv6")
     start: str = Field("2024-01-01T00:00:00Z", description="UTC start time of the generated series")
 
+    _start = field_validator("start", mode="before")(_iso_time)
+
 
 class ShardConfig(Section):
     strategy: Literal["time", "probe", "pair", "random"] = Field(
@@ -68,6 +104,8 @@ class ShardConfig(Section):
     seed: int = Field(0, description="seed of the hash that assigns groups/rows to splits")
     rows_per_shard: int = Field(2_000_000, ge=1000, description="target rows per output Parquet shard")
     memory_limit: str = Field("8GB", description="DuckDB memory limit; larger inputs spill to disk")
+
+    _memory = field_validator("memory_limit")(_memory_limit)
     threads: int = Field(0, ge=0, description="DuckDB threads (0 = all cores)")
 
 
@@ -84,6 +122,8 @@ class TokenizerConfig(Section):
 class RowsConfig(Section):
     max_row_mb: float = Field(8.0, gt=0, description="split a probe's history into records of at most this size")
     memory_limit: str = Field("2GB", description="DuckDB memory limit for grouping and sorting (peak RSS stays below ~2x)")
+
+    _memory = field_validator("memory_limit")(_memory_limit)
 
 
 class LoaderConfig(Section):

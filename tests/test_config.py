@@ -90,3 +90,28 @@ def test_non_utf8_config_and_non_finite_values_are_config_errors(tmp_path):
         for bad in ("inf", "nan"):
             with pytest.raises(ConfigError, match="finite"):
                 load_config(None, [f"{key}=.{bad}"])
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("data.ingest.since=garbage", "expected ISO 8601"),
+    ("data.ingest.until=nan", "not a valid time"),
+    ("data.shard.memory_limit=banana", "memory limit is a size"),
+    ("rows.memory_limit=4 parsecs", "memory limit is a size"),
+    ("data.synth.start=garbage", "not an ISO 8601 time"),
+])
+def test_check_catches_what_a_run_would_refuse(override, needle):
+    # `config check` said "valid" for these; the run then failed on them
+    from pingctl.config import load_config
+    from pingctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, [override])
+
+
+def test_memory_limits_and_times_that_are_fine():
+    from pingctl.config import load_config
+
+    cfg = load_config(None, ["data.shard.memory_limit=512 MiB", "rows.memory_limit=4gb",
+                             "data.ingest.since=2024-01-01", "data.ingest.until=1700000000",
+                             "data.synth.start=2024-02-01T00:00:00"])
+    assert cfg.rows.memory_limit == "4gb" and cfg.data.ingest.until == "1700000000"

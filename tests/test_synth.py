@@ -309,7 +309,7 @@ def test_cli_json_and_refuses_foreign_dir(tmp_path):
     res = runner.invoke(app, ["synth", "-o", str(foreign), "--rows", "100"])
     assert res.exit_code != 0 and (foreign / "x.txt").exists()
     res = runner.invoke(app, ["synth", "-o", str(tmp_path / "bad"), "--start", "yesterday"])
-    assert res.exit_code == 1 and "ISO 8601" in res.output
+    assert res.exit_code == 2 and "ISO 8601" in res.output  # a config value error, before any work
 
 
 def test_bench_synth_small():

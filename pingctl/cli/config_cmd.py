@@ -63,6 +63,6 @@ def check(config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = Fals
     Example: pingctl config check -c my.yaml
     """
     load(config, set_)
-    emit({"valid": True, "config": str(config) if config else None}, as_json)
+    emit({"valid": True, "config": str(config) if config else None, "set": list(set_ or [])}, as_json)
     if not as_json:
-        console.print(f"[green]valid[/] {config or '(defaults)'}")
+        console.print(f"[green]valid[/] {config or '(defaults)'}" + "".join(f" + {kv}" for kv in set_ or []))
