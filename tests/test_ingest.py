@@ -684,7 +684,7 @@ def test_cli_exit_codes(tmp_path):
     r = runner.invoke(app, ["ingest", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o4")])
     assert r.exit_code == 1 and "input not found" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["ingest", str(good), "-o", str(tmp_path / "o5"), "--since", "tomorrow-ish"])
-    assert r.exit_code == 1 and "ISO 8601" in r.output
+    assert r.exit_code == 2 and "ISO 8601" in r.output  # a config value error, before any file is read
     r = runner.invoke(app, ["ingest", str(good), "-o", str(tmp_path / "o6"), "--src-field", "nope"])
     assert r.exit_code == 2 and "src_field" in r.output
     assert not (tmp_path / "o4").exists() and not (tmp_path / "o5").exists()
