@@ -180,6 +180,13 @@ def test_summary_only_and_empty_and_no_result():
     assert [x["reason"] for x in rej] == ["no_result"]
 
 
+
+def test_a_result_that_is_not_a_list_is_a_reject_not_summary_only():
+    # with avg/min/max present these counted as old-firmware summaries: data damage hidden
+    table, c, rej = run(res(result="abc"), res(result={}), res(result=None))
+    assert c["summary_only"] == 0 and [x["reason"] for x in rej] == ["no_result"] * 3
+
+
 @pytest.mark.parametrize(
     "src,frm,mode,want,reason",
     [

@@ -37,7 +37,7 @@ REJECT_REASONS = {
     "af_mismatch": "source or destination address family differs from `af`",
     "no_src_addr": "the chosen source field(s) are missing or empty",
     "bad_src_addr": "the chosen source address is not an IP address",
-    "no_result": "no per-packet `result` list and no avg/min/max summary",
+    "no_result": "no per-packet `result` list (absent without an avg/min/max summary, or not a list)",
     "bad_packet": "`result` contains an entry that is not an object",
     "bad_rtt": "an `rtt` is not a finite number >= 0",
     "bad_size": "`size` present but not a non-negative 64-bit integer",
@@ -717,7 +717,9 @@ def parse_records(
 
                 res = d.get("result")
                 if type(res) is not list:
-                    if "avg" in d or "min" in d or "max" in d:
+                    # summary-only firmware has no `result` key at all; a `result` that is
+                    # there but not a list ("abc", {}, null) is damage, not an old format
+                    if "result" not in d and ("avg" in d or "min" in d or "max" in d):
                         n_summary += 1  # oldest firmware: summary only, no per-packet list
                     else:
                         reject("no_result", line0 + j, raw if single else None, d)
