@@ -43,9 +43,11 @@ REJECT_REASONS = {
     "bad_ip_version": "ip_version is not 4 or 6",
     "af_mismatch": "address family of src_addr/dst_addr differs from ip_version",
     "bad_rtt": "rtt is not finite, or negative other than -1.0 (failed)",
-    "bad_time": "event_time before 2000-01-01 or in the future",
+    "bad_time": "event_time before 2000-01-01, in the future, or not a time",
     "bad_size": "size is negative",
     "bad_error_count": "packet_error_count is negative",
+    "bad_msm_id": "msm_id is negative",
+    "bad_prb_id": "prb_id is negative",
 }
 
 
@@ -285,6 +287,9 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
               THEN 'bad_time'
             WHEN t.size < 0 THEN 'bad_size'
             WHEN t.packet_error_count < 0 THEN 'bad_error_count'
+            -- ingest refuses negative ids; a table from elsewhere must not bring them in
+            WHEN t.msm_id < 0 THEN 'bad_msm_id'
+            WHEN t.prb_id < 0 THEN 'bad_prb_id'
           END AS reject_reason
         FROM typed t
         LEFT JOIN _addr_map s ON s.addr = t.raw_src

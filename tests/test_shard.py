@@ -208,3 +208,20 @@ def test_files_with_different_event_time_types_are_read_each_as_itself(tmp_path)
     assert got == sorted(secs[:199] + secs[200:298] + secs[300:399])
     rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert sorted(x["raw"]["event_time"] for x in rejects) == sorted(["1000000000000000", "nan", "inf", "not a time"])
+
+
+def test_negative_ids_are_rejected_as_ingest_rejects_them(tmp_path):
+    t = make_table(200, probes=4, targets=2)
+    msm = t.column("msm_id").to_numpy().copy()
+    prb = t.column("prb_id").to_numpy().copy()
+    msm[:3] = -7
+    prb[10:12] = -5
+    t = t.set_column(t.schema.get_field_index("msm_id"), "msm_id", pa.array(msm))
+    t = t.set_column(t.schema.get_field_index("prb_id"), "prb_id", pa.array(prb))
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(t, d / "t.parquet")
+    r = runner.invoke(app, ["shard", str(d), "-o", str(tmp_path / "out"), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["rejects_by_reason"] == {"bad_msm_id": 3, "bad_prb_id": 2} and res["rows_written"] == 195
