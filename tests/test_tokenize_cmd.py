@@ -132,3 +132,24 @@ def test_bad_input_is_one_clear_error(args, message):
     assert res.exit_code != 0
     assert message in res.output
     assert "Traceback" not in res.output and "internal error" not in res.output
+
+
+def test_file_problems_name_the_files_and_rtt_beyond_the_code_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import make_table
+
+    t = make_table(20, probes=2, targets=2)
+    pq.write_table(t, tmp_path / "ts.parquet")
+    secs = [int(x.timestamp()) for x in t.column("event_time").to_pylist()]
+    pq.write_table(t.set_column(1, "event_time", pa.array(secs, pa.int64())), tmp_path / "int.parquet")
+    bad = t.set_column(2, "src_addr", pa.array(["2001:db8::1%eth0"] + t.column("src_addr").to_pylist()[1:]))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    r = runner.invoke(app, ["tokenize", str(tmp_path / "ts.parquet"), str(tmp_path / "int.parquet"), "--stats"])
+    assert r.exit_code == 1 and "do not combine" in r.output and "internal error" not in r.output
+    r = runner.invoke(app, ["tokenize", str(tmp_path / "bad.parquet")])
+    assert r.exit_code == 1 and "bad.parquet" in r.output and "%eth0" in r.output
+    for rtt in ("inf", "1e300"):  # saturated silently to the largest code before
+        r = runner.invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", rtt])
+        assert r.exit_code == 1 and "beyond the RTT code" in r.output

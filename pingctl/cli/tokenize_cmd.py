@@ -78,8 +78,11 @@ def tokenize(
         m = _from_fields(src, dst, rtt, time, failed, size, errors, msm_id)
         source = "command line"
     else:
-        m = Measurements.from_arrow(_read_rows(inputs, n))
         source = ", ".join(map(str, inputs))
+        try:
+            m = Measurements.from_arrow(_read_rows(inputs, n))
+        except PingctlError as e:
+            raise PingctlError(e if source in str(e) else f"{source}: {e}") from None
     _show(m, sch, seed, source, as_json)
 
 
@@ -98,6 +101,10 @@ def _from_fields(src, dst, rtt, time, failed, size, errors, msm_id):
         raise PingctlError("give --rtt MS (or --failed)")
     if rtt is not None and not (rtt >= 0):
         raise PingctlError(f"--rtt must be >= 0 ms (use --failed for a failure), got {rtt}")
+    from pingctl.tokenizer.rtt_codec import MAX_MS
+
+    if rtt is not None and not rtt <= MAX_MS:  # also inf: the code would saturate silently
+        raise PingctlError(f"--rtt {rtt} ms is beyond the RTT code's largest value ({MAX_MS:,.0f} ms)")
     from pingctl.schema import parse_address
 
     for opt, value in (("--src", src), ("--dst", dst)):
@@ -152,7 +159,11 @@ def _read_rows(inputs: list[Path], limit: int):
             break
     if not batches:
         raise PingctlError("the input has no rows")
-    return pa.concat_tables(batches, promote_options="permissive")
+    try:
+        return pa.concat_tables(batches, promote_options="permissive")
+    except pa.ArrowException as e:
+        raise PingctlError(f"{', '.join(map(str, files))}: the files' columns have types that do not combine "
+                           f"({e}); tokenize one file at a time, or pass them through `pingctl shard` first") from None
 
 
 def _parse_ids(text: str, vocab) -> list[int]:
@@ -392,10 +403,15 @@ def _decode_mode(text: str, scheme: str, as_json: bool) -> None:
 
 
 def _stats_mode(inputs: list[Path], max_rows: int, cfg, as_json: bool) -> None:
+    from pingctl.errors import PingctlError
     from pingctl.tokenizer.stats import token_stats
 
     table = _read_rows(inputs, max_rows)
-    result = token_stats(table, cfg.loader.seq_len)
+    try:
+        result = token_stats(table, cfg.loader.seq_len)
+    except PingctlError as e:
+        source = ", ".join(map(str, inputs))
+        raise PingctlError(e if source in str(e) else f"{source}: {e}") from None
     result["inputs"] = [str(p) for p in inputs]
     if as_json:
         emit(result, True)
