@@ -312,6 +312,21 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one:
+    a setting silently overridden further down the file)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in this mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(
     path: Path | str | None = None,
     overrides: list[str] | None = None,
@@ -325,7 +340,7 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
         except UnicodeDecodeError as e:
             raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config file is YAML") from None
         except yaml.YAMLError as e:

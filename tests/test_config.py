@@ -115,3 +115,15 @@ def test_memory_limits_and_times_that_are_fine():
                              "data.ingest.since=2024-01-01", "data.ingest.until=1700000000",
                              "data.synth.start=2024-02-01T00:00:00"])
     assert cfg.rows.memory_limit == "4gb" and cfg.data.ingest.until == "1700000000"
+
+
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
+    from pingctl.config import load_config
+    from pingctl.errors import ConfigError
+
+    f = tmp_path / "dup.yaml"
+    f.write_text("rows:\n  max_row_mb: 4\n  max_row_mb: 8\n")
+    with pytest.raises(ConfigError, match="line 3.*'max_row_mb' is given twice"):
+        load_config(f)
+    f.write_text("rows:\n  max_row_mb: 4\nloader:\n  seq_len: 512\n")
+    assert load_config(f).rows.max_row_mb == 4
