@@ -37,15 +37,21 @@ def _tmp_sibling(path: Path, is_dir: bool) -> Path:
     return Path(made)
 
 
-def _check_parent(out: Path) -> None:
-    """The nearest existing ancestor must be a writable directory (checked before any work)."""
+def unwritable_reason(out: Path) -> str | None:
+    """Why `out` could not be created, judged by its nearest existing ancestor (None: it can)."""
     anc = Path(out).absolute().parent
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
     if not anc.is_dir():
-        raise PingctlError(f"cannot write {out}: {anc} is a file, not a directory")
+        return f"{anc} is a file, not a directory"
     if not os.access(anc, os.W_OK | os.X_OK):
-        raise PingctlError(f"cannot write {out}: {anc} is not writable")
+        return f"{anc} is not writable"
+    return None
+
+
+def _check_parent(out: Path) -> None:
+    if reason := unwritable_reason(out):
+        raise PingctlError(f"cannot write {out}: {reason}")
 
 
 def _check_special(out: Path) -> None:

@@ -36,6 +36,17 @@ FAILED_RTT = -1.0
 MIN_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
 FUTURE_SLACK = dt.timedelta(days=1)
 
+
+def utc_text(seconds: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """Unix seconds as UTC text for people; seconds as such where datetime cannot hold them
+    (a generated or mistyped time past year 9999)."""
+    if seconds is None:
+        return "-"
+    try:
+        return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime(fmt)
+    except (ValueError, OverflowError, OSError):
+        return f"{seconds} (Unix s)"
+
 REJECT_REASONS = {
     "null_field": "a required column is null",
     "bad_src_addr": "src_addr is not an IP address",
@@ -171,16 +182,20 @@ def _hidden(f: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in f.relative_to(root).parts)
 
 
-def check_parquet_columns(files: list[Path]) -> bool:
-    """Raise unless every file has the eight seed columns; return whether all have prb_id."""
+def check_parquet_columns(files: list[Path], schemas: dict | None = None) -> bool:
+    """Raise unless every file has the eight seed columns; return whether all have prb_id.
+    `schemas` receives each file's Arrow schema, for callers that need more of it."""
     import pyarrow.parquet as pq
 
     all_prb = True
     for f in files:
         try:
-            names = set(pq.read_schema(f).names)
+            schema = pq.read_schema(f)
         except Exception as e:  # noqa: BLE001 - any pyarrow failure means unreadable
             raise PingctlError(f"{f}: not a readable Parquet file ({e})") from None
+        if schemas is not None:
+            schemas[f] = schema
+        names = set(schema.names)
         missing = [c for c in SEED_COLUMNS if c not in names]
         if missing:
             raise PingctlError(
@@ -192,21 +207,20 @@ def check_parquet_columns(files: list[Path]) -> bool:
 
 
 # Unix seconds -> TIMESTAMPTZ, NULL (a bad_time reject) where to_timestamp would raise
-_SECONDS = ("CASE WHEN isfinite({x}) AND abs({x}) < 1e11 THEN to_timestamp({x}) END")
+_X = "TRY_CAST(event_time AS DOUBLE)"
+_SECONDS = f"CASE WHEN isfinite({_X}) AND abs({_X}) < 1e11 THEN to_timestamp({_X}) END"
 _TIME_SQL = {
     "timestamp": "TRY_CAST(event_time AS TIMESTAMPTZ)",
-    "integer": _SECONDS.format(x="TRY_CAST(event_time AS DOUBLE)"),  # a group apart: raw text stays exact
-    "number": _SECONDS.format(x="TRY_CAST(event_time AS DOUBLE)"),
-    "text": "COALESCE(TRY_CAST(event_time AS TIMESTAMPTZ), "
-            + _SECONDS.format(x="TRY_CAST(event_time AS DOUBLE)") + ")",
+    "integer": _SECONDS,  # its own group, apart from floats: the raw text of a reject stays exact
+    "number": _SECONDS,
+    "text": f"COALESCE(TRY_CAST(event_time AS TIMESTAMPTZ), {_SECONDS})",
 }
 
 
-def _time_kind(f: Path) -> str:
+def _time_kind(schema) -> str:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    t = pq.read_schema(f).field("event_time").type
+    t = schema.field("event_time").type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
         return "timestamp"
     if pa.types.is_integer(t):
@@ -227,13 +241,14 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
     extension would need a download); the result is joined back, so 100M rows cost one
     parse per unique address.
     """
-    has_prb = check_parquet_columns(files)
+    schemas: dict = {}
+    has_prb = check_parquet_columns(files, schemas)
     # Files are read in groups of one event_time type, each group's time made TIMESTAMPTZ
     # before the union: DuckDB's union_by_name would otherwise unify a timestamp column with
     # another file's string or integer seconds (every valid row rejected, or a crash).
     groups: dict[str, list[Path]] = {}
     for f in files:
-        groups.setdefault(_time_kind(f), []).append(f)
+        groups.setdefault(_time_kind(schemas[f]), []).append(f)
     parts = [
         f"SELECT * REPLACE ({_TIME_SQL[kind]} AS event_time), event_time IS NULL AS _time_missing, "
         "event_time::VARCHAR AS _time_raw "

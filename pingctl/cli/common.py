@@ -108,18 +108,6 @@ def grid_table(title: str, columns: list[str], left: tuple[str, ...] = (), whole
     return t
 
 
-def utc_text(seconds: int | None) -> str:
-    """Unix seconds as UTC for tables (JSON keeps the number)."""
-    import datetime as dt
-
-    if seconds is None:
-        return "-"
-    try:
-        return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    except (ValueError, OverflowError, OSError):  # e.g. a generated time past year 9999
-        return f"{seconds} (Unix s)"
-
-
 def fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, kv_table,
-                                load, utc_text)
+                                load)
+from pingctl.schema import utc_text
 
 
 def _table_rows(d: dict) -> list[tuple[str, object]]:

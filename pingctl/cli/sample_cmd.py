@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
-                                handle_errors, kv_table, load, utc_text)
+                                handle_errors, kv_table, load)
+from pingctl.schema import utc_text
 
 
 _MODE_NAMES = {"distribution": "an RTT distribution (--src IP --dst IP)", "complete": "a completion",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -79,10 +80,8 @@ def tokenize(
         source = "command line"
     else:
         source = ", ".join(map(str, inputs))
-        try:
+        with _naming(inputs):
             m = Measurements.from_arrow(_read_rows(inputs, n))
-        except PingctlError as e:
-            raise PingctlError(e if source in str(e) else f"{source}: {e}") from None
     _show(m, sch, seed, source, as_json)
 
 
@@ -132,6 +131,18 @@ def _parse_time(text: str) -> int:
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return int(when.timestamp() // 1)
+
+
+@contextlib.contextmanager
+def _naming(inputs: list[Path]):
+    """Errors about the rows (a bad address ...) name the input files they came from."""
+    from pingctl.errors import PingctlError
+
+    source = ", ".join(map(str, inputs))
+    try:
+        yield
+    except PingctlError as e:
+        raise PingctlError(e if source in str(e) else f"{source}: {e}") from None
 
 
 def _read_rows(inputs: list[Path], limit: int):
@@ -403,15 +414,11 @@ def _decode_mode(text: str, scheme: str, as_json: bool) -> None:
 
 
 def _stats_mode(inputs: list[Path], max_rows: int, cfg, as_json: bool) -> None:
-    from pingctl.errors import PingctlError
     from pingctl.tokenizer.stats import token_stats
 
     table = _read_rows(inputs, max_rows)
-    try:
+    with _naming(inputs):
         result = token_stats(table, cfg.loader.seq_len)
-    except PingctlError as e:
-        source = ", ".join(map(str, inputs))
-        raise PingctlError(e if source in str(e) else f"{source}: {e}") from None
     result["inputs"] = [str(p) for p in inputs]
     if as_json:
         emit(result, True)

@@ -78,13 +78,10 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
 
 def _check_out_dir(out: Path) -> None:
     """The report directory can be created (without creating it: a failed run leaves nothing)."""
-    import os
+    from pingctl.atomic import unwritable_reason
 
-    p = out
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    if not p.is_dir() or not os.access(p, os.W_OK):
-        raise PingctlError(f"--out {out}: cannot create the report directory ({p} is not a writable directory)")
+    if reason := unwritable_reason(out / "report.json"):
+        raise PingctlError(f"--out {out}: cannot create the report directory ({reason})")
 
 
 def _add_context_median(report, cm: dict) -> None:

@@ -126,15 +126,13 @@ def check_span(start_s: int, duration_s: int) -> None:
     """Generated times must be valid canonical times: from MIN_TIME up to now."""
     import time
 
-    from pingctl.schema import MIN_TIME
+    from pingctl.schema import MIN_TIME, utc_text
 
     lo, now = MIN_TIME.timestamp(), time.time()
     if start_s < lo or start_s + duration_s > now:
-        def when(x: float) -> str:
-            return dt.datetime.fromtimestamp(x, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") if lo <= x <= now \
-                else f"{x:.0f} s"
         raise PingctlError(
-            f"generated times would span {when(start_s)} .. {when(start_s + duration_s)} UTC "
+            f"generated times would span {utc_text(start_s, '%Y-%m-%d %H:%M')} .. "
+            f"{utc_text(start_s + duration_s, '%Y-%m-%d %H:%M')} UTC "
             f"({duration_s / 86_400:,.1f} days); they must lie between {MIN_TIME:%Y-%m-%d} and now "
             "(change data.synth.start, rows or step)"
         )
