@@ -277,3 +277,30 @@ def test_damaged_rows_fail_the_run_instead_of_ending_it_quietly(rows, tmp_path):
         r = _train([str(bad), "--run-dir", str(run), *TINY, "--set", "train.eval_interval=-1", "--steps", "3"])
         assert r.returncode == 1 and expected in r.stderr, r.stderr[-3000:]
         assert "Traceback" not in r.stderr and not (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize("hardware", ["cpu", "gpu"])
+@pytest.mark.parametrize("given", [None, "", " "])
+def test_xla_flags_we_set_are_ones_xla_accepts(hardware, given):
+    # XLA reads a value not starting with "--" as a flag-file name and aborts the process.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if given is not None:
+        env["XLA_FLAGS"] = given
+    env["JAX_PLATFORMS"] = "cpu"
+    code = (
+        "import os; from pingctl.train.xla import set_xla_flags; "
+        f"set_xla_flags({hardware!r}); import jax; print(int((jax.numpy.ones(2) + 1).sum())); "
+        "print(os.environ['XLA_FLAGS'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    total, flags = out.stdout.split("\n")[:2]
+    assert total == "4" and flags.startswith("--")
+
+
+def test_xla_flags_the_user_set_are_kept(monkeypatch):
+    from pingctl.train.xla import set_xla_flags
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/mine")
+    set_xla_flags("gpu")
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"

@@ -23,7 +23,9 @@ SMALL_BATCHES = (8,)
 
 
 def _env(hardware: str) -> None:
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_fast_math=false" if hardware == "cpu" else " ")
+    from pingctl.train.xla import set_xla_flags
+
+    set_xla_flags(hardware)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import logging

@@ -16,8 +16,9 @@ from pathlib import Path
 
 
 def _env_before_jax(hardware: str) -> None:
-    # MaxText points XLA_FLAGS at a dump directory unless it is already non-empty.
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_fast_math=false" if hardware == "cpu" else " ")
+    from pingctl.train.xla import set_xla_flags
+
+    set_xla_flags(hardware)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if hardware == "cpu":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
