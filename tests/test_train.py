@@ -304,3 +304,89 @@ def test_xla_flags_the_user_set_are_kept(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/mine")
     set_xla_flags("gpu")
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"
+
+
+def _fake_run(rows, run: Path, step: int = 9) -> list[str]:
+    from pingctl.train.local import prepare_run
+
+    base = ["model.preset=tiny", f"train.train_rows={rows[0]}", "train.steps=20"]
+    prepare_run(load_config(None, base), run)
+    (run / "maxtext" / "checkpoints" / str(step)).mkdir(parents=True)
+    (run / "maxtext" / "checkpoints" / str(step) / "commit_success.txt").write_text("ok")
+    return base
+
+
+def test_a_refused_train_command_changes_nothing_on_disk(rows, tmp_path):
+    from pingctl.errors import PingctlError
+    from pingctl.train.local import prepare_run
+
+    run = tmp_path / "run"
+    base = _fake_run(rows, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    refused = [
+        ([*base, "train.steps=5"], False, "already trained to step 10"),
+        ([*base, "model.overrides={steps: 5}"], True, "may not set steps"),
+        ([*base, "loader.loss_keep={rtt: 0.5}"], True, "unknown field"),
+        ([*base, "model.preset=small"], False, r"different model \(model.preset: 'tiny' -> 'small'\)"),
+    ]
+    for overrides, fresh, match in refused:
+        with pytest.raises(PingctlError, match=match):
+            prepare_run(load_config(None, overrides), run, fresh=fresh)
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # a dry run of a fresh start neither deletes the run nor rewrites its config
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(run), "--target", "slurm", "--dry-run",
+                            "--fresh", "--steps", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_fresh_refuses_what_is_not_a_run_and_run_dirs_that_hold_the_rows(rows, tmp_path):
+    notes = tmp_path / "precious"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("keep me")
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(notes), "--fresh", "--steps", "3"])
+    assert r.exit_code == 1 and "not a pingctl run directory" in r.output
+    assert (notes / "notes.txt").read_text() == "keep me"
+    for run in (rows[0], rows[0].parent, rows[0] / "sub"):
+        r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(run), "--fresh", "--steps", "3"])
+        assert r.exit_code == 1 and "overlaps the rows" in r.output
+    assert (rows[0] / "manifest.json").exists()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(afile), "--steps", "3"])
+    assert r.exit_code == 1 and "is a file" in r.output
+
+
+def test_a_damaged_run_config_is_named_instead_of_resumed(rows, tmp_path):
+    from pingctl.errors import PingctlError
+    from pingctl.train.local import prepare_run
+
+    run = tmp_path / "run"
+    base = _fake_run(rows, run)
+    for text in ("", "model: {preset: tiny}\n", "[1, 2]\n"):
+        (run / "config.yaml").write_text(text)
+        with pytest.raises(PingctlError, match="config.yaml: missing or damaged"):
+            prepare_run(load_config(None, [*base, "train.steps=40"]), run)
+
+
+def test_rows_without_records_are_refused_before_training(rows, tmp_path):
+    from pingctl.errors import PingctlError
+    from pingctl.train.local import check_inputs
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "manifest.json").write_text(json.dumps({"files": [], "record_measurements": []}))
+    with pytest.raises(PingctlError, match="no records"):
+        check_inputs(load_config(None, [f"train.train_rows={empty}"]))
+    (empty / "manifest.json").write_text(json.dumps({"files": [], "record_measurements": None}))
+    with pytest.raises(PingctlError, match="malformed"):
+        check_inputs(load_config(None, [f"train.train_rows={empty}"]))
+
+
+def test_slurm_cpu_jobs_reserve_no_gpus_and_paths_with_spaces_are_refused(rows, tmp_path):
+    run = tmp_path / "cpu"
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(run), "--target", "slurm", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert not any(l.startswith("#SBATCH --gpus") for l in (run / "train.sbatch").read_text().splitlines())
+    r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(tmp_path / "a b"), "--target", "slurm", "--dry-run"])
+    assert r.exit_code == 1 and "without spaces" in r.output and not (tmp_path / "a b").exists()

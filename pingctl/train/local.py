@@ -63,16 +63,91 @@ def absolute_rows(cfg: Config) -> Config:
     return cfg.model_copy(update={"train": t.model_copy(update=update)})
 
 
-def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False) -> Path:
-    """Write config.yaml and maxtext.yml; refuse to resume a different model."""
-    from pingctl.loader.pipeline import check_rows_files, rows_manifest
+def _manifest(rows: Path) -> dict:
+    from pingctl.loader.pipeline import rows_manifest
 
-    run = Path(run_dir).resolve()
+    manifest = rows_manifest(rows)
+    sizes = manifest.get("record_measurements")
+    if not isinstance(manifest, dict) or not isinstance(sizes, list) or not isinstance(manifest.get("files", []), list):
+        raise PingctlError(f"{rows}/manifest.json: malformed (no list of files and record sizes); rerun `pingctl build-rows`")
+    if not sizes:
+        raise PingctlError(f"{rows}: no records to train on (the split was empty?)")
+    return manifest
+
+
+def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
+    """What every target needs before it starts: readable, non-empty rows and a valid loss mask."""
+    from pingctl.loader.pipeline import check_rows_files
+
     if not cfg.train.train_rows:
         raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
     cfg = absolute_rows(cfg)
-    for rows in filter(None, (cfg.train.train_rows, cfg.train.eval_rows)):
-        check_rows_files(Path(rows), rows_manifest(Path(rows)))
+    rows = [Path(r) for r in filter(None, (cfg.train.train_rows, cfg.train.eval_rows))]
+    for r in rows:
+        check_rows_files(r, _manifest(r))
+    loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme)
+    return cfg, rows
+
+
+def _is_run_dir(path: Path) -> bool:
+    return any((path / name).exists() for name in ("config.yaml", "maxtext.yml", MAXTEXT_RUN_NAME))
+
+
+def _check_run_dir(run: Path, rows: list[Path], fresh: bool) -> None:
+    """Refuse run directories whose use would destroy or mix data: --fresh deletes the whole tree."""
+    if run.exists() and not run.is_dir():
+        raise PingctlError(f"--run-dir {run} is a file; give a directory")
+    for r in rows:
+        r = r.resolve()
+        if r == run or run in r.parents or r in run.parents:
+            raise PingctlError(f"--run-dir {run} overlaps the rows {r}; give the run its own directory")
+    if fresh and run.is_dir() and any(run.iterdir()) and not _is_run_dir(run):
+        raise PingctlError(
+            f"--fresh would delete {run}, which is not a pingctl run directory (no config.yaml, "
+            "maxtext.yml or checkpoints); remove it yourself or choose another --run-dir"
+        )
+
+
+def _diff(old, new, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str) for d in _diff(old.get(k), new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def _check_resume(cfg: Config, run: Path, new: dict) -> None:
+    steps = checkpoint_steps(run)
+    if not steps:
+        return
+    old_path = run / "config.yaml"
+    try:
+        old = yaml.safe_load(old_path.read_text())
+        old_shape = _shape(old)
+    except (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError):
+        raise PingctlError(
+            f"{old_path}: missing or damaged, so the checkpoints in {run} cannot be resumed safely; "
+            "use --fresh to start over or choose another --run-dir"
+        ) from None
+    changed = _diff(old_shape, _shape(new))
+    if changed:
+        raise PingctlError(
+            f"{run} holds checkpoints of a different model ({'; '.join(changed)}); "
+            "use --fresh to start over or choose another --run-dir"
+        )
+    if steps[-1] + 1 >= cfg.train.steps:
+        raise PingctlError(
+            f"{run} is already trained to step {steps[-1] + 1} (checkpoint {steps[-1]}); "
+            f"pass --steps above {steps[-1] + 1} to continue, or --fresh to start over"
+        )
+
+
+def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False, dry_run: bool = False) -> Path:
+    """Check everything, then (re)create the run: config.yaml and maxtext.yml.
+
+    Nothing on disk changes until every check has passed, and a dry run never deletes or
+    rewrites an existing run (it only fills a new, empty directory with what it would write).
+    """
+    run = Path(run_dir).resolve()
+    cfg, rows = check_inputs(cfg)
     if cfg.train.wandb:
         if not os.environ.get("WANDB_API_KEY"):
             raise PingctlError("train.wandb is on but WANDB_API_KEY is not set in the environment")
@@ -80,22 +155,20 @@ def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False) -> Path:
             import wandb  # noqa: F401
         except ImportError:
             raise PingctlError("train.wandb is on but the `wandb` package is not installed (pip install wandb)") from None
+    _check_run_dir(run, rows, fresh)
+    new = cfg.model_dump(mode="json")
+    maxtext = render_maxtext(cfg, run)  # refuses bad overrides before anything is touched
+    if not fresh:
+        _check_resume(cfg, run, new)
+    if dry_run and run.is_dir() and any(run.iterdir()):
+        return run
     if fresh and run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True, exist_ok=True)
-    new = cfg.model_dump(mode="json")
-    old_path = run / "config.yaml"
-    if old_path.exists() and checkpoint_steps(run):
-        old = yaml.safe_load(old_path.read_text())
-        if _shape(old) != _shape(new):
-            raise PingctlError(
-                f"{run} holds checkpoints of a different model ({_shape(old)}); "
-                "use --fresh to start over or choose another --run-dir"
-            )
-    with atomic_file(old_path) as tmp:
+    with atomic_file(run / "config.yaml") as tmp:
         tmp.write_text(yaml.safe_dump(new, sort_keys=False))
     with atomic_file(run / "maxtext.yml") as tmp:
-        tmp.write_text(render_maxtext(cfg, run))
+        tmp.write_text(maxtext)
     return run
 
 
@@ -111,11 +184,6 @@ def worker_env(cfg: Config) -> dict:
 def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnRecord | None = None) -> dict:
     run = prepare_run(cfg, run_dir, fresh)
     resumed_from = (checkpoint_steps(run) or [None])[-1]
-    if resumed_from is not None and resumed_from + 1 >= cfg.train.steps:
-        raise PingctlError(
-            f"{run} is already trained to step {resumed_from + 1} (checkpoint {resumed_from}); "
-            f"pass --steps above {resumed_from + 1} to continue, or --fresh to start over"
-        )
     log_path = run / "train.log"
     (run / STOPPED_FILE).unlink(missing_ok=True)  # a marker from an earlier invocation is not about this one
     parser = M.LogParser()

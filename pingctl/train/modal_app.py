@@ -94,12 +94,13 @@ def launch(cfg: Config, run: Path, fresh: bool = False, dry_run: bool = False) -
     import yaml
 
     from pingctl.atomic import atomic_file
-    from pingctl.loader.pipeline import rows_manifest
+    from pingctl.train.local import check_inputs
 
-    if not cfg.train.train_rows:
-        raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output)")
-    rows_manifest(Path(cfg.train.train_rows))
-    name = Path(run).name
+    check_inputs(cfg)
+    if cfg.train.wandb and not cfg.train.modal.wandb_secret:
+        raise PingctlError("train.wandb is on but train.modal.wandb_secret is not set: the container would have no WANDB_API_KEY")
+    # the resolved name: "." or "runs/x/" must not map to the volume's whole /runs
+    name = Path(run).resolve().name
     rc = remote_config(cfg, name)
     staging = Path(run) / "modal"
     staging.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from pingctl import __version__
+from pingctl.atomic import atomic_file
 from pingctl.config import Config
 from pingctl.errors import PingctlError
 from pingctl.train.local import prepare_run
@@ -25,6 +26,7 @@ def render_sbatch(cfg: Config, run: Path) -> str:
     return e.get_template("sbatch.sh.j2").render(
         version=__version__,
         s=s,
+        hardware=cfg.train.hardware,
         run_dir=str(Path(run).resolve()),
         venv=s.venv or sys.prefix,
         project_dir=str(PROJECT_DIR),
@@ -36,9 +38,14 @@ def submit(cfg: Config, run: Path, fresh: bool = False, dry_run: bool = False) -
     multi = cfg.train.slurm.nodes > 1
     if multi and cfg.train.hardware == "cpu":
         raise PingctlError("multi-node SLURM training needs train.hardware=gpu (or tpu)")
-    run = prepare_run(cfg, run, fresh)
+    if re.search(r"\s", str(Path(run).resolve())):
+        # #SBATCH lines are not shell: sbatch would cut --output at the first space
+        raise PingctlError(f"--run-dir {Path(run).resolve()}: SLURM runs need a path without spaces")
+    existing = Path(run).is_dir() and any(Path(run).iterdir())
+    run = prepare_run(cfg, run, fresh, dry_run=dry_run)
     script = render_sbatch(cfg, run)
     path = run / "train.sbatch"
+    written = not (dry_run and existing)
     result = {
         "target": "slurm",
         "run_dir": str(run),
@@ -47,8 +54,12 @@ def submit(cfg: Config, run: Path, fresh: bool = False, dry_run: bool = False) -
         "show": [("sbatch script", script)] if dry_run else [],
         "summary": {"run dir": str(run), "script": str(path), "nodes": cfg.train.slurm.nodes},
     }
-    path.write_text(script)
-    path.chmod(0o755)
+    if written:
+        with atomic_file(path) as tmp:
+            tmp.write_text(script)
+            tmp.chmod(0o755)
+    else:
+        result["summary"]["script"] = "not written (--dry-run leaves an existing run as it is)"
     if dry_run:
         result["summary"]["submitted"] = "no (--dry-run)"
         return result
