@@ -320,6 +320,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a name, not {type(key).__name__} {key!r}", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} is given twice in this mapping", key_node.start_mark)

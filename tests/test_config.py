@@ -127,3 +127,14 @@ def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
         load_config(f)
     f.write_text("rows:\n  max_row_mb: 4\nloader:\n  seq_len: 512\n")
     assert load_config(f).rows.max_row_mb == 4
+
+
+@pytest.mark.parametrize("text", ["? [a, b]\n: 1\n", "? {a: 1}\n: 1\n", "loader:\n  ? [a]\n  : 1\n"])
+def test_a_list_or_mapping_as_a_key_is_a_config_error(tmp_path, text):
+    from pingctl.config import load_config
+    from pingctl.errors import ConfigError
+
+    f = tmp_path / "k.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match="a key must be a name"):
+        load_config(f)

@@ -390,3 +390,31 @@ def test_slurm_cpu_jobs_reserve_no_gpus_and_paths_with_spaces_are_refused(rows, 
     assert not any(l.startswith("#SBATCH --gpus") for l in (run / "train.sbatch").read_text().splitlines())
     r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(tmp_path / "a b"), "--target", "slurm", "--dry-run"])
     assert r.exit_code == 1 and "without spaces" in r.output and not (tmp_path / "a b").exists()
+
+
+def test_ctrl_c_keeps_the_metrics_of_the_steps_already_run(rows, tmp_path):
+    run = tmp_path / "int"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pingctl", "train", str(rows[0]), "--run-dir", str(run), "--steps", "400",
+         *TINY, "--set", "train.checkpoint_period=10", "--set", "train.eval_interval=-1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ckpt = run / "maxtext" / "checkpoints" / "20" / "commit_success.txt"
+    deadline = time.time() + 240
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert ckpt.exists()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    steps = {r["step"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
+    assert set(range(0, 21)) <= steps
+    # inspect reads the log too: a run in progress (no metrics.jsonl yet) shows its steps
+    (run / "metrics.jsonl").rename(run / "kept.jsonl")
+    r = runner.invoke(app, ["inspect", str(run), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["last_step"] >= 20
+    (run / "kept.jsonl").rename(run / "metrics.jsonl")
+    # a line cut by a crash mid-write is named, not a traceback
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 3, "lo')
+    r = runner.invoke(app, ["inspect", str(run)])
+    assert r.exit_code == 1 and "metrics.jsonl, line" in r.output

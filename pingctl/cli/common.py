@@ -53,7 +53,8 @@ def handle_errors(fn: Callable) -> Callable:
             err_console.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/]: nothing partial was left in place")
+            err_console.print("[yellow]interrupted[/]: no output was left looking complete (a training run keeps its "
+                              "committed checkpoints; the same command resumes it)")
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise

@@ -25,7 +25,10 @@ def describe_run(run: Path) -> dict:
 
     run = Path(run)
     cfg = run_config(run)
-    records = M.read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+    records = M.read_jsonl(run / "metrics.jsonl")
+    if (run / "train.log").exists():
+        # metrics.jsonl is written when an invocation ends; the log has the steps of one in progress
+        records = M.merge(records, M.parse_log(run / "train.log").records)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval" and r.get("eval_loss") is not None]
     ckpt_dir = run / MAXTEXT_RUN_NAME / "checkpoints"

@@ -204,12 +204,10 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            # the steps before an interrupt belong to the run's history, including log lines not yet followed
+            _save_metrics(cfg, run, M.parse_log(log_path, start))
             raise
-    parser.finish()
-    records = M.merge(M.read_jsonl(run / "metrics.jsonl"), parser.records)
-    M.write_jsonl(records, run / "metrics.jsonl")
-    if records:
-        M.plot_loss(records, run / "loss.png", f"{cfg.model.preset} preset, {run.name}")
+    records = _save_metrics(cfg, run, parser)
     if proc.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-15:])
         raise PingctlError(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
@@ -224,6 +222,15 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
                            f"{parser.stop_reason or 'see ' + str(log_path)}")
     write_json(run / "summary.json", summary)
     return summary
+
+
+def _save_metrics(cfg: Config, run: Path, parser: M.LogParser) -> list[dict]:
+    parser.finish()
+    records = M.merge(M.read_jsonl(run / "metrics.jsonl"), parser.records)
+    M.write_jsonl(records, run / "metrics.jsonl")
+    if records:
+        M.plot_loss(records, run / "loss.png", f"{cfg.model.preset} preset, {run.name}")
+    return records
 
 
 def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser, on_record: OnRecord | None) -> None:

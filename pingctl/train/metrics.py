@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+from pingctl.errors import PingctlError
+
 _STEP = re.compile(
     r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.]+), TFLOP/s/device: (?P<tflops>[\d.]+), "
     r"Tokens/s/device: (?P<tps>[\d.]+), total_weights: (?P<weights>[\d.]+), loss: (?P<loss>[\d.naif]+)"
@@ -73,9 +75,10 @@ class LogParser:
         self._flush_eval()
 
 
-def parse_log(path: Path) -> LogParser:
+def parse_log(path: Path, start: int = 0) -> LogParser:
     p = LogParser()
     with open(path, errors="replace") as f:
+        f.seek(start)
         for line in f:
             p.feed(line)
     p.finish()
@@ -90,9 +93,23 @@ def write_jsonl(records: list[dict], path: Path) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """Records of a metrics file; a damaged line (a crash mid-write) is an error naming it."""
     if not Path(path).exists():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    out = []
+    for n, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            rec = None
+            err = str(e)
+        if not isinstance(rec, dict) or "kind" not in rec or "step" not in rec:
+            raise PingctlError(f"{path}, line {n}: not a metrics record ({err if rec is None else 'no kind/step'}); "
+                               "remove the line (train.log holds every step)")
+        out.append(rec)
+    return out
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
