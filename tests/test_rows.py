@@ -172,3 +172,29 @@ def test_manifest_record_sizes_are_json_integers(split_dir, tmp_path):
     build_rows([d], tmp_path / "rows")
     sizes = json.loads((tmp_path / "rows" / "manifest.json").read_text())["record_measurements"]
     assert sizes and all(type(n) is int for per_file in sizes for n in per_file)
+
+
+def test_inspect_reads_past_a_damaged_record_and_fails(split_dir, tmp_path):
+    d, _ = split_dir
+    out = tmp_path / "rows"
+    build_rows([d], out)
+    f = next(out.glob("*.arrayrecord"))
+    want = sum(len(s) for s in json.loads((out / "manifest.json").read_text())["record_measurements"])
+    good = f.read_bytes()
+    for frac in np.arange(0.02, 0.5, 0.02):  # a spot inside one record's chunk (the file is padded)
+        b = bytearray(good)
+        mid = int(len(b) * frac)
+        b[mid:mid + 64] = bytes(x ^ 0xFF for x in b[mid:mid + 64])
+        f.write_bytes(bytes(b))
+        errors = []
+        list(iter_records([f], errors))
+        if errors and errors[0]["record"] not in (None, want - 1):
+            break
+    else:
+        pytest.skip("no offset damages a single inner record in this ArrayRecord layout")
+    r = runner.invoke(app, ["inspect", str(out), "--json"])
+    assert r.exit_code == 1
+    desc = json.loads(r.stdout)
+    bad = [e["record"] for e in desc["errors"] if e["record"] is not None]
+    assert bad and desc["records"] == want - len(bad)
+    assert max(bad) < want - 1 and desc["records"] > min(bad)  # records after the damage were read

@@ -60,9 +60,11 @@ def inspect(
     result = describe(path, sample, cfg.tokenizer.scheme)
     if as_json:
         emit(result, True)
-        return
-    if result["kind"] == "rows":
+    elif result["kind"] == "rows":
         _print_rows(result)
+    if result["kind"] == "rows" and result["errors"]:
+        raise typer.Exit(1)  # the figures above are of the readable records only
+    if as_json or result["kind"] == "rows":
         return
     if result["kind"] == "run":
         _print_run(result)

@@ -28,6 +28,9 @@ def row_files(path: Path) -> list[Path]:
     return files
 
 
+_MAX_STREAK = 16
+
+
 def iter_records(files: list[Path], errors: list[dict]):
     """Yield (file, index, raw bytes); unreadable files/records are appended to `errors`."""
     from array_record.python import array_record_module
@@ -39,12 +42,19 @@ def iter_records(files: list[Path], errors: list[dict]):
         except Exception as e:  # noqa: BLE001 - the C++ reader raises RuntimeError/ValueError/...
             errors.append({"file": str(f), "record": None, "error": f"cannot open: {e}"})
             continue
+        streak = 0
         for i in range(n):
             try:
                 raw = reader.read([i])[0]
             except Exception as e:  # noqa: BLE001
+                streak += 1
+                if streak > _MAX_STREAK:
+                    # a truncated file fails for every later record: one entry for the rest
+                    errors.append({"file": str(f), "record": i, "error": f"unreadable, and the {n - i - 1} after it not tried"})
+                    break
                 errors.append({"file": str(f), "record": i, "error": f"unreadable: {e}"})
-                break  # a truncated file fails for every later record too
+                continue  # one damaged chunk must not hide the good records after it
+            streak = 0
             yield f, i, raw
         try:
             reader.close()
