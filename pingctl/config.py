@@ -82,7 +82,7 @@ class IngestConfig(Section):
 
 
 class SynthConfig(Section):
-    seed: int = Field(0, description="world and measurement seed; same seed = identical output")
+    seed: int = Field(0, ge=0, description="world and measurement seed; same seed = identical output")
     rows: int = Field(1_000_000, gt=0, description="approximate number of rows (packets) to generate")
     probes: int = Field(200, gt=0, description="number of vantage points")
     targets: int = Field(40, gt=0, description="number of destinations")
@@ -101,7 +101,7 @@ class ShardConfig(Section):
     )
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of rows (or groups) for validation")
     test_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of rows (or groups) for test")
-    seed: int = Field(0, description="seed of the hash that assigns groups/rows to splits")
+    seed: int = Field(0, ge=0, description="seed of the hash that assigns groups/rows to splits")
     rows_per_shard: int = Field(2_000_000, ge=1000, description="target rows per output Parquet shard")
     memory_limit: str = Field("8GB", description="DuckDB memory limit; larger inputs spill to disk")
 
@@ -136,8 +136,8 @@ class LoaderConfig(Section):
         (0.4, 0.3, 0.3), description="timestamp modes full / partial / none"
     )
     workers: int = Field(-1, ge=-1, description="Grain worker processes (-1 = automatic: 0 on <= 2 cores)")
-    seed: int = Field(0, description="shuffle and augmentation seed")
-    eval_seed: int = Field(1234, description="fixed seed of the deterministic (shuffled) eval iterator")
+    seed: int = Field(0, ge=0, description="shuffle and augmentation seed")
+    eval_seed: int = Field(1234, ge=0, description="fixed seed of the deterministic (shuffled) eval iterator")
     read_threads: int = Field(1, ge=0, description="Grain read threads per process (0 = none; >1 only adds GIL contention)")
     read_prefetch: int = Field(4, ge=0, description="elements prefetched per process")
     shuffle_window: int = Field(1024, ge=1, description="rows mixed by the window shuffle (rows of many probes per batch)")
@@ -234,7 +234,7 @@ class TrainConfig(Section):
 class SampleConfig(Section):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling mass")
-    seed: int = Field(0, description="sampling seed")
+    seed: int = Field(0, ge=0, description="sampling seed")
 
 
 class EvalConfig(Section):
@@ -244,7 +244,7 @@ class EvalConfig(Section):
         "probe", description="probe: its preceding test packets; cold: excluding the queried pair; none")
     context_per_pair: int | None = Field(
         None, ge=0, description="cap per (src, dst) pair in the prompt (null: as the run was trained; 0: none)")
-    seed: int = Field(0, description="seed of the packet subset and Vivaldi")
+    seed: int = Field(0, ge=0, description="seed of the packet subset and Vivaldi")
 
 
 class Config(Section):

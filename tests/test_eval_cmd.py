@@ -189,3 +189,77 @@ def test_inspect_eval_refuses_what_is_not_a_report(tmp_path):
     (d / "report.json").write_text(json.dumps([1, 2]))
     r = runner.invoke(app, ["inspect", str(d / "report.json")])
     assert r.exit_code == 1 and "not a `pingctl eval` report" in r.output
+
+
+def test_eval_refuses_bad_splits_and_seeds_before_the_model_loads(tiny_run, tmp_path):
+    """A NaN RTT or an address the prompt builder cannot parse is named with its file and row
+    while the splits load; the run has no checkpoint, so a later check would say so instead."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import make_table
+
+    t = make_table(200)
+    pq.write_table(t, tmp_path / "train.parquet")
+    rtt = t.column("rtt").to_numpy().copy()
+    rtt[[7, 9]] = np.nan
+    pq.write_table(t.set_column(t.schema.get_field_index("rtt"), "rtt", pa.array(rtt)), tmp_path / "nan.parquet")
+    dst = t.column("dst_addr").to_pylist()
+    dst[11] = "8.8.8.888"
+    pq.write_table(t.set_column(t.schema.get_field_index("dst_addr"), "dst_addr", pa.array(dst)),
+                   tmp_path / "badaddr.parquet")
+    (tmp_path / "no-ckpt").mkdir()
+    for name in ("config.yaml", "maxtext.yml"):
+        shutil.copy(tiny_run / name, tmp_path / "no-ckpt" / name)
+    base = ["eval", str(tmp_path / "no-ckpt"), "--train", str(tmp_path / "train.parquet"), "-o", str(tmp_path / "ev")]
+    for args, msg, code in (
+        (["--test", str(tmp_path / "nan.parquet")],
+         "nan.parquet: column rtt has 2 NaN value(s), the first in row 7", 1),
+        (["--test", str(tmp_path / "badaddr.parquet")],
+         "badaddr.parquet: column dst_addr has 1 invalid IP address(es) ('8.8.8.888'), the first in row 11", 1),
+        (["--test", str(tmp_path / "train.parquet"), "--seed", "-1"], "--seed", 2),
+        (["--test", str(tmp_path / "train.parquet"), "--set", "eval.seed=-1"], "eval.seed = -1", 2),
+    ):
+        r = runner.invoke(app, [*base, *args])
+        text = " ".join(r.output.split())  # the message may wrap
+        assert r.exit_code == code and msg in text and "Traceback" not in r.output, (args, r.output)
+        assert not (tmp_path / "ev").exists()
+
+
+def test_verdict_without_any_comparison_says_so(capsys):
+    from pingctl.cli.eval_cmd import _print_comparisons
+
+    none = {"diff": None, "ci_low": None, "ci_high": None, "verdict": None, "share_a_better": None,
+            "level": 0.95, "n_boot": 100, "groups": 0}
+    _print_comparisons({"global_median": none, "vivaldi": dict(none)})
+    out = capsys.readouterr().out
+    assert "no comparison possible" in out and "beats none" not in out
+
+
+def test_plots_without_data_draw_no_empty_legend(tmp_path):
+    import warnings
+
+    from pingctl.eval.plots import plot_calibration, plot_error_cdf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "No artists with labels found to put in legend"
+        plot_error_cdf({"model": np.full(3, np.nan)}, tmp_path / "cdf.png")
+        plot_calibration({}, {}, tmp_path / "cal.png")
+    assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_checks_the_run_and_the_truth_up_front(tiny_run, splits, tmp_path):
+    train, test = str(splits / "train"), str(splits / "test")
+    r = runner.invoke(app, ["eval", str(tmp_path), "--train", train, "--test", test, "-o", str(tmp_path / "e1")])
+    assert r.exit_code == 1 and "fitting baselines" not in r.output and "Traceback" not in r.output
+    other = tmp_path / "other"
+    r = runner.invoke(app, ["synth", "-o", str(other), "--rows", "2000", "--probes", "5", "--targets", "3", "--seed", "7"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["eval", str(tiny_run), "--train", train, "--test", test, "--queries", "8",
+                            "--truth", str(other), "-o", str(tmp_path / "e2")])
+    assert r.exit_code == 1 and "knows none of the" in r.output, r.output
+    r = runner.invoke(app, ["eval", str(tiny_run), "--train", train, "--test", test, "--queries", "8",
+                            "--truth", str(tmp_path / "nothing"), "-o", str(tmp_path / "e3")])
+    assert r.exit_code == 1 and "not a `pingctl synth` output" in r.output

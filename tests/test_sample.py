@@ -362,3 +362,76 @@ def test_stream_table_shows_utc_times_and_failures_in_words():
     assert _cell("time", 139_127_374_000_000) == "139127374000000 (Unix s)"  # a model may generate any time
     assert _cell("rtt_ms", -1.0) == "failed" and _cell("rtt_ms", 12.5) == "12.500"
     assert _cell("probability", 0.12345) == "0.1235"
+
+
+def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
+    """Each of these is refused by the CLI itself: the run does not even exist, so an error
+    raised after the model load would read 'not a `pingctl train` run directory'."""
+    run = str(tmp_path / "no-run")
+    (tmp_path / "afile").write_text("x")
+    v4, v4b = "78.143.22.26", "194.255.199.229"
+    for args, msg, code in (
+        (["--n", "2", "--seed", "-1"], "--seed", 2),
+        (["--n", "2", "--set", "sample.seed=-1"], "sample.seed = -1", 2),
+        (["--src", v4, "--dst", v4b, "--time", "²"], "--time '²': use ISO 8601", 1),
+        (["--src", v4, "--rtt", "10-"], "a range needs both ends", 1),
+        (["--src", "fe80::1%eth0", "--dst", "::1"], "--src 'fe80::1%eth0': an IPv6 zone id", 1),
+        (["--src", "::1", "--dst", "fe80::1%eth0"], "--dst 'fe80::1%eth0': an IPv6 zone id", 1),
+        (["--src", v4, "--dst", "8.8.*.*", "--time", "5"], "--time does not apply to a completion", 1),
+        (["--src", v4, "--rtt", "20", "--time", "5"], "--time does not apply to inverse search", 1),
+        (["--n", "2", "--time", "5"], "--time does not apply to generation", 1),
+        (["--n", "2", "--context-per-pair", "3"], "--context-per-pair caps measurements from --context", 1),
+        (["--src", v4, "--dst", v4b, "--plot", str(tmp_path / "afile" / "d.png")], "--plot", 1),
+        (["--src", v4, "--dst", v4b, "-o", str(tmp_path / "afile" / "d.json")], "--out", 1),
+        (["--dst", "2001:db8::/32", "--src", "10.0.0.0/8"], "--src is IPv4 but --dst is IPv6", 1),
+    ):
+        r = runner.invoke(app, ["sample", run, *args])
+        assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, (args, r.output)
+        assert "not a `pingctl train` run" not in r.output, (args, r.output)
+    # these pass every early check, so the first error is the missing run
+    for args in (["--dst", "2a09:6189::/32", "-k", "2"], ["--src", "2a09:6189::/32"], ["--dst", "8.8.*.*"],
+                 ["--src", " 78.143.22.26", "--dst", v4b], ["--src", v4, "--dst", v4b, "--time", "-5"],
+                 ["--src", v4, "--dst", v4b, "--plot", str(tmp_path / "new" / "d.png")]):
+        r = runner.invoke(app, ["sample", run, *args])
+        assert r.exit_code == 1 and "not a `pingctl train` run" in r.output, (args, r.output)
+
+
+def test_option_parsers_take_what_the_prompt_builder_takes():
+    from pingctl.cli.sample_cmd import _address_option, _parse_time, _rtt_range
+    from pingctl.errors import PingctlError
+    from pingctl.infer import queries as Q
+
+    assert _address_option(" 78.143.22.26\t", "--src") == "78.143.22.26" and _address_option(None, "--src") is None
+    Q.query_prefix(_address_option(" 78.143.22.26", "--src"), "1.2.3.4", None,
+                   np.zeros(0, np.int32), None)
+    assert _parse_time("-5") == -5 and _parse_time("1700000000") == 1_700_000_000
+    for bad in ("²", "١٢", "9" * 25, "-" + "9" * 25):
+        with pytest.raises(PingctlError, match="--time"):
+            _parse_time(bad)
+    assert _rtt_range("1e-3") == (0.001, 0.001) and _rtt_range("1e-3-2E-2") == (0.001, 0.02)
+    assert _rtt_range("10-30") == (10.0, 30.0) and _rtt_range("20") == (20.0, 20.0)
+    for bad, msg in (("10-", "both ends"), ("-5", "0 <= low"), ("1e-", "milliseconds like 20")):
+        with pytest.raises(PingctlError, match=msg):
+            _rtt_range(bad)
+    # the side of a completion left out is any address of the other side's family
+    assert Q.parse_pair(Q.any_address(6), "2a09:6189::/32")[0][0] == 6
+    assert Q.parse_pair("8.8.*.*", Q.any_address(4))[1][0] == 4
+
+
+def test_tiny_probabilities_stay_distinguishable():
+    from pingctl.cli.sample_cmd import _cell
+
+    assert _cell("probability", 0.5) == "0.5000"
+    small = [_cell("probability", p) for p in (6.468e-08, 6.166e-08, 5e-5)]
+    assert len(set(small)) == 3 and all(float(s) > 0 for s in small)
+
+
+def test_one_sided_ipv6_completion_and_padded_address_are_answered(tiny_run, pair):
+    src, dst = pair
+    r = runner.invoke(app, ["sample", str(tiny_run), "--dst", "2001:db8::/32", "-k", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    found = json.loads(r.stdout)["completions"]
+    assert len(found) == 2 and all(ipaddress.ip_address(f["src"]).version == 6 for f in found)
+    assert all(ipaddress.ip_address(f["dst"]) in ipaddress.ip_network("2001:db8::/32") for f in found)
+    r = runner.invoke(app, ["sample", str(tiny_run), "--src", f" {src} ", "--dst", dst, "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["src"] == src, r.output

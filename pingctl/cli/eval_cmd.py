@@ -28,7 +28,8 @@ def evaluate(
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
+    seed: Annotated[int | None, typer.Option(
+        min=0, help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
     step: StepOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -96,7 +97,13 @@ def results_table(report: dict, test, context_policy: str):
 def _print_comparisons(comp: dict) -> None:
     if not comp:
         return
-    any_c = next(iter(comp.values()))
+    if all(c.get("verdict") is None for c in comp.values()):
+        # relative error needs an RTT: with no successful packet among the queries there is
+        # nothing to compare, which "beats none" would misreport as a loss
+        console.print("verdict: no comparison possible (no successful packet among the evaluated test packets, "
+                      "so no relative error)", highlight=False, soft_wrap=True)
+        return
+    any_c = next(c for c in comp.values() if c.get("verdict") is not None)
     console.print(f"model minus each predictor, median rel err in points, {any_c['level']:.0%} interval from "
                   f"{any_c['n_boot']} resamples of the {any_c['groups']} (src, dst) pairs:", highlight=False)
     for name, c in comp.items():
@@ -107,7 +114,9 @@ def _print_comparisons(comp: dict) -> None:
     by = {v: [n for n, c in comp.items() if c.get("verdict") == v] for v in ("better", "tie", "worse")}
     parts = [f"beats {', '.join(by['better'])}" if by["better"] else "beats none",
              *([f"ties {', '.join(by['tie'])} (the interval holds 0)"] if by["tie"] else []),
-             *([f"loses to {', '.join(by['worse'])}"] if by["worse"] else [])]
+             *([f"loses to {', '.join(by['worse'])}"] if by["worse"] else []),
+             *([f"not compared with {', '.join(n for n, c in comp.items() if c.get('verdict') is None)}"]
+               if any(c.get("verdict") is None for c in comp.values()) else [])]
     console.print("verdict: the model " + "; ".join(parts), highlight=False, soft_wrap=True)
 
 

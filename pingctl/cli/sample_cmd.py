@@ -26,9 +26,13 @@ def _rtt_range(text: str) -> tuple[float, float]:
     from pingctl.errors import PingctlError
     from pingctl.tokenizer.rtt_codec import MAX_MS
 
+    # the range's '-' is neither a leading sign nor an exponent's sign (1e-3 is one number)
+    cut = next((i for i in range(1, len(text)) if text[i] == "-" and text[i - 1] not in "eE"), None)
+    lo, hi = (text, text) if cut is None else (text[:cut], text[cut + 1 :])
+    if cut is not None and not hi.strip():
+        raise PingctlError(f"--rtt {text!r}: a range needs both ends, like 10-30")
     try:
-        lo, _, hi = text.partition("-")
-        lo_f, hi_f = float(lo), float(hi) if hi else float(lo)
+        lo_f, hi_f = float(lo), float(hi)
     except ValueError:
         raise PingctlError(f"--rtt {text!r}: give milliseconds like 20 or a range like 10-30") from None
     # NaN compares false with everything, so it must be excluded explicitly
@@ -57,7 +61,7 @@ def sample(
         "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
     step: StepOpt = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
     config: ConfigOpt = None,
@@ -70,12 +74,15 @@ def sample(
     """
     import numpy as np
 
+    from pingctl.atomic import unwritable_reason
     from pingctl.errors import PingctlError
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel, parse_steps, run_config, trained_with_timestamps
 
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     rng = np.random.default_rng(cfg.sample.seed)
+    # the prompt builder takes the bare address: strip here, and pass the stripped text on
+    src, dst = (_address_option(v, name) for v, name in ((src, "--src"), (dst, "--dst")))
     if src and dst and not _is_pattern(src) and not _is_pattern(dst) and rtt is None:
         mode = "distribution"
     elif _is_pattern(src) or _is_pattern(dst):
@@ -90,20 +97,30 @@ def sample(
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
     # everything the user typed is validated before the (slow) model load
+    # (a completion, inverse search and generation build their prompts without a timestamp)
     for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate", "distribution")),
-                               (plot, "--plot", ("distribution",))):
+                               (plot, "--plot", ("distribution",)), (time, "--time", ("distribution",))):
         if given is not None and mode not in modes:
             raise PingctlError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
                                + " and ".join(_MODE_NAMES[m] for m in modes))
-    Q.parse_pair(src, dst)
+    fam_src, fam_dst = (p[0] if p else None for p in Q.parse_pair(src, dst))
+    if mode == "complete":
+        # the side not given is any address of the other side's family
+        src = src or Q.any_address(fam_dst)
+        dst = dst or Q.any_address(fam_src)
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
+    if context_per_pair is not None and context is None:
+        raise PingctlError("--context-per-pair caps measurements from --context; give --context too")
     rtt_lo, rtt_hi = _rtt_range(rtt) if rtt is not None else (None, None)
     if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
         raise PingctlError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
                            "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in (".parquet", ".json"):
         raise PingctlError(f"--out {out}: written as .parquet or .json")
+    for name, path in (("--out", out), ("--plot", plot)):
+        if path is not None and (reason := unwritable_reason(path)):
+            raise PingctlError(f"{name} {path}: cannot be written ({reason})")
     steps = parse_steps(step)
     ctx = _read_context(context) if context is not None else None
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
@@ -148,9 +165,9 @@ def sample(
                 console.print(f"{what}: {path}")
         return
     if mode == "complete":
-        found = Q.complete(model, src or "*.*.*.*", dst or "*.*.*.*", rtt_lo, k=k, context=ctx_tokens)
+        found = Q.complete(model, src, dst, rtt_lo, k=k, context=ctx_tokens)
         result["completions"] = found
-        _table(result, as_json, f"completions of {src or '*'} -> {dst or '*'}", found, ("src", "dst", "probability"))
+        _table(result, as_json, f"completions of {src} -> {dst}", found, ("src", "dst", "probability"))
         return
     if mode == "inverse":
         found = Q.inverse(model, src, rtt_lo, rtt_hi, n or 64, rng, cfg.sample.temperature, context=ctx_tokens)
@@ -178,15 +195,33 @@ def sample(
                           f"+-292,000 years{'; their event_time is null in ' + str(out) if out else ''}[/]")
 
 
+def _address_option(text: str | None, name: str) -> str | None:
+    """The address or pattern of --src/--dst as the prompt builder takes it: no surrounding
+    whitespace and no IPv6 zone id (fe80::1%eth0 names a local interface, not part of an
+    address a measurement records)."""
+    from pingctl.errors import PingctlError
+
+    if text is None:
+        return None
+    text = text.strip()
+    if not text:
+        raise PingctlError(f"{name} is empty")
+    if "%" in text:
+        raise PingctlError(f"{name} {text!r}: an IPv6 zone id (%...) is not part of a measured address; drop it")
+    return text
+
+
 def _parse_time(text: str | None) -> int | None:
     if text is None:
         return None
     import datetime as dt
+    import re
 
     from pingctl.errors import PingctlError
 
-    if text.isdigit():
-        if int(text) >= 2**63:
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+    if re.fullmatch(r"-?[0-9]+", text):
+        if not -(2**63) <= int(text) < 2**63:
             raise PingctlError(f"--time {text!r}: Unix seconds beyond the 64-bit range")
         return int(text)
     try:
@@ -225,7 +260,8 @@ def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tupl
 def _cell(column: str, v) -> str:
     """Table text only; --json keeps Unix seconds and the canonical -1 for a failed packet."""
     if column == "probability":
-        return f"{v:.4f}"
+        # IPv6 completions are often far below 1e-4; fixed 4 decimals would print them all as 0.0000
+        return f"{v:.4f}" if v >= 1e-4 else f"{v:.3e}"
     if column == "time":
         return utc_text(v)
     if column == "rtt_ms" and v is not None and v < 0:

@@ -63,7 +63,10 @@ def plot_error_cdf(errors: dict[str, np.ndarray], path, title: str = "Relative e
     ax.axhline(0.9, color="grey", lw=0.6, alpha=0.5)
     ax.grid(alpha=0.3, which="both")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    # no finite errors at all (e.g. a test split without successful packets): no lines to name,
+    # and an empty legend only earns a matplotlib warning
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return _save(fig, path)
 
@@ -106,7 +109,8 @@ def plot_calibration(pit: dict[str, object], coverage: dict[str, dict] | None, p
     a2.set_ylim(0, 1)
     a2.set_ylabel("share of packets inside")
     a2.set_title("Interval coverage (dashed = nominal)")
-    a2.legend(fontsize=8, loc="lower right")
+    if a2.get_legend_handles_labels()[0]:
+        a2.legend(fontsize=8, loc="lower right")
     a2.grid(alpha=0.3, axis="y")
     fig.suptitle(title)
     fig.tight_layout()

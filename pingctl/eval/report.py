@@ -86,7 +86,9 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
 
 
 def _check_no_nulls(path, t) -> None:
-    """Nulls would surface later as a NaN RTT or a None address far from their cause."""
+    """Nulls, a NaN RTT or an unparseable address would surface later (after the baselines and
+    the model load) as a NaN metric or an error that names neither the file nor the row."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     for c in ("src_addr", "dst_addr", "rtt", "event_time"):
@@ -96,6 +98,41 @@ def _check_no_nulls(path, t) -> None:
                 f"{path}: column {c} has {t.column(c).null_count:,} null value(s), the first in row {first}; "
                 "a canonical table has none (a failed packet has rtt = -1): `pingctl ingest` it first"
             )
+    if "rtt" in t.column_names and pa.types.is_floating(t.column("rtt").type):
+        nan = pc.is_nan(t.column("rtt"))
+        if count := int(pc.sum(nan).as_py() or 0):
+            first = int(pc.index(nan, True).as_py())
+            raise PingctlError(f"{path}: column rtt has {count:,} NaN value(s), the first in row {first}; "
+                               "a canonical RTT is milliseconds, or -1 for a failed packet")
+    for c in ("src_addr", "dst_addr"):
+        if c in t.column_names:
+            _check_addresses(path, c, t.column(c))
+
+
+def _check_addresses(path, name: str, col) -> None:
+    """Every address parses as the prompt builder will parse it; cheap on the dictionary-encoded
+    columns load_split reads (each distinct string once per chunk)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pingctl.tokenizer.measurements import parse_addresses
+
+    try:
+        for chunk in col.chunks:
+            parse_addresses(chunk, name)
+    except PingctlError:
+        # the error path only: find which strings fail and the first row holding one
+        text = col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col
+        bad = []
+        for v in pc.unique(text).to_pylist():
+            try:
+                parse_addresses(pa.array([v], pa.string()), name)
+            except PingctlError:
+                bad.append(v)
+        first = int(pc.index(pc.is_in(text, value_set=pa.array(bad, pa.string())), True).as_py())
+        shown = ", ".join(repr(b) for b in bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise PingctlError(f"{path}: column {name} has {len(bad):,} invalid IP address(es) ({shown}), "
+                           f"the first in row {first}") from None
 
 
 def _strings(col) -> np.ndarray:
@@ -258,6 +295,9 @@ def baseline_table(
         tm = _truth_medians(truth, test)
         report.ctx["truth_median"] = tm
         ok = M.successful(actual)
+        if isinstance(truth, (str, Path)) and ok.any() and not np.isfinite(tm[ok]).any():
+            raise PingctlError(f"--truth {truth}: knows none of the {int(ok.sum()):,} test packets' pairs "
+                               "(the sidecar of another `pingctl synth` world?)")
         report["noise_floor"] = {
             "overall": M.noise_floor(tm, actual),
             "slices": {k: M.noise_floor(tm, actual, m) for k, m in masks.items()},

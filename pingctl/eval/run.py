@@ -22,16 +22,23 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     from pingctl.eval.model import check_policy, predict
-    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.model import LoadedModel, run_config
+    from pingctl.synth.truth import load_truth
     from pingctl.infer.queries import check_per_pair
 
     check_policy(policy)  # before the splits and the model are loaded
     check_per_pair(per_pair)
     if queries < 1 or context < 0:
         raise PingctlError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
+    if seed < 0:
+        raise PingctlError(f"seed must be >= 0 (got {seed})")
     # fail on an unusable --out now, not after minutes of predictions
     out = Path(out)
     _check_out_dir(out)
+    # the cheap checks of the run and the truth before minutes of splits, baselines and model
+    run_config(run)
+    if truth is not None:
+        load_truth(truth)
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path)

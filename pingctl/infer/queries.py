@@ -277,6 +277,12 @@ def parse_pair(src: str | None, dst: str | None) -> tuple[tuple | None, tuple | 
     return ps, pd
 
 
+def any_address(family: int | None) -> str:
+    """The pattern of every address of `family` (IPv4 when unknown): the side of a completion
+    the user left out."""
+    return "::/0" if family == 6 else "*.*.*.*"
+
+
 def _parse_full(text: str) -> bytes:
     try:
         return ipaddress.ip_address(text).packed
