@@ -85,6 +85,8 @@ def test_kv_table_folds_long_paths_instead_of_cutting_them():
     assert path in "".join(text.split()).replace("│", "")
     assert "│ /work/main/" in text  # its pieces start at the left, so the fold reads as one path
     assert " 191.000 │" in text  # numbers stay right-aligned
+    con.print(kv_table("modal", [("image", "debian_slim + pingctl[train] 0.1.0 + jax[cuda12]")]))
+    assert "pingctl[train] 0.1.0 + jax[cuda12]" in con.export_text()  # values are text, not markup
 
 
 def test_bench_table_keeps_every_figure_whole_at_80_columns(tmp_path, monkeypatch):
@@ -107,3 +109,22 @@ def test_decode_of_a_binary_file_is_a_clear_error(tmp_path):
     f.write_bytes(b"\x00\xff\xfe" * 10)
     r = runner.invoke(app, ["tokenize", "--decode", f"@{f}"])
     assert r.exit_code == 1 and "not text" in r.output and "internal error" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "loader", "--workers", "a,b"], "comma-separated whole numbers"),
+    (["bench", "loader", "--workers", "-3"], "at least 0"),
+    (["bench", "loader", "--scheme", "bogus"], "compact or full"),
+    (["bench", "ingest", "--workers", "0"], "at least 1"),
+])
+def test_bench_options_are_usage_errors_before_any_work(args, message):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and message in r.output and "internal error" not in r.output
+
+
+def test_bench_refuses_too_few_steps_or_batches_and_an_unusable_out(tmp_path):
+    assert runner.invoke(app, ["bench", "train", "--steps", "1"]).exit_code == 2
+    assert runner.invoke(app, ["bench", "loader", "--batches", "1"]).exit_code == 2
+    r = runner.invoke(app, ["bench", "synth", "--rows", "1000", "--out", str(tmp_path)])
+    assert r.exit_code == 1 and "a directory" in r.output
+    assert not list(tmp_path.iterdir())

@@ -21,6 +21,28 @@ OutOpt = Annotated[
 ]
 
 
+def _counts(text: str, option: str, lowest: int) -> list[int]:
+    """A comma-separated list of counts, each at least `lowest` (a usage error otherwise)."""
+    from pingctl.errors import ConfigError
+
+    try:
+        values = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: give comma-separated whole numbers, like 0,1,2") from None
+    if any(v < lowest for v in values):
+        raise ConfigError(f"{option} {text!r}: each count must be at least {lowest}")
+    return values
+
+
+def _check_out(out: Path | None) -> None:
+    """Refuse an unusable --out before the benchmark runs (minutes at the default sizes)."""
+    from pingctl.atomic import unwritable_reason
+    from pingctl.errors import PingctlError
+
+    if out is not None and (out.is_dir() or (reason := unwritable_reason(out))):
+        raise PingctlError(f"--out {out}: cannot be written ({'a directory' if out.is_dir() else reason})")
+
+
 def report(result: dict, as_json: bool, out: Path | None) -> None:
     import os
 
@@ -60,7 +82,9 @@ def bench_ingest(
     """
     from pingctl.ingest.bench import bench_ingest as run
 
-    report(run(inputs or [], [int(w) for w in workers.split(",")], sagan, limit), as_json, out)
+    counts = _counts(workers, "--workers", 1)
+    _check_out(out)
+    report(run(inputs or [], counts, sagan, limit), as_json, out)
 
 
 @app.command("synth")
@@ -77,6 +101,7 @@ def bench_synth(
     """
     from pingctl.synth.bench import bench_synth as run
 
+    _check_out(out)
     report(run(rows, seed), as_json, out)
 
 
@@ -95,6 +120,7 @@ def bench_shard(
     """
     from pingctl.shard import bench_shard as run
 
+    _check_out(out)
     report(run(rows, strategy.split(","), memory_limit), as_json, out)
 
 
@@ -112,6 +138,7 @@ def bench_tokenize(
     """
     from pingctl.tokenizer.bench import bench_tokenize as run
 
+    _check_out(out)
     report(run(n, scheme), as_json, out)
 
 
@@ -130,6 +157,7 @@ def bench_build_rows(
     """
     from pingctl.rows.build import bench_build_rows as run
 
+    _check_out(out)
     report(run(rows, memory_limit, max_row_mb), as_json, out)
 
 
@@ -140,7 +168,8 @@ def bench_loader(
     workers: Annotated[str, typer.Option(help="Comma-separated Grain worker counts.")] = "0,1,2",
     seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
     batch_size: Annotated[int, typer.Option(min=1, help="Batch size.")] = 8,
-    batches: Annotated[int, typer.Option(min=1, help="Batches timed per case (after warm-up).")] = 600,
+    batches: Annotated[int, typer.Option(
+        min=50, help="Batches timed per case (after warm-up; fewer would time the prefetch buffer).")] = 600,
     scheme: Annotated[str, typer.Option(help="compact | full.")] = "compact",
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -155,8 +184,14 @@ def bench_loader(
     """
     from pingctl.loader.bench import bench_loader as run
 
+    from pingctl.errors import ConfigError
+
     loader = load(config, overrides).loader
-    result = run(rows, [int(w) for w in workers.split(",")], seq_len, batch_size, batches, scheme, loader=loader)
+    counts = _counts(workers, "--workers", 0)
+    if scheme not in ("compact", "full"):
+        raise ConfigError(f"--scheme {scheme!r}: compact or full")
+    _check_out(out)
+    result = run(rows, counts, seq_len, batch_size, batches, scheme, loader=loader)
     report(result, as_json, out)
 
 
@@ -165,7 +200,8 @@ def bench_loader(
 def bench_train(
     rows: Annotated[Path | None, typer.Argument(help="Training rows (default: synthetic).")] = None,
     presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,small",
-    steps: Annotated[int, typer.Option(min=1, help="Steps per preset.")] = 20,
+    steps: Annotated[int, typer.Option(
+        min=3, help="Steps per preset (the first, compilation, is not timed).")] = 20,
     seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
     batch_size: Annotated[int, typer.Option(min=1, help="Global batch size.")] = 8,
     hardware: Annotated[str, typer.Option(help="cpu | gpu.")] = "cpu",
@@ -178,4 +214,5 @@ def bench_train(
     """
     from pingctl.train.bench import bench_train as run
 
+    _check_out(out)
     report(run(rows, presets.split(","), steps, seq_len, batch_size, hardware), as_json, out)

@@ -89,7 +89,8 @@ def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
         text = fmt(v)
         # a path that folds reads as a path only when its pieces start at the left
         path_like = isinstance(v, Path) or (isinstance(v, str) and "/" in v and " " not in v)
-        t.add_row(k, Text(text, justify="left") if path_like else text)
+        # Text, not a markup string: a value like "pingctl[train]" must print as written
+        t.add_row(k, Text(text, justify="left" if path_like else "right"))
     return t
 
 
