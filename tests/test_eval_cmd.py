@@ -67,6 +67,10 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     shard([synth_rows / "synth"], pairs, ShardConfig(strategy="pair"))
     have = checkpoint_steps(tiny_run)
     first, last = have[0], have[-1]
+    # an earlier probe-policy eval in the same directory drew a context_median plot
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "scatter_context_median.png").write_bytes(b"old")
+    (tmp_path / "ev" / "notes.txt").write_text("mine")
     r = runner.invoke(app, [
         "eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
         "--set", "eval.queries=6", "--context", "4", "--context-policy", "cold", "--context-per-pair", "1",
@@ -79,6 +83,8 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     assert info["context_policy"] == "cold" and info["context_sizes"]["mean"] > 0
     assert info["context_per_pair"] == 1
     assert "context_median" not in rep["predictors"]
+    assert not (tmp_path / "ev" / "scatter_context_median.png").exists()  # not left as if this eval's
+    assert (tmp_path / "ev" / "notes.txt").read_text() == "mine" and (tmp_path / "ev" / "scatter_model.png").exists()
     # every test pair is unseen in training, so the pair median can only fall back
     assert rep["slices"]["unseen_pair"]["n"] == 6
     bad = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
@@ -189,6 +195,12 @@ def test_inspect_eval_refuses_what_is_not_a_report(tmp_path):
     (d / "report.json").write_text(json.dumps([1, 2]))
     r = runner.invoke(app, ["inspect", str(d / "report.json")])
     assert r.exit_code == 1 and "not a `pingctl eval` report" in r.output
+    damaged = {"rows": [], "comparisons": {}, "nll": {}, "queries": 1, "predictors": {"model": {"info": {}}},
+               "inputs": {}}
+    (d / "report.json").write_text(json.dumps(damaged))
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 1 and "a damaged eval report" in r.output and "internal error" not in r.output
+    assert "┃" not in r.output and "│" not in r.output  # no half table before the message
 
 
 def test_eval_refuses_bad_splits_and_seeds_before_the_model_loads(tiny_run, tmp_path):

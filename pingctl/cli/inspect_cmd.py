@@ -71,8 +71,16 @@ def inspect(
         return
     if result["kind"] == "eval":
         from pingctl.cli.eval_cmd import print_report
+        from pingctl.errors import PingctlError
 
-        print_report(result, result["path"])
+        # printed only once whole: a hand-edited report must not leave half a table behind
+        try:
+            with console.capture() as captured:
+                print_report(result, result["path"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise PingctlError(f"{result['path']}: a damaged eval report ({type(e).__name__}: {e}); "
+                               "rerun `pingctl eval`") from None
+        console.file.write(captured.get())
         return
     from rich.table import Table
 

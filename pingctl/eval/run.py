@@ -76,11 +76,23 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     out.mkdir(parents=True, exist_ok=True)
     progress("writing plots")
     plots = write_plots(report, out)
+    _drop_stale_plots(out, plots.values())
     report["plots"] = {k: str(v) for k, v in plots.items()}
     report["rows"] = summary_rows(report)
     report["elapsed_s"] = time.perf_counter() - t0
     write_json(out / "report.json", dict(report))
     return report
+
+
+def _drop_stale_plots(out: Path, written) -> None:
+    """An eval rerun into the same directory: plots of an earlier one that this one did not draw
+    (another policy, another predictor set) must not sit beside the new report as if its own.
+    Only names eval itself writes are touched; anything else in the directory stays."""
+    keep = {Path(p).name for p in written}
+    for p in out.iterdir():
+        own = p.name in ("error_cdf.png", "calibration.png") or (p.name.startswith("scatter_") and p.suffix == ".png")
+        if own and p.name not in keep and p.is_file():
+            p.unlink()
 
 
 def _check_out_dir(out: Path) -> None:
