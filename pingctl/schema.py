@@ -234,6 +234,21 @@ def _sql_list(files: list[Path]) -> str:
     return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
 
 
+def _first_unreadable(files: list[Path]) -> str | None:
+    """The file (and why) behind a DuckDB read error, which names none: the error path only, so
+    reading every row group again costs nothing on good input."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        try:
+            pf = pq.ParquetFile(f)
+            for i in range(pf.num_row_groups):
+                pf.read_row_group(i)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid/...
+            return f"{f}: {e}"
+    return None
+
+
 def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
     """Create DuckDB view `view`: canonical columns + `reject_reason` (NULL = valid) + provenance.
 
@@ -262,7 +277,7 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
             "SELECT dst_addr::VARCHAR FROM _raw)"
         ).to_arrow_table()
     except Exception as e:  # noqa: BLE001 - duckdb raises many types for unreadable data
-        raise PingctlError(f"cannot read input Parquet: {e}") from None
+        raise PingctlError(f"cannot read input Parquet: {_first_unreadable(files) or e}") from None
     con.register("_addr_map", address_map(distinct.column(0).to_pylist()))
     prb = "TRY_CAST(r.prb_id AS BIGINT)" if has_prb else "NULL::BIGINT"
     lo = MIN_TIME.strftime("%Y-%m-%d %H:%M:%S+00")

@@ -224,7 +224,9 @@ def shard(
         # Reconcile from what is on disk, not from what we meant to write.
         on_disk = sum(pq.ParquetFile(tmp / f).metadata.num_rows for fs in files_out.values() for f in fs)
         if on_disk != written or written + rejected != read:
-            raise PingctlError(f"row counts do not reconcile: read {read}, written {on_disk}, rejected {rejected}")
+            raise PingctlError(f"row counts do not reconcile: read {read}, written {on_disk}, rejected {rejected} "
+                               "(nothing was written; the likeliest cause is a damaged input file, which DuckDB "
+                               "can read differently from one query to the next)")
         import shutil
 
         shutil.rmtree(work)

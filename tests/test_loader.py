@@ -280,7 +280,7 @@ def test_bench_loader_times_the_configured_shaping(synth_rows, tmp_path):
 
     from pingctl.cli.app import app
 
-    args = ["bench", "loader", str(synth_rows / "rows"), "--workers", "0", "--batches", "3", "--seq-len", "256",
+    args = ["bench", "loader", str(synth_rows / "rows"), "--workers", "0", "--batches", "50", "--seq-len", "256",
             "--json", "--out", str(tmp_path / "b.json")]
     r = CliRunner().invoke(app, [*args, "--set", "loader.max_per_pair=1", "--set", "loader.result_last=0.5"])
     assert r.exit_code == 0, r.output

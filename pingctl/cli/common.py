@@ -61,6 +61,10 @@ def handle_errors(fn: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001 - last line of defence for the user
             if os.environ.get("PINGCTL_DEBUG"):
                 raise
+            if _damaged_input(e):
+                err_console.print(f"[bold red]error:[/] damaged input: {e}", highlight=False, markup=True,
+                                  soft_wrap=True)
+                raise typer.Exit(1) from None
             err_console.print(
                 f"[bold red]internal error:[/] {type(e).__name__}: {e}\n"
                 "  rerun with PINGCTL_DEBUG=1 for the traceback and please report it",
@@ -69,6 +73,12 @@ def handle_errors(fn: Callable) -> Callable:
             raise typer.Exit(70) from None
 
     return wrapper
+
+
+def _damaged_input(e: Exception) -> bool:
+    """DuckDB reading a file that is damaged past its footer (a bad page found mid-query): an
+    input problem, and DuckDB's message names the file."""
+    return type(e).__module__.lstrip("_").startswith("duckdb") and "Failed to read file" in str(e)
 
 
 def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) -> None:
