@@ -215,7 +215,7 @@ class TrainConfig(Section):
     steps: int = Field(200, ge=1, description="training steps")
     learning_rate: float = Field(3e-3, gt=0, description="peak learning rate (cosine schedule)")
     warmup_fraction: float = Field(0.05, ge=0, lt=1, description="share of steps spent warming up")
-    eval_interval: int = Field(50, ge=-1, description="evaluate every N steps (-1 = never)")
+    eval_interval: int = Field(50, ge=-1, description="evaluate every N steps (0 or -1 = never)")
     eval_steps: int = Field(10, ge=1, description="eval batches per evaluation")
     checkpoint_period: int = Field(50, ge=1, description="save a checkpoint every N steps")
     max_minutes: float | None = Field(

@@ -30,8 +30,7 @@ def train(
 
     Example: pingctl train runs/demo/rows/train --eval runs/demo/rows/val --preset tiny --steps 200
 
-    Bounded time: --max-minutes 90 stops at the first checkpoint after 90 minutes; the same
-    command run again resumes there.
+    Bounded time: --max-minutes 90 stops at the first checkpoint after 90 minutes; the same command run again resumes there.
     """
     cfg = load(
         config,
