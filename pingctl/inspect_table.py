@@ -99,7 +99,12 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
             d = Path(path) / s
             if d.is_dir() and any(d.glob("*.parquet")):
                 splits[s] = describe_table([d], sample)
-        return {"kind": "splits", "path": str(path), "splits": splits}
+        if not splits:
+            rows = [s for s in ("train", "val", "test") if (Path(path) / s / "manifest.json").exists()]
+            hint = f" (these are probe rows: inspect {Path(path) / rows[0]})" if rows else ""
+            raise PingctlError(f"{path}: no Parquet data in train/, val/ or test/{hint}")
+        missing = [s for s in ("train", "val", "test") if s not in splits]
+        return {"kind": "splits", "path": str(path), "splits": splits, "missing": missing}
     return {"kind": "table", "path": str(path), **describe_table([path], sample)}
 
 

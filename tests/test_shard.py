@@ -253,3 +253,23 @@ def test_a_file_damaged_inside_its_data_is_named_or_caught(tmp_path):
             shutil.rmtree(tmp_path / "out")
     if not named:
         pytest.skip("no damaged spot made a page unreadable in this layout")
+
+
+def test_inspect_splits_names_a_missing_split_and_refuses_a_directory_without_any(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(make_table(3000, probes=20, targets=5), d / "a.parquet")
+    out = tmp_path / "splits"
+    shard([d], out, ShardConfig(strategy="time"))
+    shutil.rmtree(out / "val")
+    (out / "val").mkdir()
+    r = runner.invoke(app, ["inspect", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["missing"] == ["val"]
+    r = runner.invoke(app, ["inspect", str(out)])
+    assert "no Parquet data in val/" in " ".join(r.output.split())
+    empty = tmp_path / "nosplits"
+    for s in ("train", "val", "test"):
+        (empty / s).mkdir(parents=True)
+    (empty / "train" / "manifest.json").write_text("{}")
+    r = runner.invoke(app, ["inspect", str(empty)])
+    assert r.exit_code == 1 and "no Parquet data in train/, val/ or test/" in " ".join(r.output.split())

@@ -114,8 +114,9 @@ def inspect(
     for name, d in parts.items():
         if d["invalid_rows"]:
             console.print(f"[yellow]{name}: {d['invalid_rows']:,} invalid rows: {d['invalid_by_reason']}[/]")
-    if not parts:
-        console.print("[yellow]no Parquet data found[/]")
+    if result.get("missing"):
+        console.print(f"[yellow]no Parquet data in {', '.join(s + '/' for s in result['missing'])} "
+                      "(an empty split, or one not written)[/]", highlight=False)
 
 
 def _print_run(r: dict) -> None:
