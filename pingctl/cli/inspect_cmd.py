@@ -58,13 +58,13 @@ def inspect(
 
     cfg = load(config, set_)
     result = describe(path, sample, cfg.tokenizer.scheme)
-    if as_json:
-        emit(result, True)
-    elif result["kind"] == "rows":
-        _print_rows(result)
-    if result["kind"] == "rows" and result["errors"]:
-        raise typer.Exit(1)  # the figures above are of the readable records only
     if as_json or result["kind"] == "rows":
+        if as_json:
+            emit(result, True)
+        else:
+            _print_rows(result)
+        if result["kind"] == "rows" and result["errors"]:
+            raise typer.Exit(1)  # the figures above are of the readable records only
         return
     if result["kind"] == "run":
         _print_run(result)

@@ -391,6 +391,11 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
     return rows
 
 
+def is_plot_name(name: str, fmt: str = "png") -> bool:
+    """A file name write_plots writes (with any predictor's scatter)."""
+    return name in (f"error_cdf.{fmt}", f"calibration.{fmt}") or (name.startswith("scatter_") and name.endswith(f".{fmt}"))
+
+
 def write_plots(report: Report, out_dir, names: list[str] | None = None, fmt: str = "png") -> dict[str, Path]:
     """error_cdf, calibration and scatter_<name> plots from the report's per-packet context."""
     from pingctl.eval import plots

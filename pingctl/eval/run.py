@@ -9,7 +9,8 @@ import numpy as np
 
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError
-from pingctl.eval.report import add_predictor, baseline_table, compare, load_split, summary_rows, take, write_plots
+from pingctl.eval.report import (add_predictor, baseline_table, compare, is_plot_name, load_split, summary_rows,
+                                 take, write_plots)
 
 
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
@@ -23,8 +24,8 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     from pingctl.eval.model import check_policy, predict
     from pingctl.infer.model import LoadedModel, run_config
-    from pingctl.synth.truth import load_truth
     from pingctl.infer.queries import check_per_pair
+    from pingctl.synth.truth import load_truth
 
     check_policy(policy)  # before the splits and the model are loaded
     check_per_pair(per_pair)
@@ -90,8 +91,7 @@ def _drop_stale_plots(out: Path, written) -> None:
     Only names eval itself writes are touched; anything else in the directory stays."""
     keep = {Path(p).name for p in written}
     for p in out.iterdir():
-        own = p.name in ("error_cdf.png", "calibration.png") or (p.name.startswith("scatter_") and p.suffix == ".png")
-        if own and p.name not in keep and p.is_file():
+        if is_plot_name(p.name) and p.name not in keep and p.is_file():
             p.unlink()
 
 

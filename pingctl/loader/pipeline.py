@@ -40,8 +40,13 @@ def rows_manifest(rows_dir: Path) -> dict:
         manifest = json.loads((rows_dir / "manifest.json").read_text())
     except (OSError, ValueError):
         raise PingctlError(f"{rows_dir}: not a `pingctl build-rows` output (no readable manifest.json)") from None
+    if not isinstance(manifest, dict):
+        raise PingctlError(f"{rows_dir}/manifest.json: malformed (not an object); rerun `pingctl build-rows`")
     if "record_measurements" not in manifest:
         raise PingctlError(f"{rows_dir}: built by an older pingctl; rerun `pingctl build-rows`")
+    if not isinstance(manifest["record_measurements"], list) or not isinstance(manifest.get("files", []), list):
+        raise PingctlError(f"{rows_dir}/manifest.json: malformed (no list of files and record sizes); "
+                           "rerun `pingctl build-rows`")
     return manifest
 
 

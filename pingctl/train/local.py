@@ -63,28 +63,19 @@ def absolute_rows(cfg: Config) -> Config:
     return cfg.model_copy(update={"train": t.model_copy(update=update)})
 
 
-def _manifest(rows: Path) -> dict:
-    from pingctl.loader.pipeline import rows_manifest
-
-    manifest = rows_manifest(rows)
-    sizes = manifest.get("record_measurements")
-    if not isinstance(manifest, dict) or not isinstance(sizes, list) or not isinstance(manifest.get("files", []), list):
-        raise PingctlError(f"{rows}/manifest.json: malformed (no list of files and record sizes); rerun `pingctl build-rows`")
-    if not sizes:
-        raise PingctlError(f"{rows}: no records to train on (the split was empty?)")
-    return manifest
-
-
 def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
     """What every target needs before it starts: readable, non-empty rows and a valid loss mask."""
-    from pingctl.loader.pipeline import check_rows_files
+    from pingctl.loader.pipeline import check_rows_files, rows_manifest
 
     if not cfg.train.train_rows:
         raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
     cfg = absolute_rows(cfg)
     rows = [Path(r) for r in filter(None, (cfg.train.train_rows, cfg.train.eval_rows))]
     for r in rows:
-        check_rows_files(r, _manifest(r))
+        manifest = rows_manifest(r)
+        if not manifest["record_measurements"]:
+            raise PingctlError(f"{r}: no records to train on (the split was empty?)")
+        check_rows_files(r, manifest)
     loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme)
     return cfg, rows
 

@@ -102,11 +102,10 @@ def read_jsonl(path: Path) -> list[dict]:
             continue
         try:
             rec = json.loads(line)
-        except ValueError as e:
+        except ValueError:
             rec = None
-            err = str(e)
         if not isinstance(rec, dict) or "kind" not in rec or "step" not in rec:
-            raise PingctlError(f"{path}, line {n}: not a metrics record ({err if rec is None else 'no kind/step'}); "
+            raise PingctlError(f"{path}, line {n}: not a metrics record (cut by a crash?); "
                                "remove the line (train.log holds every step)")
         out.append(rec)
     return out
