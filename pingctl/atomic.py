@@ -7,12 +7,13 @@ looks like a finished output.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from pingctl.errors import PingctlError
 
@@ -115,6 +116,17 @@ def atomic_file(out: Path) -> Iterator[Path]:
     os.replace(tmp, out)
 
 
+def json_default(v: Any) -> Any:
+    """Times as ISO 8601 with a Z (as ingest writes them), not Python's `str` of a datetime."""
+    if isinstance(v, dt.datetime):
+        if v.tzinfo is not None and v.utcoffset() == dt.timedelta(0):
+            return v.replace(tzinfo=None).isoformat() + "Z"
+        return v.isoformat()
+    if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):  # NumPy scalars
+        return v.item()
+    return str(v)
+
+
 def write_json(path: Path, obj) -> None:
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=json_default) + "\n")

@@ -282,6 +282,10 @@ def _format_validation(err: ValidationError, source: str) -> str:
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
             lines.append(f"  {path}: unknown key{hint}")
             continue
+        if e["type"] == "invalid_key":  # YAML reads `1:` or `true:` as a number or a boolean
+            lines.append(f"  {path}: a key must be a name, not the {type(e.get('input')).__name__} "
+                         f"{e.get('input')!r}")
+            continue
         lines.append(f"  {path} = {e.get('input')!r}: {e['msg']}")
     lines.append("  (see `pingctl config show` for every key and its current value)")
     return "\n".join(lines)
@@ -340,6 +344,8 @@ def load_config(
     source = "defaults"
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path} is a directory; --config takes a YAML file (`pingctl config init` writes one)")
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:

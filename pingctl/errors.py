@@ -1,11 +1,24 @@
-"""User-facing errors: the CLI prints these as one clear message, never a traceback."""
+"""User-facing errors: the CLI prints these as one clear message, never a traceback.
+
+Exit codes (README, "Exit codes"): 1 bad input data or environment, 2 a usage or config error
+(as Typer's own option errors), 70 an internal error, 130 interrupted.
+"""
 
 
 class PingctlError(Exception):
     """Bad input, bad config or an environment problem the user can fix."""
 
     exit_code = 1
+    kind = "input"
 
 
-class ConfigError(PingctlError):
+class UsageError(PingctlError):
+    """An option value or a combination of options the command cannot take: the command line
+    itself must change, so scripts can tell it from a data problem by the exit code."""
+
     exit_code = 2
+    kind = "usage"
+
+
+class ConfigError(UsageError):
+    kind = "config"

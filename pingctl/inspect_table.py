@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import canonical_query, connect, one, resolve_inputs
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
@@ -77,11 +77,11 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
         from pingctl.train.describe import describe_run
 
         if sample:
-            raise PingctlError(f"{path}: --sample shows rows of a table or probe rows, not of a run directory")
+            raise UsageError(f"{path}: --sample shows rows of a table or probe rows, not of a run directory")
         return describe_run(path)
     if kind == "eval":
         if sample:
-            raise PingctlError(f"{path}: --sample shows rows of a table or probe rows, not of an eval report")
+            raise UsageError(f"{path}: --sample shows rows of a table or probe rows, not of an eval report")
         return read_eval_report(path)
     if kind == "rows":
         from pingctl.rows.inspect import describe_rows

@@ -128,3 +128,44 @@ def test_bench_refuses_too_few_steps_or_batches_and_an_unusable_out(tmp_path):
     r = runner.invoke(app, ["bench", "synth", "--rows", "1000", "--out", str(tmp_path)])
     assert r.exit_code == 1 and "a directory" in r.output
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, kind, code, message", [
+    (["sample", "no-run", "--src", "1.2.3.4", "--rtt", "10-"], "usage", 2, "a range needs both ends"),
+    (["sample", "no-run", "--n", "2"], "input", 1, "not a `pingctl train` run"),
+    (["config", "show", "--set", "loader.seq_len=-5"], "config", 2, "loader.seq_len"),
+    # user text in a message prints as given, not as Rich markup
+    (["tokenize", "--src", "[bold]x", "--dst", "5.6.7.8", "--rtt", "3"], "usage", 2, "'[bold]x'"),
+])
+def test_a_failure_with_json_is_one_json_object_on_stdout(args, kind, code, message):
+    r = runner.invoke(app, [*args, "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == code == err["exit_code"] and err["kind"] == kind and message in err["message"], r.output
+    assert message in r.stderr
+    plain = runner.invoke(app, args)  # without --json nothing reaches stdout
+    assert plain.exit_code == code and plain.stdout == "" and message in plain.stderr
+
+
+def test_interrupt_and_internal_errors_keep_their_exit_codes_and_json(capsys, monkeypatch):
+    from pingctl.cli.common import handle_errors
+
+    monkeypatch.delenv("PINGCTL_DEBUG", raising=False)
+
+    def interrupted(as_json=False):
+        raise KeyboardInterrupt
+
+    def broken(as_json=False):
+        raise ZeroDivisionError("boom")
+
+    for fn, code, kind, text in ((interrupted, 130, "interrupted", "resumes it"),
+                                 (broken, 70, "internal", "ZeroDivisionError: boom")):
+        for as_json in (False, True):
+            with pytest.raises(typer.Exit) as e:
+                handle_errors(fn)(as_json=as_json)
+            out = capsys.readouterr()
+            assert e.value.exit_code == code and text in out.err
+            if as_json:
+                err = json.loads(out.out)["error"]
+                assert (err["kind"], err["exit_code"]) == (kind, code) and text in err["message"]
+            else:
+                assert out.out == ""

@@ -138,3 +138,15 @@ def test_a_list_or_mapping_as_a_key_is_a_config_error(tmp_path, text):
     f.write_text(text)
     with pytest.raises(ConfigError, match="a key must be a name"):
         load_config(f)
+
+
+def test_a_number_as_a_key_and_a_directory_as_the_config_are_named(tmp_path):
+    from pingctl.config import load_config
+    from pingctl.errors import ConfigError
+
+    f = tmp_path / "k.yaml"
+    f.write_text("train:\n  1: 3\n")
+    with pytest.raises(ConfigError, match=r"train\.1: a key must be a name, not the int 1"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="is a directory; --config takes a YAML file"):
+        load_config(tmp_path)

@@ -35,4 +35,4 @@ def test_inspect_describes_a_run_and_its_state(tiny_run, tmp_path):
     text = runner.invoke(app, ["inspect", str(run)], terminal_width=200)
     assert text.exit_code == 0 and "incomplete" in text.output and f"uncommitted, ignored: {last}" in text.output
     bad = runner.invoke(app, ["inspect", str(run), "--sample", "3"])
-    assert bad.exit_code == 1 and "not of a run directory" in bad.output
+    assert bad.exit_code == 2 and "not of a run directory" in bad.output

@@ -2,6 +2,7 @@
 
 import ipaddress
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -218,7 +219,7 @@ def test_run_trained_with_the_result_last_refuses_rtt_first_questions(tiny_run, 
         ok = runner.invoke(app, ["sample", str(tiny_run), *args, "--json"])
         assert ok.exit_code == 0, ok.output  # the fixture's run saw RTTs in every position
         r = runner.invoke(app, ["sample", str(run), *args])
-        assert r.exit_code == 1 and "result_last=1" in r.output and "Traceback" not in r.output, r.output
+        assert r.exit_code == 2 and "result_last=1" in r.output and "Traceback" not in r.output, r.output
     r = runner.invoke(app, ["sample", str(run), "--src", src, "--dst", dst, "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["mode"] == "distribution", r.output
 
@@ -250,6 +251,13 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     r = runner.invoke(app, ["sample", str(tiny_run), "--n", "2", "--measurements", "3", "--out", str(out), "--json"])
     assert r.exit_code == 0, r.output
     assert pq.read_table(out).num_rows == len(json.loads(r.stdout)["measurements"]) > 0
+    # times in JSON as ISO 8601 with a Z, as ingest writes them (was Python's "2024-01-02 07:01:43+00:00")
+    out = tmp_path / "gen.json"
+    r = runner.invoke(app, ["sample", str(tiny_run), "--n", "2", "--measurements", "3", "--out", str(out), "--json"])
+    times = [x["event_time"] for x in json.loads(out.read_text())]
+    assert r.exit_code == 0 and len(times) == len(json.loads(r.stdout)["measurements"]) > 0, r.output
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", t) for t in times if t is not None), times
+    assert any(t is not None for t in times)
     # streams of one probe, after a context of its own measurements
     ctx = tmp_path / "ctx.parquet"
     t = pq.read_table(synth_rows / "synth" / "part-00000.parquet")
@@ -373,17 +381,17 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
     for args, msg, code in (
         (["--n", "2", "--seed", "-1"], "--seed", 2),
         (["--n", "2", "--set", "sample.seed=-1"], "sample.seed = -1", 2),
-        (["--src", v4, "--dst", v4b, "--time", "²"], "--time '²': use ISO 8601", 1),
-        (["--src", v4, "--rtt", "10-"], "a range needs both ends", 1),
-        (["--src", "fe80::1%eth0", "--dst", "::1"], "--src 'fe80::1%eth0': an IPv6 zone id", 1),
-        (["--src", "::1", "--dst", "fe80::1%eth0"], "--dst 'fe80::1%eth0': an IPv6 zone id", 1),
-        (["--src", v4, "--dst", "8.8.*.*", "--time", "5"], "--time does not apply to a completion", 1),
-        (["--src", v4, "--rtt", "20", "--time", "5"], "--time does not apply to inverse search", 1),
-        (["--n", "2", "--time", "5"], "--time does not apply to generation", 1),
-        (["--n", "2", "--context-per-pair", "3"], "--context-per-pair caps measurements from --context", 1),
+        (["--src", v4, "--dst", v4b, "--time", "²"], "--time '²': use ISO 8601", 2),
+        (["--src", v4, "--rtt", "10-"], "a range needs both ends", 2),
+        (["--src", "fe80::1%eth0", "--dst", "::1"], "--src 'fe80::1%eth0': an IPv6 zone id", 2),
+        (["--src", "::1", "--dst", "fe80::1%eth0"], "--dst 'fe80::1%eth0': an IPv6 zone id", 2),
+        (["--src", v4, "--dst", "8.8.*.*", "--time", "5"], "--time does not apply to a completion", 2),
+        (["--src", v4, "--rtt", "20", "--time", "5"], "--time does not apply to inverse search", 2),
+        (["--n", "2", "--time", "5"], "--time does not apply to generation", 2),
+        (["--n", "2", "--context-per-pair", "3"], "--context-per-pair caps measurements from --context", 2),
         (["--src", v4, "--dst", v4b, "--plot", str(tmp_path / "afile" / "d.png")], "--plot", 1),
         (["--src", v4, "--dst", v4b, "-o", str(tmp_path / "afile" / "d.json")], "--out", 1),
-        (["--dst", "2001:db8::/32", "--src", "10.0.0.0/8"], "--src is IPv4 but --dst is IPv6", 1),
+        (["--dst", "2001:db8::/32", "--src", "10.0.0.0/8"], "--src is IPv4 but --dst is IPv6", 2),
     ):
         r = runner.invoke(app, ["sample", run, *args])
         assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, (args, r.output)

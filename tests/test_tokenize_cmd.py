@@ -152,4 +152,4 @@ def test_file_problems_name_the_files_and_rtt_beyond_the_code_is_refused(tmp_pat
     assert r.exit_code == 1 and "bad.parquet" in r.output and "%eth0" in r.output
     for rtt in ("inf", "1e300"):  # saturated silently to the largest code before
         r = runner.invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", rtt])
-        assert r.exit_code == 1 and "beyond the RTT code" in r.output
+        assert r.exit_code == 2 and "beyond the RTT code" in r.output

@@ -349,7 +349,7 @@ def test_fresh_refuses_what_is_not_a_run_and_run_dirs_that_hold_the_rows(rows, t
     assert (notes / "notes.txt").read_text() == "keep me"
     for run in (rows[0], rows[0].parent, rows[0] / "sub"):
         r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(run), "--fresh", "--steps", "3"])
-        assert r.exit_code == 1 and "overlaps the rows" in r.output
+        assert r.exit_code == 2 and "overlaps the rows" in r.output
     assert (rows[0] / "manifest.json").exists()
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -389,7 +389,7 @@ def test_slurm_cpu_jobs_reserve_no_gpus_and_paths_with_spaces_are_refused(rows, 
     assert r.exit_code == 0, r.output
     assert not any(l.startswith("#SBATCH --gpus") for l in (run / "train.sbatch").read_text().splitlines())
     r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(tmp_path / "a b"), "--target", "slurm", "--dry-run"])
-    assert r.exit_code == 1 and "without spaces" in r.output and not (tmp_path / "a b").exists()
+    assert r.exit_code == 2 and "without spaces" in r.output and not (tmp_path / "a b").exists()
 
 
 def test_ctrl_c_keeps_the_metrics_of_the_steps_already_run(rows, tmp_path):

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, load
+from pingctl.errors import PingctlError, UsageError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
@@ -23,21 +24,19 @@ OutOpt = Annotated[
 
 def _counts(text: str, option: str, lowest: int) -> list[int]:
     """A comma-separated list of counts, each at least `lowest` (a usage error otherwise)."""
-    from pingctl.errors import ConfigError
 
     try:
         values = [int(w) for w in text.split(",")]
     except ValueError:
-        raise ConfigError(f"{option} {text!r}: give comma-separated whole numbers, like 0,1,2") from None
+        raise UsageError(f"{option} {text!r}: give comma-separated whole numbers, like 0,1,2") from None
     if any(v < lowest for v in values):
-        raise ConfigError(f"{option} {text!r}: each count must be at least {lowest}")
+        raise UsageError(f"{option} {text!r}: each count must be at least {lowest}")
     return values
 
 
 def _check_out(out: Path | None) -> None:
     """Refuse an unusable --out before the benchmark runs (minutes at the default sizes)."""
     from pingctl.atomic import unwritable_reason
-    from pingctl.errors import PingctlError
 
     if out is not None and (out.is_dir() or (reason := unwritable_reason(out))):
         raise PingctlError(f"--out {out}: cannot be written ({'a directory' if out.is_dir() else reason})")
@@ -184,12 +183,10 @@ def bench_loader(
     """
     from pingctl.loader.bench import bench_loader as run
 
-    from pingctl.errors import ConfigError
-
     loader = load(config, overrides).loader
     counts = _counts(workers, "--workers", 0)
     if scheme not in ("compact", "full"):
-        raise ConfigError(f"--scheme {scheme!r}: compact or full")
+        raise UsageError(f"--scheme {scheme!r}: compact or full")
     _check_out(out)
     result = run(rows, counts, seq_len, batch_size, batches, scheme, loader=loader)
     report(result, as_json, out)

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pingctl.atomic import json_default
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -41,38 +43,46 @@ def load(config: Path | None, overrides: list[str] | None, **cli_values: Any):
 
 
 def handle_errors(fn: Callable) -> Callable:
-    """User errors become one red message and a non-zero exit, never a traceback."""
+    """User errors become one red message and a non-zero exit, never a traceback; with --json
+    the same error is also one JSON object on stdout, so a script reading stdout sees why."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from pingctl.errors import PingctlError
 
+        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except PingctlError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
-            raise typer.Exit(e.exit_code) from None
+            _fail(as_json, e.kind, str(e), e.exit_code)
         except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/]: no output was left looking complete (a training run keeps its "
-                              "committed checkpoints; the same command resumes it)")
-            raise typer.Exit(130) from None
+            _fail(as_json, "interrupted", "no output was left looking complete (a training run keeps its "
+                  "committed checkpoints; the same command resumes it)", 130)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - last line of defence for the user
             if os.environ.get("PINGCTL_DEBUG"):
                 raise
             if _damaged_input(e):
-                err_console.print(f"[bold red]error:[/] damaged input: {e}", highlight=False, markup=True,
-                                  soft_wrap=True)
-                raise typer.Exit(1) from None
-            err_console.print(
-                f"[bold red]internal error:[/] {type(e).__name__}: {e}\n"
-                "  rerun with PINGCTL_DEBUG=1 for the traceback and please report it",
-                highlight=False,
-            )
-            raise typer.Exit(70) from None
+                _fail(as_json, "input", f"damaged input: {e}", 1)
+            _fail(as_json, "internal", f"{type(e).__name__}: {e}", 70,
+                  hint="  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
 
     return wrapper
+
+
+_LABELS = {"interrupted": ("interrupted: ", "yellow"), "internal": ("internal error: ", "bold red")}
+
+
+def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
+    label, style = _LABELS.get(kind, ("error: ", "bold red"))
+    # Text, not markup: a message quotes user input, and "[...]" in it must print as given
+    err_console.print(Text.assemble((label, style), message, "\n" + hint if hint else ""),
+                      highlight=False, soft_wrap=True)
+    if as_json:
+        sys.stdout.write(json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}},
+                                    indent=2, sort_keys=True) + "\n")
+    raise typer.Exit(code) from None
 
 
 def _damaged_input(e: Exception) -> bool:
@@ -84,7 +94,7 @@ def _damaged_input(e: Exception) -> bool:
 def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) -> None:
     """Machine output (--json) is the only thing on stdout; otherwise Rich tables."""
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=json_default) + "\n")
         return
     for t in table if isinstance(table, list) else [table] if table is not None else []:
         console.print(t)

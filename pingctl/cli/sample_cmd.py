@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
-                                handle_errors, kv_table, load)
+                                handle_errors, json_default, kv_table, load)
+from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import utc_text
 
 
@@ -23,23 +24,22 @@ def _is_pattern(text: str | None) -> bool:
 def _rtt_range(text: str) -> tuple[float, float]:
     import math
 
-    from pingctl.errors import PingctlError
     from pingctl.tokenizer.rtt_codec import MAX_MS
 
     # the range's '-' is neither a leading sign nor an exponent's sign (1e-3 is one number)
     cut = next((i for i in range(1, len(text)) if text[i] == "-" and text[i - 1] not in "eE"), None)
     lo, hi = (text, text) if cut is None else (text[:cut], text[cut + 1 :])
     if cut is not None and not hi.strip():
-        raise PingctlError(f"--rtt {text!r}: a range needs both ends, like 10-30")
+        raise UsageError(f"--rtt {text!r}: a range needs both ends, like 10-30")
     try:
         lo_f, hi_f = float(lo), float(hi)
     except ValueError:
-        raise PingctlError(f"--rtt {text!r}: give milliseconds like 20 or a range like 10-30") from None
+        raise UsageError(f"--rtt {text!r}: give milliseconds like 20 or a range like 10-30") from None
     # NaN compares false with everything, so it must be excluded explicitly
     if not (math.isfinite(lo_f) and math.isfinite(hi_f)) or lo_f < 0 or hi_f < lo_f:
-        raise PingctlError(f"--rtt {text!r}: need finite 0 <= low <= high")
+        raise UsageError(f"--rtt {text!r}: need finite 0 <= low <= high")
     if hi_f > MAX_MS:
-        raise PingctlError(f"--rtt {text!r}: the RTT code ends at {MAX_MS:,.0f} ms")
+        raise UsageError(f"--rtt {text!r}: the RTT code ends at {MAX_MS:,.0f} ms")
     return lo_f, hi_f
 
 
@@ -75,7 +75,6 @@ def sample(
     import numpy as np
 
     from pingctl.atomic import unwritable_reason
-    from pingctl.errors import PingctlError
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel, parse_steps, run_config, trained_with_timestamps
 
@@ -92,7 +91,7 @@ def sample(
     elif not dst and not rtt:
         mode = "generate"
     else:
-        raise PingctlError(
+        raise UsageError(
             "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
             "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
         )
@@ -101,7 +100,7 @@ def sample(
     for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate", "distribution")),
                                (plot, "--plot", ("distribution",)), (time, "--time", ("distribution",))):
         if given is not None and mode not in modes:
-            raise PingctlError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
+            raise UsageError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
                                + " and ".join(_MODE_NAMES[m] for m in modes))
     fam_src, fam_dst = (p[0] if p else None for p in Q.parse_pair(src, dst))
     if mode == "complete":
@@ -111,13 +110,13 @@ def sample(
     t_query = _parse_time(time)
     Q.check_per_pair(context_per_pair)
     if context_per_pair is not None and context is None:
-        raise PingctlError("--context-per-pair caps measurements from --context; give --context too")
+        raise UsageError("--context-per-pair caps measurements from --context; give --context too")
     rtt_lo, rtt_hi = _rtt_range(rtt) if rtt is not None else (None, None)
     if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
-        raise PingctlError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
+        raise UsageError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
                            "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in (".parquet", ".json"):
-        raise PingctlError(f"--out {out}: written as .parquet or .json")
+        raise UsageError(f"--out {out}: written as .parquet or .json")
     for name, path in (("--out", out), ("--plot", plot)):
         if path is not None and (reason := unwritable_reason(path)):
             raise PingctlError(f"{name} {path}: cannot be written ({reason})")
@@ -126,11 +125,11 @@ def sample(
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
     trained = run_config(run).loader if t_query is not None or rtt is not None else None
     if t_query is not None and not trained_with_timestamps(trained.mode_weights):
-        raise PingctlError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
+        raise UsageError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
                            "so it cannot condition on a time; ask without --time")
     if rtt is not None and mode in ("complete", "inverse") and trained.result_last >= 1.0:
         # these prompts put the RTT before the addresses, an order such a run never saw
-        raise PingctlError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
+        raise UsageError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
                            "addresses), so it cannot answer from an RTT to addresses; ask a run trained with "
                            "result_last < 1, or ask this one for the RTT distribution of candidate pairs")
     with err_console.status(f"loading {run} ..."):
@@ -199,15 +198,14 @@ def _address_option(text: str | None, name: str) -> str | None:
     """The address or pattern of --src/--dst as the prompt builder takes it: no surrounding
     whitespace and no IPv6 zone id (fe80::1%eth0 names a local interface, not part of an
     address a measurement records)."""
-    from pingctl.errors import PingctlError
 
     if text is None:
         return None
     text = text.strip()
     if not text:
-        raise PingctlError(f"{name} is empty")
+        raise UsageError(f"{name} is empty")
     if "%" in text:
-        raise PingctlError(f"{name} {text!r}: an IPv6 zone id (%...) is not part of a measured address; drop it")
+        raise UsageError(f"{name} {text!r}: an IPv6 zone id (%...) is not part of a measured address; drop it")
     return text
 
 
@@ -217,24 +215,21 @@ def _parse_time(text: str | None) -> int | None:
     import datetime as dt
     import re
 
-    from pingctl.errors import PingctlError
-
     # ASCII digits only: str.isdigit() also takes '²', which int() refuses
     if re.fullmatch(r"-?[0-9]+", text):
         if not -(2**63) <= int(text) < 2**63:
-            raise PingctlError(f"--time {text!r}: Unix seconds beyond the 64-bit range")
+            raise UsageError(f"--time {text!r}: Unix seconds beyond the 64-bit range")
         return int(text)
     try:
         t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise PingctlError(f"--time {text!r}: use ISO 8601 (2024-01-01T12:00:00Z) or Unix seconds") from None
+        raise UsageError(f"--time {text!r}: use ISO 8601 (2024-01-01T12:00:00Z) or Unix seconds") from None
     return int((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp())
 
 
 def _read_context(path: Path):
     import pyarrow.parquet as pq
 
-    from pingctl.errors import PingctlError
     from pingctl.tokenizer import Measurements
 
     if not path.exists():
@@ -343,7 +338,7 @@ def _write_generated(streams, out: Path) -> None:
             rows = table.to_pylist() if table is not None else []
             for r, s in zip(rows, stream_id):
                 r["stream"] = int(s)
-            tmp.write_text(json.dumps(rows, default=str, indent=1))
+            tmp.write_text(json.dumps(rows, default=json_default, indent=1))
         else:
             pq.write_table(table.append_column("stream", pa.array(stream_id, pa.int64())), tmp)
 

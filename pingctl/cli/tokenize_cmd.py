@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load
+from pingctl.errors import PingctlError, UsageError
 
 STYLE = {
     "start": "bold white",
@@ -53,7 +54,6 @@ def tokenize(
 
     Example: pingctl tokenize --src 193.0.14.129 --dst 8.8.8.8 --rtt 12.3 --time 2024-01-01T00:00:00Z
     """
-    from pingctl.errors import PingctlError
 
     cfg = load(config, set_, **{"tokenizer.scheme": scheme})
     sch = cfg.tokenizer.scheme
@@ -61,12 +61,12 @@ def tokenize(
     given = (("--decode", decode is not None), ("FILE", bool(inputs)), ("--src/--dst", fields_given))
     modes = [name for name, on in given if on]
     if len(modes) != 1:
-        raise PingctlError(
+        raise UsageError(
             "give exactly one of: Parquet FILE(s), --src/--dst/--rtt fields, or --decode IDS"
             + (f" (got {' and '.join(modes)})" if modes else "")
         )
     if stats and not inputs:
-        raise PingctlError("--stats needs Parquet FILE(s)")
+        raise UsageError("--stats needs Parquet FILE(s)")
     if decode is not None:
         _decode_mode(decode, sch, as_json)
         return
@@ -89,37 +89,34 @@ def tokenize(
 
 
 def _from_fields(src, dst, rtt, time, failed, size, errors, msm_id):
-    from pingctl.errors import PingctlError
     from pingctl.tokenizer import Measurements
 
     if not src or not dst:
-        raise PingctlError("a measurement needs both --src and --dst")
+        raise UsageError("a measurement needs both --src and --dst")
     if failed and rtt is not None:
-        raise PingctlError("give either --rtt or --failed, not both")
+        raise UsageError("give either --rtt or --failed, not both")
     if not failed and rtt is None:
-        raise PingctlError("give --rtt MS (or --failed)")
+        raise UsageError("give --rtt MS (or --failed)")
     if rtt is not None and not (rtt >= 0):
-        raise PingctlError(f"--rtt must be >= 0 ms (use --failed for a failure), got {rtt}")
+        raise UsageError(f"--rtt must be >= 0 ms (use --failed for a failure), got {rtt}")
     from pingctl.tokenizer.rtt_codec import MAX_MS
 
     if rtt is not None and not rtt <= MAX_MS:  # also inf: the code would saturate silently
-        raise PingctlError(f"--rtt {rtt} ms is beyond the RTT code's largest value ({MAX_MS:,.0f} ms)")
+        raise UsageError(f"--rtt {rtt} ms is beyond the RTT code's largest value ({MAX_MS:,.0f} ms)")
     from pingctl.schema import parse_address
 
     for opt, value in (("--src", src), ("--dst", dst)):
         if parse_address(value) is None or "%" in value:
-            raise PingctlError(f"{opt} {value!r} is not an IPv4 or IPv6 address")
+            raise UsageError(f"{opt} {value!r} is not an IPv4 or IPv6 address")
     t = _parse_time(time) if time is not None else None
     m = Measurements.from_fields([src], [dst], [-1.0 if failed else rtt], [t], size, errors, msm_id)
     if m.src_v6[0] != m.dst_v6[0]:
-        raise PingctlError(f"--src {src} and --dst {dst} are of different address families")
+        raise UsageError(f"--src {src} and --dst {dst} are of different address families")
     return m
 
 
 def _parse_time(text: str) -> int:
     import datetime as dt
-
-    from pingctl.errors import PingctlError
 
     text = text.strip()
     if text.lstrip("-").isdigit():
@@ -127,7 +124,7 @@ def _parse_time(text: str) -> int:
     try:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise PingctlError(f"--time {text!r} is neither ISO 8601 (2024-01-01T00:00:00Z) nor Unix seconds") from None
+        raise UsageError(f"--time {text!r} is neither ISO 8601 (2024-01-01T00:00:00Z) nor Unix seconds") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     return int(when.timestamp() // 1)
@@ -136,7 +133,6 @@ def _parse_time(text: str) -> int:
 @contextlib.contextmanager
 def _naming(inputs: list[Path]):
     """Errors about the rows (a bad address ...) name the input files they came from."""
-    from pingctl.errors import PingctlError
 
     source = ", ".join(map(str, inputs))
     try:
@@ -150,7 +146,6 @@ def _read_rows(inputs: list[Path], limit: int):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pingctl.errors import PingctlError
     from pingctl.schema import SEED_COLUMNS, check_parquet_columns, resolve_inputs
 
     files = resolve_inputs(inputs)
@@ -180,8 +175,6 @@ def _read_rows(inputs: list[Path], limit: int):
 def _parse_ids(text: str, vocab) -> list[int]:
     import re
     import sys
-
-    from pingctl.errors import PingctlError
 
     if text == "-":
         text = sys.stdin.read()

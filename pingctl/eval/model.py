@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pingctl.errors import PingctlError
+from pingctl.errors import UsageError
 from pingctl.eval.baselines import codes_in, vocabulary
 from pingctl.infer import queries as Q
 from pingctl.tokenizer import C, Measurements, encode
@@ -45,7 +45,7 @@ def _probe_keys(d: dict, sources) -> np.ndarray:
 
 def check_policy(policy: str) -> None:
     if policy not in POLICIES:
-        raise PingctlError(f"context policy {policy!r} (--context-policy): expected one of {', '.join(POLICIES)}")
+        raise UsageError(f"context policy {policy!r} (--context-policy): expected one of {', '.join(POLICIES)}")
 
 
 def context_pool(test: dict, train: dict | None, policy: str) -> dict:

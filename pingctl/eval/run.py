@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.atomic import write_json
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.eval.report import (add_predictor, baseline_table, compare, is_plot_name, load_split, summary_rows,
                                  take, write_plots)
 
@@ -30,9 +30,9 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     check_policy(policy)  # before the splits and the model are loaded
     check_per_pair(per_pair)
     if queries < 1 or context < 0:
-        raise PingctlError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
+        raise UsageError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
     if seed < 0:
-        raise PingctlError(f"seed must be >= 0 (got {seed})")
+        raise UsageError(f"seed must be >= 0 (got {seed})")
     # fail on an unusable --out now, not after minutes of predictions
     out = Path(out)
     _check_out_dir(out)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 
 LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_BATCHES = (8,)
@@ -80,9 +80,9 @@ def parse_steps(text: str | None) -> list[int] | None:
     try:
         steps = [int(t) for t in text.split(",")]
     except ValueError:
-        raise PingctlError(f"--step {text!r}: expected a step or steps separated by commas, e.g. 1000,1100,1200") from None
+        raise UsageError(f"--step {text!r}: expected a step or steps separated by commas, e.g. 1000,1100,1200") from None
     if any(s < 0 for s in steps) or len(set(steps)) != len(steps):
-        raise PingctlError(f"--step {text!r}: steps must be distinct and non-negative")
+        raise UsageError(f"--step {text!r}: steps must be distinct and non-negative")
     return steps
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.tokenizer import C, Measurements, decode, encode, get_vocab
 from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
 
@@ -36,7 +36,7 @@ def _require_compact(model) -> None:
 def check_per_pair(per_pair: int | None) -> None:
     """`--context-per-pair` of `pingctl sample` and `pingctl eval`: None (as trained) or >= 0."""
     if per_pair is not None and per_pair < 0:
-        raise PingctlError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
+        raise UsageError(f"--context-per-pair must be >= 0 (0 = no cap), got {per_pair}")
 
 
 def context_tokens(model, context: Measurements | None, budget: int, per_pair: int = 0,
@@ -244,7 +244,7 @@ def parse_pattern(text: str) -> tuple[int, list[np.ndarray]]:
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError as e:
-            raise PingctlError(f"bad CIDR {text!r}: {e}") from None
+            raise UsageError(f"bad CIDR {text!r}: {e}") from None
         raw = net.network_address.packed
         allowed = []
         for i, b in enumerate(raw):
@@ -263,7 +263,7 @@ def parse_pattern(text: str) -> tuple[int, list[np.ndarray]]:
                 a[int(p)] = True
                 allowed.append(a)
             else:
-                raise PingctlError(f"bad IPv4 pattern {text!r}: each part is 0-255 or *")
+                raise UsageError(f"bad IPv4 pattern {text!r}: each part is 0-255 or *")
         return 4, allowed
     raw = _parse_full(text)
     return (6 if len(raw) == 16 else 4), [np.arange(256) == b for b in raw]
@@ -273,7 +273,7 @@ def parse_pair(src: str | None, dst: str | None) -> tuple[tuple | None, tuple | 
     """parse_pattern of each given side; one address family for both."""
     ps, pd = (parse_pattern(v) if v else None for v in (src, dst))
     if ps and pd and ps[0] != pd[0]:
-        raise PingctlError(f"--src is IPv{ps[0]} but --dst is IPv{pd[0]}: a measurement has one family")
+        raise UsageError(f"--src is IPv{ps[0]} but --dst is IPv{pd[0]}: a measurement has one family")
     return ps, pd
 
 
@@ -287,7 +287,7 @@ def _parse_full(text: str) -> bytes:
     try:
         return ipaddress.ip_address(text).packed
     except ValueError:
-        raise PingctlError(f"{text!r} is not an IP address, an IPv4 pattern like 8.8.*.* or a CIDR") from None
+        raise UsageError(f"{text!r} is not an IP address, an IPv4 pattern like 8.8.*.* or a CIDR") from None
 
 
 def _block(role_v4: int, family: int, allowed: list[np.ndarray]) -> list:

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "ripe-atlas"
 REPEAT = 3  # every timing is the best of this many runs (the range goes into the notes)
@@ -151,7 +151,7 @@ def bench_ingest(inputs: list[Path], workers: list[int], sagan: bool, limit: int
     with tempfile.TemporaryDirectory(prefix="pingctl-bench-ingest-") as tmp:
         for w in workers:
             if w < 1:
-                raise PingctlError(f"worker counts must be >= 1 (got {w})")
+                raise UsageError(f"worker counts must be >= 1 (got {w})")
             out = Path(tmp) / f"w{w}"
             # a child process per run: its own peak RSS (workers included), a cold start;
             # best of REPEAT (the machine may be shared)

@@ -107,12 +107,12 @@ def seed_style_tokenize(rows: list[dict], rng: random.Random) -> list[list[int]]
 def bench_tokenize(n: int = 1_000_000, scheme: str = "both", repeats: int = 3) -> dict:
     import pyarrow as pa
 
-    from pingctl.errors import PingctlError
+    from pingctl.errors import PingctlError, UsageError
     from pingctl.tokenizer import Measurements, decode, encode
     from pingctl.tokenizer.compact import time_kinds
 
     if n < 1000:
-        raise PingctlError("--n must be at least 1000")
+        raise UsageError("--n must be at least 1000")
     schemes = ["compact", "full"] if scheme == "both" else [scheme]
     if any(s not in ("compact", "full") for s in schemes):
         raise PingctlError(f"unknown scheme {scheme!r}: compact | full | both")

@@ -24,7 +24,7 @@ import yaml
 
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.loader.pipeline import loss_keep_table
 from pingctl.train import metrics as M
 from pingctl.train.render import MAXTEXT_RUN_NAME, parameters, render_maxtext
@@ -68,7 +68,7 @@ def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
     from pingctl.loader.pipeline import check_rows_files, rows_manifest
 
     if not cfg.train.train_rows:
-        raise PingctlError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
+        raise UsageError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
     cfg = absolute_rows(cfg)
     rows = [Path(r) for r in filter(None, (cfg.train.train_rows, cfg.train.eval_rows))]
     for r in rows:
@@ -91,7 +91,7 @@ def _check_run_dir(run: Path, rows: list[Path], fresh: bool) -> None:
     for r in rows:
         r = r.resolve()
         if r == run or run in r.parents or r in run.parents:
-            raise PingctlError(f"--run-dir {run} overlaps the rows {r}; give the run its own directory")
+            raise UsageError(f"--run-dir {run} overlaps the rows {r}; give the run its own directory")
     if fresh and run.is_dir() and any(run.iterdir()) and not _is_run_dir(run):
         raise PingctlError(
             f"--fresh would delete {run}, which is not a pingctl run directory (no config.yaml, "

@@ -12,7 +12,7 @@ from pathlib import Path
 from pingctl import __version__
 from pingctl.atomic import atomic_file
 from pingctl.config import Config
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.train.local import prepare_run
 from pingctl.train.render import PROJECT_DIR, env
 
@@ -37,10 +37,10 @@ def render_sbatch(cfg: Config, run: Path) -> str:
 def submit(cfg: Config, run: Path, fresh: bool = False, dry_run: bool = False) -> dict:
     multi = cfg.train.slurm.nodes > 1
     if multi and cfg.train.hardware == "cpu":
-        raise PingctlError("multi-node SLURM training needs train.hardware=gpu (or tpu)")
+        raise UsageError("multi-node SLURM training needs train.hardware=gpu (or tpu)")
     if re.search(r"\s", str(Path(run).resolve())):
         # #SBATCH lines are not shell: sbatch would cut --output at the first space
-        raise PingctlError(f"--run-dir {Path(run).resolve()}: SLURM runs need a path without spaces")
+        raise UsageError(f"--run-dir {Path(run).resolve()}: SLURM runs need a path without spaces")
     existing = Path(run).is_dir() and any(Path(run).iterdir())
     run = prepare_run(cfg, run, fresh, dry_run=dry_run)
     script = render_sbatch(cfg, run)
