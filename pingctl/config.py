@@ -68,7 +68,7 @@ class IngestConfig(Section):
         # checked here so `config check` catches what ingest would refuse at run time
         if v is not None:
             from pingctl.errors import PingctlError
-            from pingctl.ingest.parse import parse_when
+            from pingctl.schema import parse_when
 
             try:
                 parse_when(v, "time")

@@ -12,9 +12,10 @@ import glob
 import ipaddress
 import json
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from pingctl.errors import PingctlError
 
@@ -46,6 +47,35 @@ def utc_text(seconds: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
         return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime(fmt)
     except (ValueError, OverflowError, OSError):
         return f"{seconds} (Unix s)"
+
+# |timestamp| in seconds at or past this is far outside any valid time, and ts * 1e6 could
+# overflow to inf (round() then raises): such floats are rejected before they are scaled.
+TS_ABS_MAX_S = 1e15
+# ASCII only: float() and int() also take other scripts' digits ('١٢' is 12) and isdigit() '²'
+_UNIX_SECONDS_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def parse_when(value: Any, what: str, error: type[PingctlError] = PingctlError) -> int | None:
+    """A time as users give it (ISO 8601, naive = UTC; or Unix seconds) -> Unix microseconds.
+    The one parser behind ingest's --since/--until and the --time of tokenize and sample."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dt.datetime):
+        when = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return (when - _EPOCH) // dt.timedelta(microseconds=1)
+    text = str(value).strip()
+    if _UNIX_SECONDS_RE.fullmatch(text) or text.lstrip("+-").lower() in ("nan", "inf", "infinity"):
+        secs = float(text)
+        if not -TS_ABS_MAX_S < secs < TS_ABS_MAX_S:  # also NaN
+            raise error(f"{what} {value!r}: not a valid time (Unix seconds beyond +-{TS_ABS_MAX_S:.0e})")
+        return int(text) * 1_000_000 if text.lstrip("+-").isdigit() else round(secs * 1_000_000)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise error(f"{what} {value!r}: expected ISO 8601 (e.g. 2024-01-31T12:00:00Z) or Unix seconds") from None
+    return parse_when(when, what, error)
+
 
 REJECT_REASONS = {
     "null_field": "a required column is null",

@@ -127,3 +127,29 @@ def test_zone_ids_are_not_addresses():
 
     assert parse_address("2001:4860:4860::8888%eth0") is None and parse_address("fe80::1%1") is None
     assert parse_address("2001:4860:4860::8888") == ("2001:4860:4860::8888", 6)
+
+
+@given(st.integers(-10**14, 10**14), st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)))
+def test_one_time_parser_reads_seconds_and_iso_exactly(secs, when):
+    from pingctl.schema import parse_when
+
+    assert parse_when(str(secs), "--time") == secs * 1_000_000
+    utc = when.replace(tzinfo=dt.timezone.utc)
+    us = (utc - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(microseconds=1)
+    assert parse_when(when.isoformat(), "--time") == us  # naive = UTC
+    assert parse_when(when.isoformat() + "Z", "--time") == us
+
+
+def test_time_options_refuse_what_is_not_ascii_seconds_or_iso_in_every_command():
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+    from pingctl.errors import UsageError
+    from pingctl.schema import parse_when
+
+    for bad in ("²", "١٢", "1e16", "nan", "12 s"):  # float() reads '١٢' as 12, isdigit() takes '²'
+        with pytest.raises(UsageError, match="--time"):
+            parse_when(bad, "--time", UsageError)
+    # tokenize took '²' as digits and ended in an internal error
+    r = CliRunner().invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--time", "²"])
+    assert r.exit_code == 2 and "--time '²': expected ISO 8601" in r.output and "internal error" not in r.output

@@ -210,21 +210,10 @@ def _address_option(text: str | None, name: str) -> str | None:
 
 
 def _parse_time(text: str | None) -> int | None:
-    if text is None:
-        return None
-    import datetime as dt
-    import re
+    from pingctl.schema import parse_when
 
-    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
-    if re.fullmatch(r"-?[0-9]+", text):
-        if not -(2**63) <= int(text) < 2**63:
-            raise UsageError(f"--time {text!r}: Unix seconds beyond the 64-bit range")
-        return int(text)
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"--time {text!r}: use ISO 8601 (2024-01-01T12:00:00Z) or Unix seconds") from None
-    return int((t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp())
+    us = parse_when(text, "--time", UsageError)
+    return None if us is None else us // 1_000_000
 
 
 def _read_context(path: Path):

@@ -116,18 +116,9 @@ def _from_fields(src, dst, rtt, time, failed, size, errors, msm_id):
 
 
 def _parse_time(text: str) -> int:
-    import datetime as dt
+    from pingctl.schema import parse_when
 
-    text = text.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"--time {text!r} is neither ISO 8601 (2024-01-01T00:00:00Z) nor Unix seconds") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return int(when.timestamp() // 1)
+    return parse_when(text, "--time", UsageError) // 1_000_000
 
 
 @contextlib.contextmanager

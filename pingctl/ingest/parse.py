@@ -14,10 +14,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from pingctl.errors import PingctlError
 from pingctl.ingest.reader import NO_EOL
+from pingctl.schema import TS_ABS_MAX_S, parse_when
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 US = dt.timedelta(microseconds=1)
@@ -44,36 +45,6 @@ REJECT_REASONS = {
 }
 FILTERS = ("msm", "probe", "time", "sample", "af")
 I64 = (1 << 63) - 1
-# |timestamp| in seconds at or past this is far outside any valid time, and ts * 1e6 could
-# overflow to inf (round() then raises): such floats are rejected before they are scaled.
-TS_ABS_MAX_S = 1e15
-
-
-def parse_when(value: Any, what: str) -> int | None:
-    """ISO 8601 (naive = UTC) or Unix seconds -> Unix microseconds."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, dt.datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-        return (when - EPOCH) // US
-    text = str(value).strip()
-    try:
-        secs = float(text)
-    except ValueError:
-        pass
-    else:
-        if not (-TS_ABS_MAX_S < secs < TS_ABS_MAX_S):  # also NaN and +-inf
-            raise PingctlError(f"{what} {value!r}: not a valid time")
-        return round(secs * 1_000_000)
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise PingctlError(
-            f"{what} {value!r}: expected ISO 8601 (e.g. 2024-01-31T12:00:00Z) or Unix seconds"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return (when - EPOCH) // US
 
 
 @dataclass(frozen=True)
