@@ -385,6 +385,9 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
         (["--src", v4, "--rtt", "10-"], "a range needs both ends", 2),
         (["--src", "fe80::1%eth0", "--dst", "::1"], "--src 'fe80::1%eth0': an IPv6 zone id", 2),
         (["--src", "::1", "--dst", "fe80::1%eth0"], "--dst 'fe80::1%eth0': an IPv6 zone id", 2),
+        (["--src", "::ffff:78.143.22.26", "--dst", v4b], "IPv4-mapped IPv6 address; measurements record the IPv4 "
+         "address itself: ask for 78.143.22.26", 2),
+        (["--src", v4, "--dst", "::ffff:808:0/112"], "ask for 8.8.0.0/16", 2),
         (["--src", v4, "--dst", "8.8.*.*", "--time", "5"], "--time does not apply to a completion", 2),
         (["--src", v4, "--rtt", "20", "--time", "5"], "--time does not apply to inverse search", 2),
         (["--n", "2", "--time", "5"], "--time does not apply to generation", 2),
