@@ -350,11 +350,33 @@ def test_fresh_refuses_what_is_not_a_run_and_run_dirs_that_hold_the_rows(rows, t
     for run in (rows[0], rows[0].parent, rows[0] / "sub"):
         r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(run), "--fresh", "--steps", "3"])
         assert r.exit_code == 2 and "overlaps the rows" in r.output
+        assert "raw MaxText log" not in r.output  # no live view for a command refused before training
     assert (rows[0] / "manifest.json").exists()
     afile = tmp_path / "afile"
     afile.write_text("x")
     r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(afile), "--steps", "3"])
     assert r.exit_code == 1 and "is a file" in r.output
+
+
+def test_the_live_view_opens_only_after_the_pre_flight_checks(tmp_path, capsys):
+    from pingctl.cli.train_cmd import _with_live_view
+    from pingctl.config import Config
+    from pingctl.errors import PingctlError
+
+    def refused(cfg, run, fresh, on_record, on_start):
+        raise PingctlError("refused before training")
+
+    def trains(cfg, run, fresh, on_record, on_start):
+        on_start(run)
+        on_record({"kind": "train", "step": 0, "loss": 4.0, "tokens_per_s_per_device": 100.0})
+        on_record({"kind": "eval", "step": 0, "eval_loss": 3.5})
+        return {"steps": 1}
+
+    with pytest.raises(PingctlError):
+        _with_live_view(Config(), tmp_path, False, refused)
+    assert "raw MaxText log" not in capsys.readouterr().err
+    assert _with_live_view(Config(), tmp_path, False, trains) == {"steps": 1}
+    assert f"run dir {tmp_path}" in capsys.readouterr().err.replace("\n", "")
 
 
 def test_a_damaged_run_config_is_named_instead_of_resumed(rows, tmp_path):

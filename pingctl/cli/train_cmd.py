@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -81,21 +82,24 @@ def _with_live_view(cfg, run: Path, fresh: bool, run_local):
         console=err_console,
     )
     state = {"eval": "-"}
-    with bar:
-        task = bar.add_task("train", total=cfg.train.steps, loss="-", eval="-", tps="-")
-        bar.console.print(f"run dir {run} (raw MaxText log: {run / 'train.log'})", highlight=False)
+    # the bar opens only once the pre-flight checks pass: a refused command prints its error alone
+    with contextlib.ExitStack() as stack:
+        def on_start(run: Path) -> None:
+            stack.enter_context(bar)
+            state["task"] = bar.add_task("train", total=cfg.train.steps, loss="-", eval="-", tps="-")
+            bar.console.print(f"run dir {run} (raw MaxText log: {run / 'train.log'})", highlight=False)
 
         def on_record(rec: dict) -> None:
             if rec["kind"] == "eval":
                 state["eval"] = f"{rec['eval_loss']:.3f}"
-                bar.update(task, eval=state["eval"])
+                bar.update(state["task"], eval=state["eval"])
                 return
             bar.update(
-                task, completed=rec["step"] + 1, loss=f"{rec['loss']:.3f}",
+                state["task"], completed=rec["step"] + 1, loss=f"{rec['loss']:.3f}",
                 tps=f"{rec['tokens_per_s_per_device']:,.0f}",
             )
 
-        return run_local(cfg, run, fresh=fresh, on_record=on_record)
+        return run_local(cfg, run, fresh=fresh, on_record=on_record, on_start=on_start)
 
 
 def _report(s: dict, as_json: bool) -> None:

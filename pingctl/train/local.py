@@ -172,8 +172,12 @@ def worker_env(cfg: Config) -> dict:
     return env
 
 
-def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnRecord | None = None) -> dict:
+def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnRecord | None = None,
+              on_start: Callable[[Path], None] | None = None) -> dict:
+    """`on_start(run)` is called once every pre-flight check has passed, before MaxText starts."""
     run = prepare_run(cfg, run_dir, fresh)
+    if on_start:
+        on_start(run)
     resumed_from = (checkpoint_steps(run) or [None])[-1]
     log_path = run / "train.log"
     (run / STOPPED_FILE).unlink(missing_ok=True)  # a marker from an earlier invocation is not about this one
