@@ -235,7 +235,7 @@ def _read_context(path: Path):
     if not path.exists():
         raise PingctlError(f"--context {path}: no such file")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, page_checksum_verification=True)
     except Exception as e:  # noqa: BLE001
         raise PingctlError(f"{path}: cannot read context Parquet ({e})") from None
     try:

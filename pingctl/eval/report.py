@@ -50,6 +50,7 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from pingctl.parquet_io import read_table
     from pingctl.schema import COLUMNS, check_parquet_columns, resolve_inputs
 
     files = resolve_inputs([path])
@@ -59,7 +60,7 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
     for f in files:
         have = set(pq.read_schema(f).names)
         cols = [c for c in wanted if c in have]
-        t = pq.read_table(f, columns=cols, read_dictionary=[c for c in ("src_addr", "dst_addr") if c in cols])
+        t = read_table(f, columns=cols, read_dictionary=[c for c in ("src_addr", "dst_addr") if c in cols])
         n = t.num_rows
         _check_no_nulls(f, t)
         for c in wanted:

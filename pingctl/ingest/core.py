@@ -95,8 +95,10 @@ class PartWriter:
     def _write(self, table) -> None:
         import pyarrow.parquet as pq
 
+        from pingctl.parquet_io import WRITE_OPTIONS
+
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
+            self.writer = pq.ParquetWriter(self.path, table.schema, **WRITE_OPTIONS)
         self.writer.write_table(table, row_group_size=self.rows)
         self.written += table.num_rows
 

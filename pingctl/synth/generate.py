@@ -17,13 +17,13 @@ from typing import Callable
 
 import numpy as np
 
+from pingctl.parquet_io import WRITE_OPTIONS
 from pingctl.schema import FAILED_RTT
 from pingctl.synth import model as M
 from pingctl.synth.world import World, build_world
 
 ROW_GROUP_ROWS = 262_144  # one chunk = one Parquet row group
 ROW_GROUPS_PER_FILE = 16  # ~4.2M rows per part file
-COMPRESSION = "zstd"
 HIST_PER_DECADE = 400  # RTT histogram resolution for the summary quantiles (0.6% bins)
 HIST_LO = -2.0  # log10(ms) of the first bin
 RTT_DECIMALS = 3  # microsecond resolution, like ping
@@ -158,7 +158,7 @@ def _writer(path: Path):
     return pq.ParquetWriter(
         path,
         arrow_schema(),
-        compression=COMPRESSION,
+        **WRITE_OPTIONS,
         use_dictionary=["msm_id", "src_addr", "dst_addr", "ip_version", "size", "packet_error_count", "prb_id"],
         column_encoding={"event_time": "DELTA_BINARY_PACKED"},
         write_statistics=True,

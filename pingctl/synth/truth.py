@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.parquet_io import WRITE_OPTIONS, read_table
 from pingctl.synth import model as M
 
 TRUTH_DIR = "truth"
@@ -131,7 +132,7 @@ def write_truth(w, out_dir: Path) -> list[str]:
     files = []
     for name, table in (("hosts", hosts), ("ases", ases), ("pairs", pa.table(pairs)), ("routes", routes),
                         ("outages", outages)):
-        pq.write_table(table, d / f"{name}.parquet", compression="zstd")
+        pq.write_table(table, d / f"{name}.parquet", **WRITE_OPTIONS)
         files.append(f"{TRUTH_DIR}/{name}.parquet")
     return files
 
@@ -186,8 +187,6 @@ def load_truth(path: Path | str) -> Truth:
     """Load the truth sidecar of a `pingctl synth` output directory."""
     import json
 
-    import pyarrow.parquet as pq
-
     from pingctl.atomic import MANIFEST
     from pingctl.errors import PingctlError
     from pingctl.synth.world import parse_start
@@ -198,9 +197,9 @@ def load_truth(path: Path | str) -> Truth:
     manifest = json.loads((path / MANIFEST).read_text())
     cfg = manifest["config"]
     start_s = parse_start(cfg["start"])
-    pt = pq.read_table(path / TRUTH_DIR / "pairs.parquet")
+    pt = read_table(path / TRUTH_DIR / "pairs.parquet")
     pairs = {c: pt.column(c).to_numpy(zero_copy_only=False) for c in pt.column_names}
-    rt = pq.read_table(path / TRUTH_DIR / "routes.parquet", columns=["stream_id", "start", "shift_ms"])
+    rt = read_table(path / TRUTH_DIR / "routes.parquet", columns=["stream_id", "start", "shift_ms"])
     r_sid = rt.column("stream_id").to_numpy()
     r_start = rt.column("start").cast("int64").to_numpy() // 1_000_000 - start_s
     addrs = sorted(set(pairs["src_addr"].tolist()) | set(pairs["dst_addr"].tolist()))
