@@ -169,3 +169,29 @@ def test_interrupt_and_internal_errors_keep_their_exit_codes_and_json(capsys, mo
                 assert (err["kind"], err["exit_code"]) == (kind, code) and text in err["message"]
             else:
                 assert out.out == ""
+
+
+def test_ctrl_c_inside_a_duckdb_query_is_an_interrupt_not_an_internal_error(capsys):
+    import os
+    import signal
+    import threading
+
+    import duckdb
+
+    from pingctl.cli.common import handle_errors
+
+    def long_query(as_json=False):
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        duckdb.connect().sql("SELECT count(*) FROM range(10000000000) a").to_arrow_table()
+
+    def interrupted_connection(as_json=False):
+        con = duckdb.connect()
+        threading.Timer(0.3, con.interrupt).start()
+        con.execute("SELECT count(*) FROM range(10000000000) a").fetchall()
+
+    for fn in (long_query, interrupted_connection):
+        with pytest.raises(typer.Exit) as e:
+            handle_errors(fn)(as_json=True)
+        out = capsys.readouterr()
+        assert e.value.exit_code == 130 and json.loads(out.out)["error"]["kind"] == "interrupted", out
+        assert "internal error" not in out.err

@@ -56,11 +56,12 @@ def handle_errors(fn: Callable) -> Callable:
         except PingctlError as e:
             _fail(as_json, e.kind, str(e), e.exit_code)
         except KeyboardInterrupt:
-            _fail(as_json, "interrupted", "no output was left looking complete (a training run keeps its "
-                  "committed checkpoints; the same command resumes it)", 130)
+            _fail(as_json, "interrupted", _INTERRUPTED, 130)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - last line of defence for the user
+            if _interrupted_query(e):
+                _fail(as_json, "interrupted", _INTERRUPTED, 130)
             if os.environ.get("PINGCTL_DEBUG"):
                 raise
             if _damaged_input(e):
@@ -83,6 +84,16 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
         sys.stdout.write(json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}},
                                     indent=2, sort_keys=True) + "\n")
     raise typer.Exit(code) from None
+
+
+_INTERRUPTED = ("no output was left looking complete (a training run keeps its committed checkpoints; "
+                "the same command resumes it)")
+
+
+def _interrupted_query(e: Exception) -> bool:
+    """Ctrl-C inside a DuckDB query surfaces as DuckDB's own error, not KeyboardInterrupt: a
+    RuntimeError('Query interrupted') when the binding sees the signal, else InterruptException."""
+    return (type(e) is RuntimeError and str(e) == "Query interrupted") or type(e).__name__ == "InterruptException"
 
 
 def _damaged_input(e: Exception) -> bool:
