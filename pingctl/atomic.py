@@ -13,9 +13,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 
 MANIFEST = "manifest.json"
 
@@ -63,11 +63,15 @@ def _check_special(out: Path) -> None:
                            "pingctl only writes into directories and regular files")
 
 
-def check_replaceable(out: Path, force: bool = False) -> None:
-    """Refuse to overwrite a directory that pingctl did not write, unless forced."""
+def check_replaceable(out: Path, force: bool = False, inputs: Iterable[Path] = ()) -> None:
+    """Refuse to overwrite a directory that pingctl did not write, unless forced, and one that
+    holds any of `inputs` even then: replacing it would delete the command's own input."""
     out = Path(out)
     _check_special(out)
     _check_parent(out)
+    where = out.resolve()
+    if any(where in Path(f).resolve().parents for f in inputs):
+        raise UsageError(f"output {out} contains the input files; choose another output directory")
     if not out.exists() or force:
         return
     if out.is_file():

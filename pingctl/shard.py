@@ -23,10 +23,27 @@ from typing import Callable
 
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.config import ShardConfig
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import COLUMNS, canonical_query, connect, one, resolve_inputs
 
 SPLITS = ("train", "val", "test")
+
+
+def refuse_whole_shard_output(items) -> None:
+    """A `pingctl shard` output given where one split belongs: its files are train, val and
+    test together, and reading them as one table leaks the held-out splits into training rows,
+    baselines or a new split."""
+    import json
+
+    for item in items:
+        d = Path(item)
+        try:
+            whole = json.loads((d / MANIFEST).read_text()).get("command") == "shard"
+        except (OSError, ValueError, AttributeError):
+            whole = False
+        if whole:
+            raise UsageError(f"{d} is a `pingctl shard` output holding train, val and test; give one split, "
+                             f"e.g. {d / 'train'}")
 Progress = Callable[[str, int, int], None]
 
 _GROUP_KEY = {
@@ -162,11 +179,10 @@ def shard(
     from pingctl.parquet_io import write_canonical
 
     t0 = time.perf_counter()
+    refuse_whole_shard_output(inputs)
     files = resolve_inputs(inputs)
     out = Path(out)
-    if any(out.resolve() == f.resolve().parent or out.resolve() in f.resolve().parents for f in files):
-        raise PingctlError(f"output {out} contains the input files; choose another output directory")
-    check_replaceable(out, force)
+    check_replaceable(out, force, inputs=files)
     total_steps = 4
     with atomic_dir(out) as tmp:
         work = tmp / ".work"

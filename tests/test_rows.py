@@ -198,3 +198,30 @@ def test_inspect_reads_past_a_damaged_record_and_fails(split_dir, tmp_path):
     bad = [e["record"] for e in desc["errors"] if e["record"] is not None]
     assert bad and desc["records"] == want - len(bad)
     assert max(bad) < want - 1 and desc["records"] > min(bad)  # records after the damage were read
+
+
+def test_outputs_never_replace_their_own_input_nor_read_a_whole_shard_output(tmp_path):
+    """build-rows once deleted its input when -o was the input directory or a parent of it, and
+    read a shard output's train, val and test as one split."""
+    from pingctl.eval.report import load_split
+    from pingctl.parquet_io import write_canonical
+
+    table = tmp_path / "table"
+    table.mkdir()
+    write_canonical([make_table(3000)], table / "part-0.parquet")
+    sp = tmp_path / "sp"
+    assert runner.invoke(app, ["shard", str(table), "-o", str(sp), "--strategy", "random"]).exit_code == 0
+    before = sorted(p.name for p in sp.rglob("*.parquet"))
+    for args in (["build-rows", str(table), "-o", str(table)], ["build-rows", str(sp / "train"), "-o", str(sp)],
+                 ["build-rows", str(sp / "train"), "-o", str(tmp_path)], ["build-rows", str(sp / "train"), "-o", str(tmp_path),
+                                                                           "--force"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "contains the input files" in r.output, (args, r.output)
+    for args in (["build-rows", str(sp), "-o", str(tmp_path / "rows")], ["shard", str(sp), "-o", str(tmp_path / "sp2")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "give one split, e.g." in r.output and "sp/train" in r.output, (args, r.output)
+        assert not (tmp_path / "rows").exists() and not (tmp_path / "sp2").exists()
+    with pytest.raises(PingctlError, match="give one split"):
+        load_split(sp)
+    assert (table / "part-0.parquet").exists() and sorted(p.name for p in sp.rglob("*.parquet")) == before
+    assert runner.invoke(app, ["build-rows", str(sp / "train"), "-o", str(tmp_path / "rows")]).exit_code == 0

@@ -52,7 +52,9 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
 
     from pingctl.parquet_io import read_table
     from pingctl.schema import COLUMNS, check_parquet_columns, resolve_inputs
+    from pingctl.shard import refuse_whole_shard_output
 
+    refuse_whole_shard_output([path])
     files = resolve_inputs([path])
     check_parquet_columns(files)
     wanted = list(columns or COLUMNS)

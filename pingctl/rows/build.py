@@ -18,6 +18,7 @@ from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.errors import PingctlError
 from pingctl.rows.layout import BYTES_PER_MEASUREMENT, VERSION, ProbeRecord, encode
 from pingctl.schema import canonical_query, connect, one, resolve_inputs
+from pingctl.shard import refuse_whole_shard_output
 
 WRITER_OPTIONS = "group_size:1,zstd:1"  # group_size 1: Grain reads records at random
 FILE_TARGET_BYTES = 256 << 20
@@ -126,9 +127,10 @@ def build_rows(
     from pingctl import __version__
 
     t0 = time.perf_counter()
+    refuse_whole_shard_output(inputs)
     files = resolve_inputs(inputs)
     out = Path(out)
-    check_replaceable(out, force)
+    check_replaceable(out, force, inputs=files)
     max_n = max(1, int(max_row_mb * 1e6 // BYTES_PER_MEASUREMENT))
     with atomic_dir(out) as tmp:
         work = tmp / ".work"
