@@ -77,18 +77,28 @@ def parse_when(value: Any, what: str, error: type[PingctlError] = PingctlError) 
     return parse_when(when, what, error)
 
 
+# The largest valid RTT: the RTT codec's largest code (pingctl.tokenizer.rtt_codec.MAX_MS,
+# 2047 * 2**31 us, about 50.9 days; kept equal by a test, not imported, so that importing
+# this module does not import numpy). Far above any real ping; larger values are unit or
+# generator bugs (1e308 ms) that would saturate the codec and wreck percentiles.
+MAX_RTT_MS = 2047 * 2**31 / 1000.0
+
+# A value that is present but does not fit its column (text that is not a number, a
+# non-integral float in an integer column, a boolean, out of int64 range) gets its
+# column's own reason, never `null_field`, so every reason names the column.
 REJECT_REASONS = {
     "null_field": "a required column is null",
     "bad_src_addr": "src_addr is not an IP address",
     "bad_dst_addr": "dst_addr is not an IP address",
-    "bad_ip_version": "ip_version is not 4 or 6",
+    "bad_ip_version": "ip_version is not 4 or 6 (or not an integer)",
     "af_mismatch": "address family of src_addr/dst_addr differs from ip_version",
-    "bad_rtt": "rtt is not finite, or negative other than -1.0 (failed)",
+    "bad_rtt": f"rtt is not a number, not finite, above {MAX_RTT_MS:.3f} ms (the RTT codec's MAX_MS), "
+    "or negative other than -1.0 (failed)",
     "bad_time": "event_time before 2000-01-01, in the future, or not a time",
-    "bad_size": "size is negative",
-    "bad_error_count": "packet_error_count is negative",
-    "bad_msm_id": "msm_id is negative",
-    "bad_prb_id": "prb_id is negative",
+    "bad_size": "size is negative or not an integer",
+    "bad_error_count": "packet_error_count is negative or not an integer",
+    "bad_msm_id": "msm_id is negative or not an integer",
+    "bad_prb_id": "prb_id is present but negative or not an integer",
 }
 
 
@@ -162,7 +172,13 @@ def address_map(values: Iterable[str | None]):
 
 
 def check_rtt(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 or value == FAILED_RTT)
+    """The canonical table's rtt rule for one value (bad_rtt in `canonical_query` otherwise)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and ((0 <= value <= MAX_RTT_MS) or value == FAILED_RTT)
+    )
 
 
 # ---------------------------------------------------------------- Parquet inputs
@@ -260,6 +276,38 @@ def _time_kind(schema) -> str:
     return "text"
 
 
+def _bigint_sql(col: str, duck_type: str) -> str:
+    """SQL for column `col` (of DuckDB type `duck_type` in `_raw`) as BIGINT, NULL where the
+    value is not an integer: a plain cast would round 1.5 (or '1.5') to 2 and take true as 1.
+    Integral floats (4.0) are fine; booleans are refused, as `ingest` refuses JSON booleans.
+    Chosen per type once, so an integer column (the usual case) costs one cast, as before."""
+    t = duck_type.upper()
+    x = f"r.{col}"
+    if t == "BOOLEAN":
+        return "NULL::BIGINT"
+    if t in ("FLOAT", "DOUBLE", "REAL") or t.startswith("DECIMAL"):
+        # NaN = NaN is true in DuckDB, but NaN/inf do not cast: NULL either way
+        return f"CASE WHEN {x} = trunc({x}) THEN TRY_CAST({x} AS BIGINT) END"
+    if t == "VARCHAR":
+        d = f"TRY_CAST({x} AS DOUBLE)"
+        return f"CASE WHEN {d} = trunc({d}) THEN TRY_CAST({x} AS BIGINT) END"
+    return f"TRY_CAST({x} AS BIGINT)"
+
+
+def _double_sql(col: str, duck_type: str) -> str:
+    """`col` as DOUBLE, NULL where it is not a number (booleans included, as in `ingest`)."""
+    return "NULL::DOUBLE" if duck_type.upper() == "BOOLEAN" else f"TRY_CAST(r.{col} AS DOUBLE)"
+
+
+_NUMERIC_COLUMNS = ("msm_id", "ip_version", "rtt", "size", "packet_error_count", "prb_id")
+
+
+def _bool_columns(schema) -> tuple[str, ...]:
+    import pyarrow as pa
+
+    return tuple(c for c in _NUMERIC_COLUMNS if c in schema.names and pa.types.is_boolean(schema.field(c).type))
+
+
 def _sql_list(files: list[Path]) -> str:
     return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
 
@@ -291,14 +339,17 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
     # Files are read in groups of one event_time type, each group's time made TIMESTAMPTZ
     # before the union: DuckDB's union_by_name would otherwise unify a timestamp column with
     # another file's string or integer seconds (every valid row rejected, or a crash).
-    groups: dict[str, list[Path]] = {}
+    # Likewise by which numeric columns are boolean: those are read as text ('true'), which no
+    # numeric check accepts, as union_by_name would make true a BIGINT 1 beside an int file.
+    groups: dict[tuple[str, tuple[str, ...]], list[Path]] = {}
     for f in files:
-        groups.setdefault(_time_kind(schemas[f]), []).append(f)
+        groups.setdefault((_time_kind(schemas[f]), _bool_columns(schemas[f])), []).append(f)
     parts = [
-        f"SELECT * REPLACE ({_TIME_SQL[kind]} AS event_time), event_time IS NULL AS _time_missing, "
-        "event_time::VARCHAR AS _time_raw "
+        f"SELECT * REPLACE ({_TIME_SQL[kind]} AS event_time"
+        + "".join(f", {c}::VARCHAR AS {c}" for c in bools)
+        + "), event_time IS NULL AS _time_missing, event_time::VARCHAR AS _time_raw "
         f"FROM read_parquet({_sql_list(group)}, filename=true, file_row_number=true, union_by_name=true)"
-        for kind, group in groups.items()
+        for (kind, bools), group in groups.items()
     ]
     try:
         con.execute("CREATE OR REPLACE TEMP VIEW _raw AS " + " UNION ALL BY NAME ".join(parts))
@@ -306,10 +357,14 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
             "SELECT DISTINCT a FROM (SELECT src_addr::VARCHAR AS a FROM _raw UNION ALL "
             "SELECT dst_addr::VARCHAR FROM _raw)"
         ).to_arrow_table()
+        raw_types = {name: typ for name, typ, *_ in con.execute("DESCRIBE _raw").fetchall()}
     except Exception as e:  # noqa: BLE001 - duckdb raises many types for unreadable data
         raise PingctlError(f"cannot read input Parquet: {_first_unreadable(files) or e}") from None
     con.register("_addr_map", address_map(distinct.column(0).to_pylist()))
-    prb = "TRY_CAST(r.prb_id AS BIGINT)" if has_prb else "NULL::BIGINT"
+    prb = _bigint_sql("prb_id", raw_types["prb_id"]) if has_prb else "NULL::BIGINT"
+    prb_present = "r.prb_id IS NOT NULL" if has_prb else "false"
+    i64 = {c: _bigint_sql(c, raw_types[c]) for c in ("msm_id", "ip_version", "size", "packet_error_count")}
+    rtt = _double_sql("rtt", raw_types["rtt"])
     lo = MIN_TIME.strftime("%Y-%m-%d %H:%M:%S+00")
     hi = max_time().strftime("%Y-%m-%d %H:%M:%S+00")
     # event_time may be a timestamp of any unit/zone, or integer Unix seconds.
@@ -318,14 +373,19 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
         CREATE OR REPLACE TEMP VIEW {view} AS
         WITH typed AS (
           SELECT
-            TRY_CAST(r.msm_id AS BIGINT) AS msm_id,
+            {i64["msm_id"]} AS msm_id,
             r.event_time, r._time_missing,
             r.src_addr::VARCHAR AS raw_src, r.dst_addr::VARCHAR AS raw_dst,
-            TRY_CAST(r.ip_version AS BIGINT) AS ip_version,
-            TRY_CAST(r.rtt AS DOUBLE) AS rtt,
-            TRY_CAST(r.size AS BIGINT) AS size,
-            TRY_CAST(r.packet_error_count AS BIGINT) AS packet_error_count,
+            {i64["ip_version"]} AS ip_version,
+            {rtt} AS rtt,
+            {i64["size"]} AS size,
+            {i64["packet_error_count"]} AS packet_error_count,
             {prb} AS prb_id,
+            -- nulls in the input itself; a typed NULL beside a present value is a bad value
+            (r.msm_id IS NULL OR r._time_missing OR r.src_addr IS NULL OR r.dst_addr IS NULL
+              OR r.ip_version IS NULL OR r.rtt IS NULL OR r.size IS NULL
+              OR r.packet_error_count IS NULL) AS _null_field,
+            {prb_present} AS _prb_present,
             r.filename AS _file, r.file_row_number AS _row
           FROM _raw r
         )
@@ -334,22 +394,22 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
           COALESCE(d.canon, t.raw_dst) AS dst_addr, t.ip_version, t.rtt, t.size,
           t.packet_error_count, t.prb_id, t._file, t._row,
           CASE
-            WHEN t.msm_id IS NULL OR t._time_missing OR t.raw_src IS NULL OR t.raw_dst IS NULL
-              OR t.ip_version IS NULL OR t.rtt IS NULL OR t.size IS NULL OR t.packet_error_count IS NULL
-              THEN 'null_field'
+            WHEN t._null_field THEN 'null_field'
             WHEN s.canon IS NULL THEN 'bad_src_addr'
             WHEN d.canon IS NULL THEN 'bad_dst_addr'
-            WHEN t.ip_version NOT IN (4, 6) THEN 'bad_ip_version'
+            -- below, a NULL typed value is a present value that is not of the column's type
+            WHEN t.ip_version IS NULL OR t.ip_version NOT IN (4, 6) THEN 'bad_ip_version'
             WHEN s.version <> t.ip_version OR d.version <> t.ip_version THEN 'af_mismatch'
             -- isfinite, not isnan: DuckDB 2.0 folds isnan() to false from Parquet statistics.
-            WHEN NOT isfinite(t.rtt) OR (t.rtt < 0 AND t.rtt <> -1.0) THEN 'bad_rtt'
+            WHEN t.rtt IS NULL OR NOT isfinite(t.rtt) OR (t.rtt < 0 AND t.rtt <> -1.0)
+              OR t.rtt > {MAX_RTT_MS!r}::DOUBLE THEN 'bad_rtt'
             WHEN t.event_time IS NULL OR t.event_time < TIMESTAMPTZ '{lo}' OR t.event_time > TIMESTAMPTZ '{hi}'
               THEN 'bad_time'
-            WHEN t.size < 0 THEN 'bad_size'
-            WHEN t.packet_error_count < 0 THEN 'bad_error_count'
+            WHEN t.size IS NULL OR t.size < 0 THEN 'bad_size'
+            WHEN t.packet_error_count IS NULL OR t.packet_error_count < 0 THEN 'bad_error_count'
             -- ingest refuses negative ids; a table from elsewhere must not bring them in
-            WHEN t.msm_id < 0 THEN 'bad_msm_id'
-            WHEN t.prb_id < 0 THEN 'bad_prb_id'
+            WHEN t.msm_id IS NULL OR t.msm_id < 0 THEN 'bad_msm_id'
+            WHEN (t._prb_present AND t.prb_id IS NULL) OR t.prb_id < 0 THEN 'bad_prb_id'
           END AS reject_reason
         FROM typed t
         LEFT JOIN _addr_map s ON s.addr = t.raw_src

@@ -153,3 +153,83 @@ def test_time_options_refuse_what_is_not_ascii_seconds_or_iso_in_every_command()
     # tokenize took '²' as digits and ended in an internal error
     r = CliRunner().invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--time", "²"])
     assert r.exit_code == 2 and "--time '²': expected ISO 8601" in r.output and "internal error" not in r.output
+
+
+def _cols(tmp_path, name, n=None, **cols):
+    """A valid table with some columns replaced (as given: any Arrow type)."""
+    n = n or len(next(iter(cols.values())))
+    t = make_table(n)
+    for c, values in cols.items():
+        t = t.set_column(t.schema.get_field_index(c), c, values if isinstance(values, pa.Array) else pa.array(values))
+    return _write(tmp_path, t, name)
+
+
+def test_integer_columns_given_as_floats_must_be_integral_and_not_booleans(tmp_path):
+    # a plain cast would round 1.5 to 2 and read true as 1; ingest rejects both
+    path = _cols(
+        tmp_path, "f.parquet",
+        msm_id=[1.5, 2.0, 3.0, 4.0, 5.0, math.nan],
+        ip_version=[4.0, 4.0, 4.5, 4.0, 4.0, 4.0],
+        size=pa.array(["48", "48.0", "48", "48.5", "48", "48"]),
+        prb_id=[7.0, None, 7.0, 7.0, 7.25, 7.0],
+    )
+    assert _reasons(path) == {
+        0: "bad_msm_id", 1: None, 2: "bad_ip_version", 3: "bad_size", 4: "bad_prb_id", 5: "bad_msm_id",
+    }
+    con = connect()
+    canonical_query(con, [path])
+    assert con.execute("SELECT msm_id, ip_version, size, prb_id FROM canonical WHERE _row = 1").fetchall() == [
+        (2, 4, 48, None)
+    ]
+    assert _reasons(_cols(tmp_path, "b.parquet", size=[True, False])) == {0: "bad_size", 1: "bad_size"}
+    assert _reasons(_cols(tmp_path, "r.parquet", rtt=[True, False])) == {0: "bad_rtt", 1: "bad_rtt"}
+    # next to a file with int64 ids, union_by_name must not turn true into 1
+    ints = _write(tmp_path, make_table(2), "i.parquet")
+    bools = _cols(tmp_path, "m.parquet", msm_id=[True, False])
+    con = connect()
+    canonical_query(con, [ints, bools])
+    got = con.execute("SELECT _file, _row, msm_id, reject_reason FROM canonical ORDER BY _file, _row").fetchall()
+    assert [(r[2], r[3]) for r in got if r[0] == str(bools)] == [(None, "bad_msm_id")] * 2
+    assert [r[3] for r in got if r[0] == str(ints)] == [None, None]
+
+
+def test_rtt_above_the_codecs_largest_value_is_bad_rtt(tmp_path):
+    from pingctl.schema import MAX_RTT_MS
+    from pingctl.tokenizer.rtt_codec import MAX_MS
+
+    assert MAX_RTT_MS == MAX_MS
+    big = [1e308, MAX_MS, math.nextafter(MAX_MS, math.inf), 1e12, -1.0, 0.0]
+    assert _reasons(_cols(tmp_path, "r.parquet", rtt=big)) == {
+        0: "bad_rtt", 1: None, 2: "bad_rtt", 3: "bad_rtt", 4: None, 5: None,
+    }
+    assert check_rtt(MAX_MS) and not check_rtt(1e308) and not check_rtt(True)
+
+
+def test_rtt_codec_saturates_huge_values_without_overflow_warnings():
+    import warnings
+
+    import numpy as np
+
+    from pingctl.tokenizer.rtt_codec import MAX_CODE, MAX_MS, encode_rtt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning fails the test
+        codes = encode_rtt([1e308, -1e308, np.inf, -np.inf, np.nan, MAX_MS * 10, MAX_MS, 0.0, -1.0, 1.5])
+    assert codes.tolist() == [MAX_CODE, 0, MAX_CODE, 0, MAX_CODE, MAX_CODE, MAX_CODE, 0, 0, 1500]
+
+
+def test_a_present_value_that_does_not_cast_names_its_column(tmp_path):
+    # 'abc' in rtt is a bad rtt, not a null; null_field stays for real nulls
+    path = _cols(tmp_path, "s.parquet", rtt=["1.5", "abc", "2.5", "", None])
+    assert _reasons(path) == {0: None, 1: "bad_rtt", 2: None, 3: "bad_rtt", 4: "null_field"}
+    path = _cols(
+        tmp_path, "i.parquet",
+        msm_id=["1", "x", "3", "4", "5"],
+        packet_error_count=["0", "0", "-", "0", "0"],
+        ip_version=["4", "4", "4", "four", "4"],
+        prb_id=["7", "7", "7", "7", "p7"],
+    )
+    assert _reasons(path) == {0: None, 1: "bad_msm_id", 2: "bad_error_count", 3: "bad_ip_version", 4: "bad_prb_id"}
+    # an unsigned id beyond int64 is present, so not null either
+    path = _cols(tmp_path, "u.parquet", prb_id=pa.array([2**64 - 1, 5, None], pa.uint64()))
+    assert _reasons(path) == {0: "bad_prb_id", 1: None, 2: None}

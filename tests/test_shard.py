@@ -273,3 +273,38 @@ def test_inspect_splits_names_a_missing_split_and_refuses_a_directory_without_an
     (empty / "train" / "manifest.json").write_text("{}")
     r = runner.invoke(app, ["inspect", str(empty)])
     assert r.exit_code == 1 and "no Parquet data in train/, val/ or test/" in " ".join(r.output.split())
+
+
+def test_rejects_of_non_integral_ids_huge_rtts_and_uncastable_values_name_the_column(tmp_path):
+    # the defects as a user met them: 1.5 rounded to 2, true read as 1, rtt=1e308 kept,
+    # 'abc' in rtt reported as null_field
+    t = make_table(200, probes=4, targets=2)
+    n = t.num_rows
+    msm = [float(v) for v in t.column("msm_id").to_pylist()]
+    msm[0] = 1.5
+    size = [True] * n  # Parquet booleans next to the int64 files of other tests
+    rtt = [str(v) for v in t.column("rtt").to_pylist()]
+    rtt[1] = "abc"
+    rtt[2] = "1e308"
+    rtt[3] = None
+    t = t.set_column(t.schema.get_field_index("msm_id"), "msm_id", pa.array(msm))
+    t = t.set_column(t.schema.get_field_index("rtt"), "rtt", pa.array(rtt))
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(t, d / "t.parquet")
+    pq.write_table(t.set_column(t.schema.get_field_index("size"), "size", pa.array(size)).slice(10, 5), d / "b.parquet")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["shard", str(d), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["rejects_by_reason"] == {"bad_msm_id": 1, "bad_rtt": 2, "null_field": 1, "bad_size": 5}
+    assert res["rows_written"] == 196
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    got = [(x["file"].rsplit("/", 1)[1], x["row"], x["reason"]) for x in rejects]
+    assert got == [("b.parquet", i, "bad_size") for i in range(5)] + [
+        ("t.parquet", 0, "bad_msm_id"), ("t.parquet", 1, "bad_rtt"), ("t.parquet", 2, "bad_rtt"),
+        ("t.parquet", 3, "null_field"),
+    ]  # row: 0-based file_row_number
+    assert rejects[5]["raw"]["msm_id"] == "1.5" and rejects[6]["raw"]["rtt"] == "abc"
+    written = pa.concat_tables(_read_split(out, s) for s in ("train", "val", "test")).to_pydict()
+    assert len(written["msm_id"]) == 196 and 2 not in written["msm_id"] and max(written["rtt"]) < 1e6

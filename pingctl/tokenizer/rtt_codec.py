@@ -23,13 +23,17 @@ EXPONENT_BITS = 5
 MAX_CODE = 0xFFFF
 MAX_US = 2047 * 2**31  # 4,395,899,027,456 us = 50.88 days
 MAX_MS = MAX_US / 1000.0
+_SAT_MS = 2.0**44 / 1000.0  # any ms at or above this encodes as MAX_CODE
 
 
 def encode_rtt(rtt_ms) -> np.ndarray:
     """uint16 codes for RTTs in ms (>= 0; negatives are treated as 0, NaN as the max)."""
-    us = np.asarray(rtt_ms, dtype=np.float64) * 1000.0
-    # Clamp first so frexp/rint only see finite values; 2**44 > MAX_US still saturates below.
-    us = np.clip(np.nan_to_num(us, nan=2.0**44, posinf=2.0**44), 0.0, 2.0**44)
+    # Clamp in ms *before* scaling (ms * 1000 of a huge value overflows to inf with a
+    # RuntimeWarning), so the product and frexp/rint only see finite values; 2**44 us >
+    # MAX_US still saturates below, as do NaN and +inf; -inf and negatives become 0.
+    ms = np.asarray(rtt_ms, dtype=np.float64)
+    ms = np.clip(np.nan_to_num(ms, nan=_SAT_MS, posinf=_SAT_MS, neginf=0.0), 0.0, _SAT_MS)
+    us = np.minimum(ms * 1000.0, 2.0**44)
     _, k = np.frexp(us)  # us = f * 2**k with f in [0.5, 1)
     e = np.maximum(k - MANTISSA_BITS, 0).astype(np.int64)
     m = np.rint(np.ldexp(us, -e)).astype(np.int64)
