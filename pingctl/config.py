@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pingctl.errors import ConfigError
 
@@ -23,12 +23,13 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-_MEMORY = re.compile(r"\s*\d+(\.\d+)?\s*(b|bytes?|[kmgt]i?b)?\s*", re.I)
+_MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(b|bytes?|[kmgt]i?b)?\s*", re.I)
 
 
 def _memory_limit(v: str) -> str:
-    if not _MEMORY.fullmatch(str(v)):
-        raise ValueError("a DuckDB memory limit is a size like 4GB, 512MB or 2GiB")
+    m = _MEMORY.fullmatch(str(v))
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError("a DuckDB memory limit is a size like 4GB, 512MB or 2GiB, above 0")
     return v
 
 
@@ -107,6 +108,14 @@ class ShardConfig(Section):
 
     _memory = field_validator("memory_limit")(_memory_limit)
     threads: int = Field(0, ge=0, description="DuckDB threads (0 = all cores)")
+
+    @model_validator(mode="after")
+    def _train_keeps_rows(self):
+        # checked here, not in shard, so `config check` and --set refuse it with exit 2
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError(f"val_fraction + test_fraction must be < 1, leaving rows for train "
+                             f"(got {self.val_fraction} + {self.test_fraction})")
+        return self
 
 
 class DataConfig(Section):
@@ -286,7 +295,11 @@ def _format_validation(err: ValidationError, source: str) -> str:
             lines.append(f"  {path}: a key must be a name, not the {type(e.get('input')).__name__} "
                          f"{e.get('input')!r}")
             continue
-        lines.append(f"  {path} = {e.get('input')!r}: {e['msg']}")
+        msg = e["msg"].removeprefix("Value error, ")
+        if isinstance(e.get("input"), dict):  # a rule over several keys of a section: its message names them
+            lines.append(f"  {path}: {msg}")
+            continue
+        lines.append(f"  {path} = {e.get('input')!r}: {msg}")
     lines.append("  (see `pingctl config show` for every key and its current value)")
     return "\n".join(lines)
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.config import ShardConfig
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import ConfigError, PingctlError, UsageError
 from pingctl.schema import COLUMNS, canonical_query, connect, one, resolve_inputs
 
 SPLITS = ("train", "val", "test")
@@ -63,8 +63,8 @@ def _noop(_step: str, _done: int, _total: int) -> None:
 def _assign_splits(con, cfg: ShardConfig) -> dict:
     """Create table `assigned` (canonical columns + split + shard). Returns cut details."""
     val_f, test_f = cfg.val_fraction, cfg.test_fraction
-    if val_f + test_f >= 1.0:
-        raise PingctlError(f"val_fraction + test_fraction must be < 1 (got {val_f} + {test_f})")
+    if val_f + test_f >= 1.0:  # the config model refuses it; a library caller may pass a model_construct
+        raise ConfigError(f"val_fraction + test_fraction must be < 1 (got {val_f} + {test_f})")
     details: dict = {}
     if cfg.strategy == "time":
         cuts = one(

@@ -150,3 +150,21 @@ def test_a_number_as_a_key_and_a_directory_as_the_config_are_named(tmp_path):
         load_config(f)
     with pytest.raises(ConfigError, match="is a directory; --config takes a YAML file"):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["shard", "in", "-o", "out", "--val", "0.6", "--test", "0.5"], "val_fraction + test_fraction must be < 1"),
+    (["shard", "in", "-o", "out", "--memory-limit", "0"], "above 0"),
+    (["build-rows", "in", "-o", "out", "--memory-limit", "0KB"], "above 0"),
+    (["synth", "-o", "out", "--start", "1990-01-01"], "must lie between 2000-01-01 and now"),
+    (["config", "check", "--set", "data.shard.val_fraction=0.7", "--set", "data.shard.test_fraction=0.3"],
+     "data.shard: val_fraction + test_fraction must be < 1"),
+])
+def test_settings_that_cannot_work_are_config_errors_before_any_input_is_read(args, needle, tmp_path):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    r = CliRunner().invoke(app, [str(tmp_path / a) if a in ("in", "out") else a for a in args])
+    assert r.exit_code == 2 and needle in r.output and "Value error" not in r.output, r.output
+    assert not (tmp_path / "out").exists()

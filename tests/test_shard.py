@@ -111,8 +111,10 @@ def test_refuses_foreign_dir_and_leaves_nothing_on_failure(table_dir, tmp_path):
     with pytest.raises(PingctlError, match="did not write"):
         shard([table_dir], foreign, ShardConfig())
     assert (foreign / "keep.txt").read_text() == "mine"
-    with pytest.raises(PingctlError, match="val_fraction"):
-        shard([table_dir], tmp_path / "x", ShardConfig(val_fraction=0.6, test_fraction=0.5))
+    with pytest.raises(ValueError, match="val_fraction"):  # the config model refuses it (exit 2 from the CLI)
+        ShardConfig(val_fraction=0.6, test_fraction=0.5)
+    with pytest.raises(PingctlError, match="val_fraction"):  # and shard does for a model built without checks
+        shard([table_dir], tmp_path / "x", ShardConfig.model_construct(val_fraction=0.6, test_fraction=0.5))
     assert not (tmp_path / "x").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".x.tmp-")]
 

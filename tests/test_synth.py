@@ -341,5 +341,5 @@ def test_time_span_outside_valid_times_is_refused_before_any_work(tmp_path, args
     from pingctl.cli.app import app
 
     r = CliRunner().invoke(app, ["synth", "-o", str(tmp_path / "s"), *args])
-    assert r.exit_code == 1 and "generated times would span" in r.output and "internal error" not in r.output
+    assert r.exit_code == 2 and "generated times would span" in r.output and "internal error" not in r.output
     assert not (tmp_path / "s").exists()

@@ -17,7 +17,7 @@ from importlib import resources
 
 import numpy as np
 
-from pingctl.errors import PingctlError
+from pingctl.errors import ConfigError, PingctlError
 from pingctl.synth import model as M
 
 DAY = 86_400.0
@@ -130,7 +130,7 @@ def check_span(start_s: int, duration_s: int) -> None:
 
     lo, now = MIN_TIME.timestamp(), time.time()
     if start_s < lo or start_s + duration_s > now:
-        raise PingctlError(
+        raise ConfigError(
             f"generated times would span {utc_text(start_s, '%Y-%m-%d %H:%M')} .. "
             f"{utc_text(start_s + duration_s, '%Y-%m-%d %H:%M')} UTC "
             f"({duration_s / 86_400:,.1f} days); they must lie between {MIN_TIME:%Y-%m-%d} and now "
