@@ -63,10 +63,19 @@ def _check_special(out: Path) -> None:
                            "pingctl only writes into directories and regular files")
 
 
+def is_pingctl_output(d: Path) -> bool:
+    """Whether directory `d` is something pingctl wrote (every output has a MANIFEST): what
+    an output command may replace, and what a directory walk for inputs must not read."""
+    return (Path(d) / MANIFEST).exists()
+
+
 def check_replaceable(out: Path, force: bool = False, inputs: Iterable[Path] = ()) -> None:
     """Refuse to overwrite a directory that pingctl did not write, unless forced, and one that
     holds any of `inputs` even then: replacing it would delete the command's own input."""
     out = Path(out)
+    if out.name in ("", ".."):  # '.', '', '..', '/': no sibling to build in, nothing to rename
+        raise UsageError(f"-o {str(out)!r} is not a valid output: give the name of a directory to create "
+                         "or replace, e.g. -o runs/out")
     _check_special(out)
     _check_parent(out)
     where = out.resolve()
@@ -76,7 +85,7 @@ def check_replaceable(out: Path, force: bool = False, inputs: Iterable[Path] = (
         return
     if out.is_file():
         raise PingctlError(f"{out} exists and is a file; pass a directory or use --force")
-    if any(out.iterdir()) and not (out / MANIFEST).exists():
+    if any(out.iterdir()) and not is_pingctl_output(out):
         raise PingctlError(
             f"{out} is a non-empty directory that pingctl did not write (no {MANIFEST}); "
             "choose another output or pass --force"

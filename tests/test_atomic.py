@@ -49,3 +49,23 @@ def test_unwritable_output_locations_are_clear_errors(tmp_path):
     r = runner.invoke(app, ["config", "init", str(tmp_path / "d"), "--force"])
     assert r.exit_code == 1 and "is a directory" in r.output and "internal error" not in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "d"]
+
+
+@pytest.mark.parametrize("name", [".", "", "..", "/"])
+def test_an_output_without_a_name_is_a_usage_error_in_every_command(tmp_path, monkeypatch, name):
+    """`-o .` once ended in "PosixPath('.') has an empty name" (an internal error) after a
+    `..tmp-*` directory was made beside the working directory."""
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+    from tests.conftest import make_table
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    import pyarrow.parquet as pq
+
+    pq.write_table(make_table(200), tmp_path / "in" / "t.parquet")
+    for cmd in (["synth", "--rows", "1000"], ["shard", "in"], ["build-rows", "in"]):
+        r = CliRunner().invoke(app, [*cmd, "-o", name])
+        assert r.exit_code == 2 and "is not a valid output" in r.output, (cmd, name, r.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

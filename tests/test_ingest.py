@@ -250,6 +250,8 @@ def test_ipv6_canonical_and_af_checks():
         ({"result": [{"rtt": "1.5"}]}, "bad_rtt"),
         ({"result": [{"rtt": None}]}, "bad_rtt"),
         ({"result": [{"rtt": True}]}, "bad_rtt"),
+        ({"result": [{"rtt": 1e308}]}, "bad_rtt"),  # beyond the RTT code (shard refuses it too)
+        ({"result": [{"rtt": 5_000_000_000}]}, "bad_rtt"),
         ({"result": [{"rtt": 1.0}, "junk"]}, "bad_packet"),
         ({"result": [{"rtt": 1.0}, 5]}, "bad_packet"),
         ({"result": [[{"rtt": 1.0}]]}, "bad_packet"),
@@ -437,6 +439,80 @@ def test_directory_and_glob_inputs(tmp_path):
         resolve([tmp_path / "missing*.bz2"])
     with pytest.raises(PingctlError, match="no input"):
         resolve([])
+
+
+def test_directory_walk_skips_older_pingctl_outputs_and_temp_siblings(tmp_path):
+    d = tmp_path / "mixed"
+    d.mkdir()
+    _write(d / "a.jsonl", jl(res(prb_id=1), res(prb_id=2)))
+    ingest([d], d / "out", cfg())  # mixed/out: an older output of ours
+    ingest([d], d / "sub" / "deeper", cfg())
+    tmp = d / ".run.tmp-x1y2"  # what an interrupted run leaves
+    tmp.mkdir()
+    (tmp / "rejects.jsonl").write_text('{"file": "x", "line": 1}\n')
+    assert resolve([d], tmp_path / "o") == [d / "a.jsonl"]
+    s = ingest([d], tmp_path / "o", cfg())  # was: out/manifest.json, out/rejects.jsonl read as RIPE data
+    assert s["files"] == 1 and s["records"] == 2 and s["rejected_total"] == 0
+    # named on the command line, a file inside an output is read as given
+    assert resolve([d / "out" / "rejects.jsonl"], tmp_path / "o2") == [d / "out" / "rejects.jsonl"]
+    with pytest.raises(PingctlError, match="is a pingctl output"):  # its parts are not RIPE results
+        resolve([d / "out"], tmp_path / "o3")
+
+
+def _fifo_writer(fifo: Path, payload: bytes):
+    import threading
+
+    def write():
+        try:
+            with open(fifo, "wb") as fh:
+                fh.write(payload)
+        except OSError:  # the reader went away
+            pass
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    return t
+
+
+def _unblock(fifo: Path, t) -> None:
+    import os
+
+    if t.is_alive():  # nobody opened the FIFO: let the writer's open() return
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        t.join(5)
+        os.close(fd)
+
+
+def test_pipes_and_fifos_are_read_as_one_stream(tmp_path):
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    data = jl(*[res(prb_id=i, timestamp=T0 + i) for i in range(300)]) + b"{broken\n"
+    packed = bz2.compress(data)
+    fifo = tmp_path / "feed"  # no suffix: bzip2 found by its magic bytes, decoded by the bz2 module
+    os.mkfifo(fifo)
+    plain = _write(tmp_path / "b.jsonl", jl(res(msm_id=5)))
+    t = _fifo_writer(fifo, packed)
+    totals = []
+    try:
+        s = ingest([fifo, plain], tmp_path / "o", cfg(workers=2), on_start=lambda b, n: totals.append((b, n)))
+    finally:
+        _unblock(fifo, t)
+    assert totals == [(None, 2)]  # a pipe has no size: progress without a total
+    assert s["workers"] == 1  # only this process can read the stream
+    assert s["files"] == 2 and s["records"] == 302 and s["rows"] == 903 and s["rejected"] == {"bad_json": 1}
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    feed = m["inputs"][1]
+    assert feed["path"] == str(fifo) and feed["codec"] == "bz2" and feed["records"] == 301
+    assert feed["bytes"] == len(packed) and feed["sha256"] == hashlib.sha256(packed).hexdigest()
+    # /dev/stdin as a real pipe (CliRunner's stdin is not a file descriptor)
+    cmd = [sys.executable, "-m", "pingctl", "ingest", "/dev/stdin", "-o", str(tmp_path / "p"), "--json"]
+    proc = subprocess.run(cmd, input=data, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)
+    assert s["files"] == 1 and s["records"] == 301 and s["rows"] == 900 and s["rejected_total"] == 1
 
 
 # ---------------------------------------------------------------- broken inputs
@@ -655,6 +731,29 @@ def test_refuses_foreign_directory(tmp_path):
         ingest([f], out, cfg())
     ingest([f], out, cfg(), force=True)
     assert not (out / "precious.txt").exists()
+
+
+def test_output_containing_the_input_is_a_usage_error(tmp_path, monkeypatch):
+    from pingctl.errors import UsageError
+
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "small.jsonl", jl(res()))
+    for out in (".", ""):  # Typer makes '' the path '.'
+        r = runner.invoke(app, ["ingest", "small.jsonl", "-o", out])
+        assert r.exit_code == 2, r.output
+        assert "contains the input small.jsonl" in r.output and str(tmp_path) in r.output
+    d = tmp_path / "d"
+    d.mkdir()
+    _write(d / "x.jsonl", jl(res()))
+    for inputs in ([d / "x.jsonl"], [d], [str(d / "*.jsonl")]):
+        with pytest.raises(UsageError, match="contains the input"):
+            ingest(inputs, d, cfg(), force=True)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    r = runner.invoke(app, ["ingest", str(tmp_path / "small.jsonl"), "-o", "."])  # was an internal error
+    assert r.exit_code == 2 and "not a valid output" in r.output, r.output
+    assert list((tmp_path / "empty").iterdir()) == []  # and no temp sibling left behind
+    assert sorted(p.name for p in d.iterdir()) == ["x.jsonl"]
 
 
 # ---------------------------------------------------------------- CLI

@@ -8,9 +8,10 @@ place only when everything succeeded):
     rejects.jsonl        {"file", "line", "reason", "raw"[, "detail"]} per rejected record
     manifest.json        inputs (size, sha256, part, counts), totals, config, version
 
-Files are processed in parallel (one process per file, largest first); each worker
-streams its file and writes its own part, so memory is bounded by a few row groups per
-worker whatever the input size, and the output does not depend on the worker count.
+Files are processed in parallel (one process per file, largest first; all in this
+process when an input is a pipe, which only this process can read); each worker streams
+its file and writes its own part, so memory is bounded by a few row groups per worker
+whatever the input size, and the output does not depend on the worker count.
 Within a `.bz2` file, blocks are decoded in parallel by indexed_bzip2 on cores // workers
 threads (so one big dump uses every core); the output does not depend on that either.
 """
@@ -24,9 +25,9 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.ingest.parse import Batch, Options, Rejects, merge_counts, new_counts, parse_records, reconcile
 from pingctl.ingest.reader import (
     INPUT_SUFFIXES,
@@ -50,20 +51,95 @@ def part_name(index: int) -> str:
 
 
 def resolve(inputs: Iterable[str | Path], out: Path | None = None) -> list[Path]:
-    """Files, directories (recursive, known suffixes) and globs -> sorted unique files."""
-    from pingctl.schema import resolve_inputs
+    """Files, directories (recursive, known suffixes) and globs -> sorted unique files.
 
+    A path that exists and is not a directory is one input whatever it is: a regular file,
+    or a stream (a pipe as /dev/stdin or bash's `<(...)`, a named FIFO, a device). With
+    `out`, an input inside the output is refused (replacing the output would delete it),
+    except what a directory walk or a glob finds there: the previous output, never read.
+    """
     items = [str(i) for i in inputs]
     if not items:
         raise PingctlError("no inputs given: pass RIPE Atlas result files, directories or globs")
-    files = resolve_inputs(items, suffixes=INPUT_SUFFIXES)
-    if out is not None:  # never read our own output (e.g. `ingest data/ -o data/out`)
-        o = Path(out).resolve()
-        files = [f for f in files if o != f.resolve() and o not in f.resolve().parents]
-    files = sorted(set(files), key=lambda p: str(p))
+    o = Path(out).resolve() if out is not None else None
+    found: list[Path] = []
+    for item in items:
+        found.extend(_expand(item, out, o))
+    seen: set[Path] = set()
+    files = []
+    for f in sorted(found, key=str):
+        key = f.resolve()  # /dev/stdin and /dev/fd/0 are the same pipe
+        if key not in seen:
+            seen.add(key)
+            files.append(f)
     if not files:
         raise PingctlError("no input files found in " + ", ".join(items))
     return files
+
+
+def _expand(item: str, out: Path | None, o: Path | None) -> list[Path]:
+    """One command-line input -> its files (`o`: the resolved output directory or None)."""
+    from pingctl.atomic import MANIFEST, is_pingctl_output
+    from pingctl.schema import resolve_inputs
+
+    p = Path(item)
+    if p.is_dir():
+        if _inside(p, o):
+            raise _contains_input(out, p)
+        if is_pingctl_output(p):  # e.g. `ingest runs/ingest`: its parts are not RIPE results
+            raise PingctlError(f"{p} is a pingctl output (it has {MANIFEST}), not RIPE Atlas results; "
+                               "pass the files it was made from")
+        return list(_walk(p, o))
+    if p.exists():
+        if _inside(p, o):
+            raise _contains_input(out, p)
+        return [p]
+    matches = resolve_inputs([item], suffixes=INPUT_SUFFIXES)  # a glob: as given, except the output
+    kept = [f for f in matches if not _inside(f, o)]
+    if not kept:
+        raise _contains_input(out, matches[0])
+    return kept
+
+
+def _walk(root: Path, o: Path | None) -> Iterator[Path]:
+    """Data files under `root`: known suffixes, regular files only (a FIFO found there would
+    block the run); hidden entries are skipped (`.NAME.tmp-*` / `.NAME.old-*` siblings
+    of interrupted runs), and so are pingctl outputs and the output `o` (their manifest
+    and rejects.jsonl would be read as RIPE records). Symlinked directories are not
+    followed (as `Path.rglob`)."""
+    for d, dirs, names in os.walk(root):
+        here = Path(d)
+        dirs[:] = [x for x in dirs if not _skip_dir(here / x, o)]
+        for name in names:
+            f = here / name
+            if not name.startswith(".") and name.endswith(INPUT_SUFFIXES) and f.is_file():
+                yield f
+
+
+def _skip_dir(d: Path, o: Path | None) -> bool:
+    from pingctl.atomic import is_pingctl_output
+
+    return d.name.startswith(".") or (o is not None and d.resolve() == o) or is_pingctl_output(d)
+
+
+def _inside(p: Path, o: Path | None) -> bool:
+    if o is None:
+        return False
+    r = p.resolve()
+    return r == o or o in r.parents
+
+
+def _contains_input(out: Path, p: Path) -> UsageError:
+    full = str(Path(out).resolve())
+    where = str(out) if str(out) == full else f"{out} ({full})"  # `-o .` / `-o ''` say where
+    return UsageError(f"output {where} contains the input {p}; choose another output directory "
+                      "(ingest replaces the output as a whole)")
+
+
+def is_stream(f: Path) -> bool:
+    """A pipe, FIFO or device: readable once, front to back, by this process only (a spawned
+    worker has no /dev/stdin or `<(...)` descriptor), and with no size to show progress."""
+    return not f.is_file()
 
 
 class PartWriter:
@@ -355,7 +431,7 @@ def ingest(
     """Run `pingctl ingest`; returns the summary (also the basis of manifest.json).
 
     `cfg` is the IngestConfig section. `on_start(total_bytes, n_files)` and
-    `on_bytes(n)` drive a progress bar.
+    `on_bytes(n)` drive a progress bar (`total_bytes` is None when an input is a pipe).
     """
     from pingctl import __version__
     from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
@@ -365,9 +441,12 @@ def ingest(
     files = resolve(inputs, out)
     check_replaceable(out, force)
     opts = Options.from_config(cfg)
-    workers = min(cfg.workers or usable_cores(), len(files))
+    streams = any(is_stream(f) for f in files)
+    # A stream can be read only here, once: every input is then read in this process
+    # (a .bz2 file still gets every core for its blocks).
+    workers = 1 if streams else min(cfg.workers or usable_cores(), len(files))
     if on_start is not None:
-        on_start(sum(_size(f) for f in files), len(files))
+        on_start(None if streams else sum(_size(f) for f in files), len(files))
     _preload()
     t0 = time.perf_counter()
     with atomic_dir(out) as tmp:

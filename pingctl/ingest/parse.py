@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from pingctl.errors import PingctlError
 from pingctl.ingest.reader import NO_EOL
-from pingctl.schema import TS_ABS_MAX_S, parse_when
+from pingctl.schema import MAX_RTT_MS, TS_ABS_MAX_S, parse_when
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 US = dt.timedelta(microseconds=1)
@@ -40,7 +40,7 @@ REJECT_REASONS = {
     "bad_src_addr": "the chosen source address is not an IP address",
     "no_result": "no per-packet `result` list (absent without an avg/min/max summary, or not a list)",
     "bad_packet": "`result` contains an entry that is not an object",
-    "bad_rtt": "an `rtt` is not a finite number >= 0",
+    "bad_rtt": "an `rtt` is not a number from 0 to the RTT code's largest value (4.4e9 ms, 50.9 days)",
     "bad_size": "`size` present but not a non-negative 64-bit integer",
 }
 FILTERS = ("msm", "probe", "time", "sample", "af")
@@ -297,7 +297,7 @@ def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, in
             break
         r = e.get("rtt")
         if r is not None:
-            if type(r) not in (int, float) or not (0 <= r < float("inf")):
+            if type(r) not in (int, float) or not (0 <= r <= MAX_RTT_MS):
                 break
             if len(e) > 1:
                 if "late" in e:
@@ -348,7 +348,7 @@ def fast_decoder():
         Packet = msgspec.defstruct(
             "Packet",
             [
-                ("rtt", Annotated[float, Meta(ge=0)] | Unset, unset),
+                ("rtt", Annotated[float, Meta(ge=0, le=MAX_RTT_MS)] | Unset, unset),
                 ("x", Scalar | Unset, unset),
                 ("error", Scalar | Unset, unset),
                 ("late", Scalar | Unset, unset),
@@ -409,7 +409,6 @@ def parse_records(
     When most lines of a block miss the fast path (old firmware, other layouts) it is
     switched off for the next few blocks, so such files cost no more than before.
     """
-    import math
 
     import orjson
 
@@ -448,7 +447,6 @@ def parse_records(
     src_mode = opts.src_field
     auto_src = src_mode == "auto"
     rgr = opts.row_group_rows
-    inf = math.inf
 
     results_append = batch.results.append
     rtts = batch.rtts
@@ -777,10 +775,10 @@ def parse_records(
                         if r is not None:
                             tr = type(r)
                             if tr is float:
-                                if not (0.0 <= r < inf):
+                                if not (0.0 <= r <= MAX_RTT_MS):  # also NaN and inf
                                     raise ValueError
                             elif tr is int:
-                                if r < 0:
+                                if not (0 <= r <= MAX_RTT_MS):
                                     raise ValueError
                                 r = float(r)
                             else:
