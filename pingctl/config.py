@@ -76,6 +76,16 @@ class IngestConfig(Section):
             except PingctlError as e:
                 raise ValueError(str(e).removeprefix("time ")) from None
         return v
+
+    @model_validator(mode="after")
+    def _since_before_until(self):
+        from pingctl.schema import parse_when
+
+        since, until = parse_when(self.since, "since"), parse_when(self.until, "until")
+        if since is not None and until is not None and since >= until:
+            raise ValueError(f"since ({self.since}) must be before until ({self.until})")
+        return self
+
     sample: float = Field(1.0, gt=0.0, le=1.0, description="deterministic fraction of results to keep")
     drop_dups: bool = Field(False, description="drop duplicate replies (\"dup\": 1) instead of keeping them")
     workers: int = Field(0, ge=0, description="parallel file workers (0 = one per core)")

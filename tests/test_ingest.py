@@ -327,8 +327,11 @@ def test_since_until_parsing():
     for huge in ("1e305", "-1e305", "nan", "inf"):
         with pytest.raises(PingctlError, match="not a valid time"):
             parse_when(huge, "until")
-    with pytest.raises(PingctlError, match="before"):
-        Options.from_config(IngestConfig(since="2024-01-02", until="2024-01-01"))
+    for since, until in (("2024-01-02", "2024-01-01"), ("2024-01-01", "2024-01-01")):
+        with pytest.raises(ValueError, match="must be before until"):  # the config model: exit 2
+            IngestConfig(since=since, until=until)
+        with pytest.raises(PingctlError, match="before"):  # and a model built without checks
+            Options.from_config(IngestConfig.model_construct(since=since, until=until))
 
 
 def test_sample_deterministic_and_fraction():

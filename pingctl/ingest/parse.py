@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from pingctl.errors import PingctlError
+from pingctl.errors import ConfigError
 from pingctl.ingest.reader import NO_EOL
 from pingctl.schema import MAX_RTT_MS, TS_ABS_MAX_S, parse_when
 
@@ -70,7 +70,7 @@ class Options:
         since = parse_when(cfg.since, "since")
         until = parse_when(cfg.until, "until")
         if since is not None and until is not None and since >= until:
-            raise PingctlError(f"since ({cfg.since}) must be before until ({cfg.until})")
+            raise ConfigError(f"since ({cfg.since}) must be before until ({cfg.until})")  # the model checks too
         return cls(
             src_field=cfg.src_field,
             af=int(cfg.af),
