@@ -327,6 +327,18 @@ def _first_unreadable(files: list[Path]) -> str | None:
     return None
 
 
+def all_rejected(con, files: list[Path], read: int) -> PingctlError:
+    """The error when no row of `files` is valid: there is no output to hold a rejects file,
+    so the message itself gives the count and first row of each reason, with its meaning."""
+    rows = con.execute(
+        "SELECT reject_reason, count(*), min(struct_pack(f := _file, r := _row)) "
+        "FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1"
+    ).fetchall()
+    lines = [f"  {reason}: {n:,} rows ({REJECT_REASONS.get(reason, reason)}); first: {first['f']} row {first['r']}"
+             for reason, n, first in rows]
+    return PingctlError(f"no valid rows in {len(files)} input file(s): all {read:,} rejected\n" + "\n".join(lines))
+
+
 def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
     """Create DuckDB view `view`: canonical columns + `reject_reason` (NULL = valid) + provenance.
 

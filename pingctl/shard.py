@@ -24,7 +24,7 @@ from typing import Callable
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.config import ShardConfig
 from pingctl.errors import ConfigError, PingctlError, UsageError
-from pingctl.schema import COLUMNS, canonical_query, connect, one, resolve_inputs
+from pingctl.schema import COLUMNS, all_rejected, canonical_query, connect, one, resolve_inputs
 
 SPLITS = ("train", "val", "test")
 
@@ -210,7 +210,7 @@ def shard(
                 TO '{rejects_path}' (FORMAT json)"""
         )
         if read - rejected == 0:
-            raise PingctlError(f"no valid rows in {len(files)} input file(s) ({read:,} read, all rejected: {by_reason})")
+            raise all_rejected(con, files, read)
         progress("assign splits", 1, total_steps)
         con.execute("SET preserve_insertion_order=true")
         details = _assign_splits(con, cfg)

@@ -225,3 +225,21 @@ def test_outputs_never_replace_their_own_input_nor_read_a_whole_shard_output(tmp
         load_split(sp)
     assert (table / "part-0.parquet").exists() and sorted(p.name for p in sp.rglob("*.parquet")) == before
     assert runner.invoke(app, ["build-rows", str(sp / "train"), "-o", str(tmp_path / "rows")]).exit_code == 0
+
+
+def test_when_every_row_is_rejected_the_message_gives_each_reason_and_its_first_row(tmp_path):
+    """There is no output to hold rejects.jsonl then; the message said only how many were read."""
+    import pyarrow as pa
+
+    t = make_table(50)
+    i = t.schema.get_field_index("src_addr")
+    t = t.set_column(i, "src_addr", pa.array(["nope"] * 40 + t.column("src_addr").to_pylist()[40:]))
+    t = t.set_column(t.schema.get_field_index("rtt"), "rtt", pa.array([-5.0] * 50))
+    pq.write_table(t, tmp_path / "a.parquet")
+    for cmd in ("shard", "build-rows"):
+        r = runner.invoke(app, [cmd, str(tmp_path / "a.parquet"), "-o", str(tmp_path / cmd)])
+        assert r.exit_code == 1 and "all 50 rejected" in r.output, r.output
+        text = " ".join(r.output.split())
+        assert "bad_src_addr: 40 rows (src_addr is not an IP address); first: " in text and "a.parquet row 0" in text
+        assert "bad_rtt: 10 rows" in text and "a.parquet row 40" in text
+        assert not (tmp_path / cmd).exists()

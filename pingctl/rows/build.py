@@ -17,7 +17,7 @@ import numpy as np
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.errors import PingctlError
 from pingctl.rows.layout import BYTES_PER_MEASUREMENT, VERSION, ProbeRecord, encode
-from pingctl.schema import canonical_query, connect, one, resolve_inputs
+from pingctl.schema import all_rejected, canonical_query, connect, one, resolve_inputs
 from pingctl.shard import refuse_whole_shard_output
 
 WRITER_OPTIONS = "group_size:1,zstd:1"  # group_size 1: Grain reads records at random
@@ -140,7 +140,7 @@ def build_rows(
         progress("validate and index addresses", 0, 1)
         read, rejected = one(con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical")
         if read == rejected:
-            raise PingctlError(f"no valid rows in {len(files)} input file(s) ({read:,} read)")
+            raise all_rejected(con, files, read)
         by_reason = dict(
             con.execute("SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1").fetchall()
         )
