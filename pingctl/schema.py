@@ -371,6 +371,8 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
         ).to_arrow_table()
         raw_types = {name: typ for name, typ, *_ in con.execute("DESCRIBE _raw").fetchall()}
     except Exception as e:  # noqa: BLE001 - duckdb raises many types for unreadable data
+        if type(e).__name__ in ("OutOfMemoryException", "InterruptException") or str(e) == "Query interrupted":
+            raise  # not the input's fault: the CLI names these
         raise PingctlError(f"cannot read input Parquet: {_first_unreadable(files) or e}") from None
     con.register("_addr_map", address_map(distinct.column(0).to_pylist()))
     prb = _bigint_sql("prb_id", raw_types["prb_id"]) if has_prb else "NULL::BIGINT"

@@ -195,3 +195,15 @@ def test_ctrl_c_inside_a_duckdb_query_is_an_interrupt_not_an_internal_error(caps
         out = capsys.readouterr()
         assert e.value.exit_code == 130 and json.loads(out.out)["error"]["kind"] == "interrupted", out
         assert "internal error" not in out.err
+
+
+def test_duckdb_out_of_memory_says_to_raise_the_memory_limit(tmp_path):
+    import pyarrow.parquet as pq
+
+    from tests.conftest import make_table
+
+    pq.write_table(make_table(20_000), tmp_path / "t.parquet")
+    r = runner.invoke(app, ["shard", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "out"), "--memory-limit", "1KB"])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 1 and "ran out of memory under its memory limit: raise --memory-limit" in text, r.output
+    assert "internal error" not in text and "cannot read input Parquet" not in text

@@ -66,6 +66,9 @@ def handle_errors(fn: Callable) -> Callable:
                 raise
             if _damaged_input(e):
                 _fail(as_json, "input", f"damaged input: {e}", 1)
+            if type(e).__name__ == "OutOfMemoryException":
+                _fail(as_json, "input", "DuckDB ran out of memory under its memory limit: raise --memory-limit "
+                      f"(data.shard.memory_limit / rows.memory_limit), or use fewer threads ({str(e).splitlines()[0]})", 1)
             _fail(as_json, "internal", f"{type(e).__name__}: {e}", 70,
                   hint="  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
 
