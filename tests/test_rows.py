@@ -195,6 +195,7 @@ def test_inspect_reads_past_a_damaged_record_and_fails(split_dir, tmp_path):
     r = runner.invoke(app, ["inspect", str(out), "--json"])
     assert r.exit_code == 1
     desc = json.loads(r.stdout)
+    assert desc["exit_code"] == 1  # the failure is in the JSON too, not only in the exit status
     bad = [e["record"] for e in desc["errors"] if e["record"] is not None]
     assert bad and desc["records"] == want - len(bad)
     assert max(bad) < want - 1 and desc["records"] > min(bad)  # records after the damage were read

@@ -58,6 +58,8 @@ def inspect(
 
     cfg = load(config, set_)
     result = describe(path, sample, cfg.tokenizer.scheme)
+    if result["kind"] == "rows" and result["errors"]:
+        result["exit_code"] = 1  # as ingest's summary: a result to read, and a failure to see
     if as_json or result["kind"] == "rows":
         if as_json:
             emit(result, True)
