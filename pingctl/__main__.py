@@ -1,3 +1,3 @@
-from pingctl.cli.app import main
+from pingctl.cli import main
 
 main()

@@ -157,7 +157,7 @@ def test_interrupt_and_internal_errors_keep_their_exit_codes_and_json(capsys, mo
     def broken(as_json=False):
         raise ZeroDivisionError("boom")
 
-    for fn, code, kind, text in ((interrupted, 130, "interrupted", "resumes it"),
+    for fn, code, kind, text in ((interrupted, 130, "interrupted", "run the same command again"),
                                  (broken, 70, "internal", "ZeroDivisionError: boom")):
         for as_json in (False, True):
             with pytest.raises(typer.Exit) as e:
@@ -207,3 +207,27 @@ def test_duckdb_out_of_memory_says_to_raise_the_memory_limit(tmp_path):
     text = " ".join(r.output.split())
     assert r.exit_code == 1 and "ran out of memory under its memory limit: raise --memory-limit" in text, r.output
     assert "internal error" not in text and "cannot read input Parquet" not in text
+
+
+def test_ctrl_c_during_start_up_is_an_interrupt_not_an_import_traceback(monkeypatch, capsys):
+    import pingctl.cli as cli
+
+    class CtrlC:
+        def find_spec(self, name, path=None, target=None):
+            if name == "pingctl.cli.app":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "pingctl.cli.app")
+    monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 130 and "interrupted before the command started" in capsys.readouterr().err
+
+
+def test_the_console_script_is_the_interrupt_safe_entry_point():
+    import tomllib
+    from pathlib import Path
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["pingctl"] == "pingctl.cli:main"

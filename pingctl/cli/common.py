@@ -89,8 +89,8 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
     raise typer.Exit(code) from None
 
 
-_INTERRUPTED = ("no output was left looking complete (a training run keeps its committed checkpoints; "
-                "the same command resumes it)")
+_INTERRUPTED = ("no output was left looking complete; run the same command again (a training run resumes "
+                "from its last committed checkpoint)")
 
 
 def _interrupted_query(e: Exception) -> bool:
