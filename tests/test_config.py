@@ -112,9 +112,9 @@ def test_memory_limits_and_times_that_are_fine():
     from pingctl.config import load_config
 
     cfg = load_config(None, ["data.shard.memory_limit=512 MiB", "rows.memory_limit=4gb",
-                             "data.ingest.since=2024-01-01", "data.ingest.until=1700000000",
+                             "data.ingest.since=2024-01-01", "data.ingest.until=1800000000",
                              "data.synth.start=2024-02-01T00:00:00"])
-    assert cfg.rows.memory_limit == "4gb" and cfg.data.ingest.until == "1700000000"
+    assert cfg.rows.memory_limit == "4gb" and cfg.data.ingest.until == "1800000000"
 
 
 def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
