@@ -53,6 +53,7 @@ def utc_text(seconds: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
 TS_ABS_MAX_S = 1e15
 # ASCII only: float() and int() also take other scripts' digits ('١٢' is 12) and isdigit() '²'
 _UNIX_SECONDS_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_NON_FINITE_RE = re.compile(r"[+-]?(nan|inf|infinity)", re.I)
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -65,10 +66,11 @@ def parse_when(value: Any, what: str, error: type[PingctlError] = PingctlError) 
         when = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
         return (when - _EPOCH) // dt.timedelta(microseconds=1)
     text = str(value).strip()
-    if _UNIX_SECONDS_RE.fullmatch(text) or text.lstrip("+-").lower() in ("nan", "inf", "infinity"):
+    if _UNIX_SECONDS_RE.fullmatch(text) or _NON_FINITE_RE.fullmatch(text):
         secs = float(text)
         if not -TS_ABS_MAX_S < secs < TS_ABS_MAX_S:  # also NaN
-            raise error(f"{what} {value!r}: not a valid time (Unix seconds beyond +-{TS_ABS_MAX_S:.0e})")
+            raise error(f"{what} {value!r}: not a valid time (Unix seconds must be finite and within "
+                        f"+-{TS_ABS_MAX_S:.0e})")
         return int(text) * 1_000_000 if text.lstrip("+-").isdigit() else round(secs * 1_000_000)
     try:
         when = dt.datetime.fromisoformat(text)

@@ -147,9 +147,12 @@ def test_time_options_refuse_what_is_not_ascii_seconds_or_iso_in_every_command()
     from pingctl.errors import UsageError
     from pingctl.schema import parse_when
 
-    for bad in ("²", "١٢", "1e16", "nan", "12 s"):  # float() reads '١٢' as 12, isdigit() takes '²'
+    for bad in ("²", "١٢", "1e16", "nan", "12 s", "+-nan", "--inf"):  # float() reads '١٢' as 12, isdigit() '²'
         with pytest.raises(UsageError, match="--time"):
             parse_when(bad, "--time", UsageError)
+    for empty in ("", " "):  # "" is "no time" to parse_when (an unset config key), not to an option
+        r = CliRunner().invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", f"--time={empty}"])
+        assert r.exit_code == 2 and "--time is empty" in r.output, r.output
     # tokenize took '²' as digits and ended in an internal error
     r = CliRunner().invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3", "--time", "²"])
     assert r.exit_code == 2 and "--time '²': expected ISO 8601" in r.output and "internal error" not in r.output

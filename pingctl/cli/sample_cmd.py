@@ -223,6 +223,8 @@ def _address_option(text: str | None, name: str) -> str | None:
 def _parse_time(text: str | None) -> int | None:
     from pingctl.schema import parse_when
 
+    if text is not None and not text.strip():  # parse_when reads "" as "no time", an option must not
+        raise UsageError("--time is empty: give ISO 8601 or Unix seconds")
     us = parse_when(text, "--time", UsageError)
     return None if us is None else us // 1_000_000
 

@@ -118,6 +118,8 @@ def _from_fields(src, dst, rtt, time, failed, size, errors, msm_id):
 def _parse_time(text: str) -> int:
     from pingctl.schema import parse_when
 
+    if not text.strip():  # parse_when reads "" as "no time" (an unset config key), an option must not
+        raise UsageError("--time is empty: give ISO 8601 or Unix seconds")
     return parse_when(text, "--time", UsageError) // 1_000_000
 
 
