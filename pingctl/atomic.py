@@ -64,9 +64,15 @@ def _check_special(out: Path) -> None:
 
 
 def is_pingctl_output(d: Path) -> bool:
-    """Whether directory `d` is something pingctl wrote (every output has a MANIFEST): what
-    an output command may replace, and what a directory walk for inputs must not read."""
-    return (Path(d) / MANIFEST).exists()
+    """Whether directory `d` is something pingctl wrote: what an output command may replace,
+    and what a directory walk for inputs must not read. Judged by the MANIFEST's content (every
+    output's records the pingctl version), not its name: a download tool's manifest.json
+    beside user data must keep that data read and safe from replacement."""
+    try:
+        manifest = json.loads((Path(d) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "pingctl_version" in manifest
 
 
 def check_replaceable(out: Path, force: bool = False, inputs: Iterable[Path] = ()) -> None:

@@ -69,3 +69,24 @@ def test_an_output_without_a_name_is_a_usage_error_in_every_command(tmp_path, mo
         r = CliRunner().invoke(app, [*cmd, "-o", name])
         assert r.exit_code == 2 and "is not a valid output" in r.output, (cmd, name, r.output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_a_manifest_json_pingctl_did_not_write_marks_nothing_as_a_pingctl_output(tmp_path):
+    """Any manifest.json once counted: ingest skipped the user data beside a download tool's
+    manifest, and an output command would have replaced that directory without --force."""
+    import json
+
+    from pingctl.atomic import is_pingctl_output
+    from pingctl.ingest.core import resolve
+
+    theirs = tmp_path / "data" / "sub"
+    theirs.mkdir(parents=True)
+    (theirs / "manifest.json").write_text(json.dumps({"downloaded_by": "atlas-tool"}))
+    (theirs / "b.jsonl").write_text("{}\n")
+    (tmp_path / "data" / "a.jsonl").write_text("{}\n")
+    assert not is_pingctl_output(theirs)
+    assert sorted(f.name for f in resolve([tmp_path / "data"])) == ["a.jsonl", "b.jsonl", "manifest.json"]
+    with pytest.raises(PingctlError, match="did not write"):
+        check_replaceable(theirs)
+    (theirs / "manifest.json").write_text(json.dumps({"pingctl_version": "0.1.0"}))
+    assert is_pingctl_output(theirs) and [f.name for f in resolve([tmp_path / "data"])] == ["a.jsonl"]
