@@ -29,21 +29,32 @@ from pingctl.schema import COLUMNS, all_rejected, canonical_query, connect, one,
 SPLITS = ("train", "val", "test")
 
 
-def refuse_whole_shard_output(items) -> None:
-    """A `pingctl shard` output given where one split belongs: its files are train, val and
-    test together, and reading them as one table leaks the held-out splits into training rows,
-    baselines or a new split."""
+def refuse_whole_shard_output(items, split: str = "train") -> None:
+    """A `pingctl shard` output given, or lying inside a directory given, where one split
+    belongs: its files are train, val and test together, and reading them as one table leaks
+    the held-out splits into training rows, baselines or a new split. `split` is the one to
+    suggest."""
     import json
+
+    def is_shard_output(d: Path) -> bool:
+        try:
+            return json.loads((d / MANIFEST).read_text()).get("command") == "shard"
+        except (OSError, ValueError, AttributeError):
+            return False
 
     for item in items:
         d = Path(item)
-        try:
-            whole = json.loads((d / MANIFEST).read_text()).get("command") == "shard"
-        except (OSError, ValueError, AttributeError):
-            whole = False
-        if whole:
-            raise UsageError(f"{d} is a `pingctl shard` output holding train, val and test; give one split, "
-                             f"e.g. {d / 'train'}")
+        if not d.is_dir():
+            continue
+        # a split inside a shard output (splits/train) holds no manifest of its own: fine
+        found = d if is_shard_output(d) else next(
+            (m.parent for m in sorted(d.rglob(MANIFEST)) if is_shard_output(m.parent)), None)
+        if found is not None:
+            where = "" if found == d else f" (inside {d})"
+            raise UsageError(f"{found} is a `pingctl shard` output holding train, val and test{where}; give "
+                             f"one split, e.g. {found / split}")
+
+
 Progress = Callable[[str, int, int], None]
 
 _GROUP_KEY = {

@@ -222,8 +222,15 @@ def test_outputs_never_replace_their_own_input_nor_read_a_whole_shard_output(tmp
         r = runner.invoke(app, args)
         assert r.exit_code == 2 and "give one split, e.g." in r.output and "sp/train" in r.output, (args, r.output)
         assert not (tmp_path / "rows").exists() and not (tmp_path / "sp2").exists()
-    with pytest.raises(PingctlError, match="give one split"):
-        load_split(sp)
+    with pytest.raises(PingctlError, match="give one split, e.g. .*sp/test"):
+        load_split(sp)  # eval --test: the split to suggest is test
+    wrap = tmp_path / "wrap"  # a shard output inside the directory given is read whole too
+    wrap.mkdir()
+    sp.rename(wrap / "sp")
+    for args in (["build-rows", str(wrap), "-o", str(tmp_path / "rows")], ["shard", str(wrap), "-o", str(tmp_path / "sp2")]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "(inside" in r.output and "wrap/sp/train" in " ".join(r.output.split()), r.output
+    (wrap / "sp").rename(sp)
     assert (table / "part-0.parquet").exists() and sorted(p.name for p in sp.rglob("*.parquet")) == before
     assert runner.invoke(app, ["build-rows", str(sp / "train"), "-o", str(tmp_path / "rows")]).exit_code == 0
 

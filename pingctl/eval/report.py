@@ -38,7 +38,7 @@ class Report(dict):
 # ---------------------------------------------------------------- loading
 
 
-def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
+def load_split(path, columns: list[str] | None = None, split_hint: str = "test") -> dict[str, np.ndarray]:
     """Canonical Parquet (a file, a directory such as `SHARDS/test`, or a glob) -> dict of arrays.
 
     Keys: src, dst (NumPy object arrays of str; equal strings share one object), ip_version
@@ -54,7 +54,7 @@ def load_split(path, columns: list[str] | None = None) -> dict[str, np.ndarray]:
     from pingctl.schema import COLUMNS, check_parquet_columns, resolve_inputs
     from pingctl.shard import refuse_whole_shard_output
 
-    refuse_whole_shard_output([path])
+    refuse_whole_shard_output([path], split=split_hint)
     files = resolve_inputs([path])
     check_parquet_columns(files)
     wanted = list(columns or COLUMNS)

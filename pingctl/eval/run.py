@@ -42,7 +42,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
         load_truth(truth)
     t0 = time.perf_counter()
     progress("loading splits")
-    train = load_split(train_path)
+    train = load_split(train_path, split_hint="train")
     test = load_split(test_path)
     if len(test["rtt"]) == 0:
         raise PingctlError(f"{test_path}: no test rows")
