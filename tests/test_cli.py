@@ -231,3 +231,11 @@ def test_the_console_script_is_the_interrupt_safe_entry_point():
 
     scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["pingctl"] == "pingctl.cli:main"
+
+
+def test_paths_in_notes_and_errors_print_as_given_not_as_markup(tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text("not json\n")
+    out = tmp_path / "o[red]x"
+    r = runner.invoke(app, ["ingest", str(bad), "-o", str(out)])
+    assert r.exit_code == 1 and "o[red]x/rejects.jsonl" in "".join(r.stderr.split()), r.stderr

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, load
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, load, say
 from pingctl.errors import PingctlError, UsageError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -62,7 +62,7 @@ def report(result: dict, as_json: bool, out: Path | None) -> None:
     if not as_json:
         for note in result.get("notes", []):
             console.print(f"  {note}", highlight=False)
-        console.print(f"[dim]JSON written to {out}[/]")
+        say(f"JSON written to {out}", "dim")
 
 
 @app.command("ingest")

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, handle_errors, kv_table, load, step_progress
+from pingctl.cli.common import (ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, emit, handle_errors, kv_table,
+                                load, say, step_progress)
 
 
 def build_rows(
@@ -46,7 +47,7 @@ def build_rows(
     ]
     emit(result, as_json, kv_table(f"build-rows -> {out}", rows))
     if result["rows_rejected"] and not as_json:
-        console.print(f"[yellow]rejected rows: {out / 'rejects.jsonl'}[/]")
+        say(f"rejected rows: {out / 'rejects.jsonl'}", "yellow")
 
 
 def register(app) -> None:

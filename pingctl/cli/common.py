@@ -99,6 +99,14 @@ def _interrupted_query(e: Exception) -> bool:
     return (type(e) is RuntimeError and str(e) == "Query interrupted") or type(e).__name__ == "InterruptException"
 
 
+def say(text: str, style: str = "", err: bool = False, label: str = "") -> None:
+    """One styled line whose text (paths, option values, messages) prints as given: as a
+    markup string, "o[red]x" in a path would lose its brackets."""
+    label_style = {"error: ": "bold red", "warning: ": "yellow"}.get(label, style)
+    (err_console if err else console).print(Text.assemble((label, label_style), (text, style)), highlight=False,
+                                            soft_wrap=True)
+
+
 def _damaged_input(e: Exception) -> bool:
     """DuckDB reading a file that is damaged past its footer (a bad page found mid-query): an
     input problem, and DuckDB's message names the file."""

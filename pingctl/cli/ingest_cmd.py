@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, emit, err_console, handle_errors, kv_table, load, progress
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, emit, handle_errors, kv_table, load, progress, say
 
 
 def _rows(s: dict) -> list[tuple[str, object]]:
@@ -107,7 +107,7 @@ def ingest(
     summary["exit_code"] = code
     emit(summary, as_json, kv_table(f"ingest -> {out}", _rows(summary)))
     if message:
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+        say(message, err=True, label="error: ")
         raise typer.Exit(code)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, kv_table,
-                                load)
+                                load, say)
 from pingctl.schema import utc_text
 
 
@@ -115,7 +115,7 @@ def inspect(
     emit(result, False, tables)
     for name, d in parts.items():
         if d["invalid_rows"]:
-            console.print(f"[yellow]{name}: {d['invalid_rows']:,} invalid rows: {d['invalid_by_reason']}[/]")
+            say(f"{name}: {d['invalid_rows']:,} invalid rows: {d['invalid_by_reason']}", "yellow")
     if result.get("missing"):
         console.print(f"[yellow]no Parquet data in {', '.join(s + '/' for s in result['missing'])} "
                       "(an empty split, or one not written)[/]", highlight=False)
@@ -193,7 +193,7 @@ def _print_rows(r: dict) -> None:
         tables.append(t)
     emit(r, False, tables)
     for e in r["errors"]:
-        console.print(f"[red]{e['file']} record {e['record']}: {e['error']}[/]", highlight=False)
+        say(f"{e['file']} record {e['record']}: {e['error']}", "red")
     if r["errors"]:
         console.print(f"[yellow]{r['records']:,} records readable; {len(r['errors'])} error(s)[/]")
 

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, step_progress
+from pingctl.cli.common import (ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, emit, fmt, handle_errors,
+                                kv_table, load, say, step_progress)
 
 
 def shard(
@@ -63,7 +64,7 @@ def shard(
     )
     emit(result, False, [t, summary])
     if result["rows_rejected"]:
-        console.print(f"[yellow]rejected rows and reasons: {out / 'rejects.jsonl'}[/]")
+        say(f"rejected rows and reasons: {out / 'rejects.jsonl'}", "yellow")
 
 
 def splits_table(result: dict, out):

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, handle_errors, kv_table, load
+from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, handle_errors, kv_table,
+                                load, say)
 
 
 def train(
@@ -125,7 +126,7 @@ def _report(s: dict, as_json: bool) -> None:
     emit(s, as_json, kv_table("train summary", rows))
     if not as_json:
         for w in s.get("warnings", []):
-            err_console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+            say(w, "", err=True, label="warning: ")
 
 
 def _stopped(info: dict | None) -> str:
