@@ -22,3 +22,13 @@ class UsageError(PingctlError):
 
 class ConfigError(UsageError):
     kind = "config"
+
+
+def duckdb_interrupted(e: BaseException) -> bool:
+    """Ctrl-C inside a DuckDB query surfaces as DuckDB's own error, not KeyboardInterrupt: a
+    RuntimeError('Query interrupted') when the binding sees the signal, else InterruptException."""
+    return (type(e) is RuntimeError and str(e) == "Query interrupted") or type(e).__name__ == "InterruptException"
+
+
+def duckdb_out_of_memory(e: BaseException) -> bool:
+    return type(e).__name__ == "OutOfMemoryException"

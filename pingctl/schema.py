@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory
 
 SEED_COLUMNS = (
     "msm_id",
@@ -336,9 +336,11 @@ def all_rejected(con, files: list[Path], read: int) -> PingctlError:
         "SELECT reject_reason, count(*), min(struct_pack(f := _file, r := _row)) "
         "FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1"
     ).fetchall()
+    if not read:
+        return PingctlError(f"no rows in {len(files)} input file(s)")
     lines = [f"  {reason}: {n:,} rows ({REJECT_REASONS.get(reason, reason)}); first: {first['f']} row {first['r']}"
              for reason, n, first in rows]
-    return PingctlError(f"no valid rows in {len(files)} input file(s): all {read:,} rejected\n" + "\n".join(lines))
+    return PingctlError("\n".join([f"no valid rows in {len(files)} input file(s): all {read:,} rejected", *lines]))
 
 
 def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
@@ -373,7 +375,7 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
         ).to_arrow_table()
         raw_types = {name: typ for name, typ, *_ in con.execute("DESCRIBE _raw").fetchall()}
     except Exception as e:  # noqa: BLE001 - duckdb raises many types for unreadable data
-        if type(e).__name__ in ("OutOfMemoryException", "InterruptException") or str(e) == "Query interrupted":
+        if duckdb_interrupted(e) or duckdb_out_of_memory(e):
             raise  # not the input's fault: the CLI names these
         raise PingctlError(f"cannot read input Parquet: {_first_unreadable(files) or e}") from None
     con.register("_addr_map", address_map(distinct.column(0).to_pylist()))

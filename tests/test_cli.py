@@ -157,7 +157,7 @@ def test_interrupt_and_internal_errors_keep_their_exit_codes_and_json(capsys, mo
     def broken(as_json=False):
         raise ZeroDivisionError("boom")
 
-    for fn, code, kind, text in ((interrupted, 130, "interrupted", "run the same command again"),
+    for fn, code, kind, text in ((interrupted, 130, "interrupted", "run the command again"),
                                  (broken, 70, "internal", "ZeroDivisionError: boom")):
         for as_json in (False, True):
             with pytest.raises(typer.Exit) as e:
@@ -169,6 +169,13 @@ def test_interrupt_and_internal_errors_keep_their_exit_codes_and_json(capsys, mo
                 assert (err["kind"], err["exit_code"]) == (kind, code) and text in err["message"]
             else:
                 assert out.out == ""
+
+    def train(as_json=False):
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit):
+        handle_errors(train)()
+    assert "resumes from the last one" in capsys.readouterr().err  # only train speaks of checkpoints
 
 
 def test_ctrl_c_inside_a_duckdb_query_is_an_interrupt_not_an_internal_error(capsys):
@@ -205,7 +212,7 @@ def test_duckdb_out_of_memory_says_to_raise_the_memory_limit(tmp_path):
     pq.write_table(make_table(20_000), tmp_path / "t.parquet")
     r = runner.invoke(app, ["shard", str(tmp_path / "t.parquet"), "-o", str(tmp_path / "out"), "--memory-limit", "1KB"])
     text = " ".join(r.output.split())
-    assert r.exit_code == 1 and "ran out of memory under its memory limit: raise --memory-limit" in text, r.output
+    assert r.exit_code == 1 and "ran out of memory under its memory limit: raise it (--memory-limit" in text, r.output
     assert "internal error" not in text and "cannot read input Parquet" not in text
 
 

@@ -65,3 +65,21 @@ def test_readers_name_a_damaged_file_instead_of_reading_other_numbers(tmp_path):
     _damage(f)
     with pytest.raises(PingctlError, match=r"test\.parquet: damaged or unreadable Parquet .*CRC"):
         load_split(f)
+
+
+def test_sample_outputs_carry_checksums_and_tokenize_checks_them(tmp_path, tiny_run, synth_rows):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "gen.parquet"
+    r = runner.invoke(app, ["sample", str(tiny_run), "--n", "2", "--measurements", "3", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    _damage(out, "rtt")
+    assert _pages_fail_their_checksum(out)
+    part = tmp_path / "part.parquet"
+    shutil.copy(next((synth_rows / "synth").glob("part-*.parquet")), part)
+    _damage(part, "rtt")
+    r = runner.invoke(app, ["tokenize", str(part), "--stats"])
+    assert r.exit_code == 1 and "part.parquet" in r.output and "CRC" in r.output, r.output

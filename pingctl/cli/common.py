@@ -48,7 +48,7 @@ def handle_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from pingctl.errors import PingctlError
+        from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory
 
         as_json = bool(kwargs.get("as_json"))
         try:
@@ -56,19 +56,20 @@ def handle_errors(fn: Callable) -> Callable:
         except PingctlError as e:
             _fail(as_json, e.kind, str(e), e.exit_code)
         except KeyboardInterrupt:
-            _fail(as_json, "interrupted", _INTERRUPTED, 130)
+            _fail(as_json, "interrupted", _interrupted(fn), 130)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - last line of defence for the user
-            if _interrupted_query(e):
-                _fail(as_json, "interrupted", _INTERRUPTED, 130)
+            if duckdb_interrupted(e):
+                _fail(as_json, "interrupted", _interrupted(fn), 130)
             if os.environ.get("PINGCTL_DEBUG"):
                 raise
             if _damaged_input(e):
                 _fail(as_json, "input", f"damaged input: {e}", 1)
-            if type(e).__name__ == "OutOfMemoryException":
-                _fail(as_json, "input", "DuckDB ran out of memory under its memory limit: raise --memory-limit "
-                      f"(data.shard.memory_limit / rows.memory_limit), or use fewer threads ({str(e).splitlines()[0]})", 1)
+            if duckdb_out_of_memory(e):
+                _fail(as_json, "input", "DuckDB ran out of memory under its memory limit: raise it (--memory-limit, "
+                      f"or data.shard.memory_limit / rows.memory_limit) or use fewer threads ({str(e).splitlines()[0]})",
+                      1)
             _fail(as_json, "internal", f"{type(e).__name__}: {e}", 70,
                   hint="  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
 
@@ -89,14 +90,10 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
     raise typer.Exit(code) from None
 
 
-_INTERRUPTED = ("no output was left looking complete; run the same command again (a training run resumes "
-                "from its last committed checkpoint)")
-
-
-def _interrupted_query(e: Exception) -> bool:
-    """Ctrl-C inside a DuckDB query surfaces as DuckDB's own error, not KeyboardInterrupt: a
-    RuntimeError('Query interrupted') when the binding sees the signal, else InterruptException."""
-    return (type(e) is RuntimeError and str(e) == "Query interrupted") or type(e).__name__ == "InterruptException"
+def _interrupted(fn: Callable) -> str:
+    if fn.__name__ == "train":
+        return "the run keeps its committed checkpoints; the same command resumes from the last one"
+    return "nothing was left looking complete; run the command again"
 
 
 def say(text: str, style: str = "", err: bool = False, label: str = "") -> None:

@@ -230,16 +230,12 @@ def _parse_time(text: str | None) -> int | None:
 
 
 def _read_context(path: Path):
-    import pyarrow.parquet as pq
-
+    from pingctl.parquet_io import read_table
     from pingctl.tokenizer import Measurements
 
     if not path.exists():
         raise PingctlError(f"--context {path}: no such file")
-    try:
-        table = pq.read_table(path, page_checksum_verification=True)
-    except Exception as e:  # noqa: BLE001
-        raise PingctlError(f"{path}: cannot read context Parquet ({e})") from None
+    table = read_table(path)
     try:
         return Measurements.from_arrow(table)
     except PingctlError as e:
@@ -311,6 +307,7 @@ def _write_distribution(d, out: Path, src: str, dst: str) -> None:
     import pyarrow.parquet as pq
 
     from pingctl.atomic import atomic_file
+    from pingctl.parquet_io import WRITE_OPTIONS
 
     meta = {"src": src, "dst": dst, "p_fail": d.p_fail}
     with atomic_file(out) as tmp:
@@ -319,7 +316,7 @@ def _write_distribution(d, out: Path, src: str, dst: str) -> None:
                                        "probability": d.probs.tolist()}))
         else:
             table = pa.table({"code": pa.array(d.codes, pa.uint16()), "rtt_ms": d.values_ms, "probability": d.probs})
-            pq.write_table(table.replace_schema_metadata({"pingctl": json.dumps(meta)}), tmp)
+            pq.write_table(table.replace_schema_metadata({"pingctl": json.dumps(meta)}), tmp, **WRITE_OPTIONS)
 
 
 def _write_generated(streams, out: Path) -> None:
@@ -330,6 +327,7 @@ def _write_generated(streams, out: Path) -> None:
     import pyarrow.parquet as pq
 
     from pingctl.atomic import atomic_file
+    from pingctl.parquet_io import WRITE_OPTIONS
     from pingctl.tokenizer import Measurements
 
     ms = [d.measurements for d in streams]
@@ -342,7 +340,7 @@ def _write_generated(streams, out: Path) -> None:
                 r["stream"] = int(s)
             tmp.write_text(json.dumps(rows, default=json_default, indent=1))
         else:
-            pq.write_table(table.append_column("stream", pa.array(stream_id, pa.int64())), tmp)
+            pq.write_table(table.append_column("stream", pa.array(stream_id, pa.int64())), tmp, **WRITE_OPTIONS)
 
 
 def register(app) -> None:

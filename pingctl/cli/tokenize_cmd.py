@@ -146,7 +146,7 @@ def _read_rows(inputs: list[Path], limit: int):
     batches, got = [], 0
     for f in files:
         try:
-            for b in pq.ParquetFile(f).iter_batches(batch_size=min(limit, 65_536), columns=list(SEED_COLUMNS)):
+            for b in pq.ParquetFile(f, page_checksum_verification=True).iter_batches(batch_size=min(limit, 65_536), columns=list(SEED_COLUMNS)):
                 b = b.slice(0, limit - got)
                 batches.append(pa.Table.from_batches([b]))
                 got += b.num_rows
