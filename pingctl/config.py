@@ -74,7 +74,7 @@ class IngestConfig(Section):
             try:
                 parse_when(v, "time")
             except PingctlError as e:
-                raise ValueError(str(e).removeprefix("time ")) from None
+                raise ValueError(str(e).split(": ", 1)[-1]) from None  # the field and value are named around it
         return v
 
     @model_validator(mode="after")
@@ -322,7 +322,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r}: bad key {key!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -355,6 +355,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"key {key!r} is given twice in this mapping", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# Times stay text: the fields that hold one parse it themselves (with a message naming the
+# field), where PyYAML's own timestamp constructor raised a bare ValueError on 2024-13-01.
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
 
 
 def load_config(

@@ -94,6 +94,8 @@ def test_non_utf8_config_and_non_finite_values_are_config_errors(tmp_path):
 
 @pytest.mark.parametrize("override, needle", [
     ("data.ingest.since=garbage", "expected ISO 8601"),
+    ("data.ingest.since=2024-13-01", "data.ingest.since = '2024-13-01': expected ISO 8601"),  # YAML's date: exit 70
+    ("data.synth.start=2024-02-30", "not an ISO 8601 time"),
     ("data.ingest.until=nan", "not a valid time"),
     ("data.shard.memory_limit=banana", "memory limit is a size"),
     ("rows.memory_limit=4 parsecs", "memory limit is a size"),
@@ -168,3 +170,15 @@ def test_settings_that_cannot_work_are_config_errors_before_any_input_is_read(ar
     r = CliRunner().invoke(app, [str(tmp_path / a) if a in ("in", "out") else a for a in args])
     assert r.exit_code == 2 and needle in r.output and "Value error" not in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_an_impossible_date_in_a_config_file_names_its_field(tmp_path):
+    from pingctl.config import load_config
+    from pingctl.errors import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  ingest:\n    since: 2024-13-01\n")  # PyYAML's own date: a bare ValueError
+    with pytest.raises(ConfigError, match="data.ingest.since = '2024-13-01'"):
+        load_config(f)
+    f.write_text("data:\n  ingest:\n    since: 2024-01-01\n    until: 2024-02-01 00:00:00\n")
+    assert load_config(f).data.ingest.since == "2024-01-01"
