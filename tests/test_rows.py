@@ -255,3 +255,26 @@ def test_when_every_row_is_rejected_the_message_gives_each_reason_and_its_first_
     for cmd in ("shard", "build-rows"):
         r = runner.invoke(app, [cmd, str(tmp_path / "empty.parquet"), "-o", str(tmp_path / cmd), "--json"])
         assert r.exit_code == 1 and json.loads(r.stdout)["error"]["message"] == "no rows in 1 input file(s)"
+
+
+def test_inspect_of_rows_checks_the_manifest_as_the_loader_does(split_dir, tmp_path):
+    """A cut, list-shaped or lying manifest.json was reported as clean (or an internal error)
+    while training refused those rows."""
+    import shutil
+
+    out = tmp_path / "rows"
+    build_rows([split_dir[0]], out)
+    good = (out / "manifest.json").read_text()
+    assert runner.invoke(app, ["inspect", str(out)]).exit_code == 0
+    manifest = json.loads(good)
+    for text, needle in ((good[:200], "no readable manifest.json"), ("[1, 2]", "malformed"),
+                         (json.dumps({**manifest, "layout_version": 99}), "layout version 99"),
+                         (json.dumps({**manifest, "files": manifest["files"] + ["rows-09999.arrayrecord"]}),
+                          "lists rows-09999.arrayrecord, which is missing")):
+        bad = tmp_path / "bad"
+        shutil.rmtree(bad, ignore_errors=True)
+        shutil.copytree(out, bad)
+        (bad / "manifest.json").write_text(text)
+        r = runner.invoke(app, ["inspect", str(bad), "--json"])
+        desc = json.loads(r.stdout)
+        assert r.exit_code == 1 and desc["exit_code"] == 1 and any(needle in e["error"] for e in desc["errors"]), r.output

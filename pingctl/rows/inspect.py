@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +97,7 @@ def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> d
             tokens.append(int(tokens_per_measurement(rec)))
         if len(samples) < sample:
             samples.append(_sample(rec, f, i))
-    meta = _manifest(path)
+    meta = _manifest(path, files, errors)
     total = int(sum(n_meas))
     if not n_meas and errors:
         raise PingctlError(
@@ -166,12 +165,29 @@ def _dist(values) -> dict:
     return {"min": float(a.min()), "p50": float(np.median(a)), "mean": float(a.mean()), "max": float(a.max())}
 
 
-def _manifest(path: Path) -> dict:
-    m = (Path(path) if Path(path).is_dir() else Path(path).parent) / "manifest.json"
-    try:
-        return json.loads(m.read_text())
-    except (OSError, ValueError):
+def _manifest(path: Path, files: list[Path], errors: list[dict]) -> dict:
+    """The rows' manifest, checked as the loader checks it: rows that training would refuse
+    (a damaged manifest, listed files missing, another layout) are errors here too, not a
+    clean report. A single .arrayrecord file is described without its directory's manifest."""
+    from pingctl.loader.pipeline import rows_manifest
+    from pingctl.rows.layout import VERSION
+
+    d = Path(path)
+    if not d.is_dir():
         return {}
+    try:
+        meta = rows_manifest(d)
+    except PingctlError as e:
+        errors.append({"file": str(d / "manifest.json"), "record": None, "error": str(e)})
+        return {}
+    listed = meta.get("files", [])
+    on_disk = {f.name for f in files}
+    problems = [f"lists {name}, which is missing" for name in listed if isinstance(name, str) and name not in on_disk]
+    problems += [f"does not list {name}" for name in sorted(on_disk - set(map(str, listed)))] if listed else []
+    if meta.get("layout_version") != VERSION:
+        problems.append(f"layout version {meta.get('layout_version')!r}, this pingctl reads {VERSION}")
+    errors += [{"file": str(d / "manifest.json"), "record": None, "error": p} for p in problems]
+    return meta
 
 
 def _sample(rec, f: Path, i: int, k: int = 5) -> dict:
