@@ -26,7 +26,7 @@ class Section(BaseModel):
 _MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(b|bytes?|[kmgt]i?b)?\s*", re.I)
 
 
-def _memory_limit(v: str) -> str:
+def check_memory_limit(v: str) -> str:
     m = _MEMORY.fullmatch(str(v))
     if not m or float(m.group(1)) <= 0:
         raise ValueError("a DuckDB memory limit is a size like 4GB, 512MB or 2GiB, above 0")
@@ -116,7 +116,7 @@ class ShardConfig(Section):
     rows_per_shard: int = Field(2_000_000, ge=1000, description="target rows per output Parquet shard")
     memory_limit: str = Field("8GB", description="DuckDB memory limit; larger inputs spill to disk")
 
-    _memory = field_validator("memory_limit")(_memory_limit)
+    _memory = field_validator("memory_limit")(check_memory_limit)
     threads: int = Field(0, ge=0, description="DuckDB threads (0 = all cores)")
 
     @model_validator(mode="after")
@@ -142,7 +142,7 @@ class RowsConfig(Section):
     max_row_mb: float = Field(8.0, gt=0, description="split a probe's history into records of at most this size")
     memory_limit: str = Field("2GB", description="DuckDB memory limit for grouping and sorting (peak RSS stays below ~2x)")
 
-    _memory = field_validator("memory_limit")(_memory_limit)
+    _memory = field_validator("memory_limit")(check_memory_limit)
 
 
 class LoaderConfig(Section):

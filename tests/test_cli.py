@@ -116,6 +116,12 @@ def test_decode_of_a_binary_file_is_a_clear_error(tmp_path):
     (["bench", "loader", "--workers", "-3"], "at least 0"),
     (["bench", "loader", "--scheme", "bogus"], "compact or full"),
     (["bench", "ingest", "--workers", "0"], "at least 1"),
+    (["bench", "shard", "--rows", "100", "--strategy", "time,bogus"], "'bogus' is not one of time, probe"),
+    (["bench", "shard", "--rows", "100", "--memory-limit", "lots"], "a DuckDB memory limit is a size"),
+    (["bench", "build-rows", "--rows", "100", "--memory-limit", "0"], "above 0"),
+    (["bench", "tokenize", "--scheme", "bogus"], "compact, full or both"),
+    (["bench", "synth", "--seed", "-1"], "Invalid value"),
+    (["bench", "tokenize", "--n", "999"], "Invalid value"),
 ])
 def test_bench_options_are_usage_errors_before_any_work(args, message):
     r = runner.invoke(app, args)

@@ -34,6 +34,16 @@ def _counts(text: str, option: str, lowest: int) -> list[int]:
     return values
 
 
+def _memory(text: str) -> None:
+    """A memory limit checked as the config checks it, before minutes of benchmark."""
+    from pingctl.config import check_memory_limit
+
+    try:
+        check_memory_limit(text)
+    except ValueError as e:
+        raise UsageError(f"--memory-limit {text!r}: {e}") from None
+
+
 def _check_out(out: Path | None) -> None:
     """Refuse an unusable --out before the benchmark runs (minutes at the default sizes)."""
     from pingctl.atomic import unwritable_reason
@@ -90,7 +100,7 @@ def bench_ingest(
 @handle_errors
 def bench_synth(
     rows: Annotated[int, typer.Option(min=1, help="Rows to generate.")] = 10_000_000,
-    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed.")] = 0,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -119,14 +129,19 @@ def bench_shard(
     """
     from pingctl.shard import bench_shard as run
 
+    strategies = strategy.split(",")
+    bad = [s for s in strategies if s not in ("time", "probe", "pair", "random")]
+    if bad:
+        raise UsageError(f"--strategy {strategy!r}: {', '.join(map(repr, bad))} is not one of time, probe, pair, random")
+    _memory(memory_limit)
     _check_out(out)
-    report(run(rows, strategy.split(","), memory_limit), as_json, out)
+    report(run(rows, strategies, memory_limit), as_json, out)
 
 
 @app.command("tokenize")
 @handle_errors
 def bench_tokenize(
-    n: Annotated[int, typer.Option("--n", help="Measurements to encode.")] = 1_000_000,
+    n: Annotated[int, typer.Option("--n", min=1000, help="Measurements to encode.")] = 1_000_000,
     scheme: Annotated[str, typer.Option(help="compact | full | both.")] = "both",
     as_json: JsonOpt = False,
     out: OutOpt = None,
@@ -137,6 +152,8 @@ def bench_tokenize(
     """
     from pingctl.tokenizer.bench import bench_tokenize as run
 
+    if scheme not in ("compact", "full", "both"):
+        raise UsageError(f"--scheme {scheme!r}: compact, full or both")
     _check_out(out)
     report(run(n, scheme), as_json, out)
 
@@ -156,6 +173,7 @@ def bench_build_rows(
     """
     from pingctl.rows.build import bench_build_rows as run
 
+    _memory(memory_limit)
     _check_out(out)
     report(run(rows, memory_limit, max_row_mb), as_json, out)
 
