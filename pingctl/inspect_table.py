@@ -64,7 +64,8 @@ def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB"
     if sample:
         rel = con.sql(
             "SELECT msm_id, event_time, src_addr, dst_addr, ip_version, rtt, size, packet_error_count, prb_id "
-            f"FROM canonical USING SAMPLE reservoir({int(sample)} ROWS) REPEATABLE (0) ORDER BY event_time"
+            # capped at the table: DuckDB sizes the reservoir by N (--sample 50000000 ran out of memory on 3 rows)
+            f"FROM canonical USING SAMPLE reservoir({min(int(sample), total)} ROWS) REPEATABLE (0) ORDER BY event_time"
         )
         out["sample"] = [dict(zip(rel.columns, r)) for r in rel.fetchall()]
     con.close()

@@ -222,7 +222,12 @@ def _manifest_files(d: Path) -> list[Path] | None:
         files = json.loads((d / "manifest.json").read_text()).get("data_files")
     except (OSError, ValueError, AttributeError):
         return None
-    return [d / f for f in files] if isinstance(files, list) and files else None
+    if not isinstance(files, list) or not files:
+        return None
+    # names inside the directory only: a damaged or foreign manifest must not point elsewhere
+    if not all(isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts for f in files):
+        raise PingctlError(f"{d / 'manifest.json'}: data_files must be file names inside {d}; got {files!r:.200}")
+    return [d / f for f in files]
 
 
 def _hidden(f: Path, root: Path) -> bool:

@@ -236,3 +236,24 @@ def test_a_present_value_that_does_not_cast_names_its_column(tmp_path):
     # an unsigned id beyond int64 is present, so not null either
     path = _cols(tmp_path, "u.parquet", prb_id=pa.array([2**64 - 1, 5, None], pa.uint64()))
     assert _reasons(path) == {0: "bad_prb_id", 1: None, 2: None}
+
+
+def test_a_manifest_may_only_name_files_inside_its_directory_and_sample_is_capped(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    runner = CliRunner()
+    d = tmp_path / "table"
+    d.mkdir()
+    pq.write_table(make_table(3), d / "a.parquet")
+    pq.write_table(make_table(3), tmp_path / "outside.parquet")
+    for files in ([5], ["../outside.parquet"], [str(tmp_path / "outside.parquet")]):
+        (d / "manifest.json").write_text(json.dumps({"data_files": files}))
+        r = runner.invoke(app, ["inspect", str(d)])  # [5] was a TypeError (exit 70); ../ read outside
+        assert r.exit_code == 1 and "data_files must be file names inside" in r.output, r.output
+    (d / "manifest.json").write_text(json.dumps({"data_files": ["a.parquet"]}))
+    r = runner.invoke(app, ["inspect", str(d), "--sample", "50000000", "--json"])  # ran out of memory
+    assert r.exit_code == 0 and len(json.loads(r.stdout)["sample"]) == 3, r.output

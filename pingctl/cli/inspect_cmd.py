@@ -40,7 +40,8 @@ def inspect(
     path: Annotated[Path, typer.Argument(
         help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, "
              "or a `pingctl eval` output (its dir or report.json).")],
-    sample: Annotated[int, typer.Option("--sample", "-n", min=0, help="Also show N random rows (or decoded records).")] = 0,
+    sample: Annotated[int, typer.Option("--sample", "-n", min=0, max=1_000_000_000,
+                                        help="Also show N random rows (or decoded records).")] = 0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,

@@ -28,7 +28,7 @@ def tokenize(
     inputs: Annotated[
         list[Path] | None, typer.Argument(help="Canonical Parquet file(s) or directories to read rows from.")
     ] = None,
-    n: Annotated[int, typer.Option("--n", "-n", min=1, help="Rows to show from the input.")] = 5,
+    n: Annotated[int, typer.Option("--n", "-n", min=1, max=1_000_000_000, help="Rows to show from the input.")] = 5,
     src: Annotated[str | None, typer.Option("--src", help="Source address of one measurement.")] = None,
     dst: Annotated[str | None, typer.Option("--dst", help="Destination address of one measurement.")] = None,
     rtt: Annotated[float | None, typer.Option("--rtt", help="RTT in ms.")] = None,
