@@ -90,9 +90,9 @@ def check_replaceable(out: Path, force: bool = False, inputs: Iterable[Path] = (
     if not out.exists() or force:
         return
     if out.is_file():
-        raise PingctlError(f"{out} exists and is a file; pass a directory or use --force")
+        raise UsageError(f"{out} exists and is a file; pass a directory or use --force")
     if any(out.iterdir()) and not is_pingctl_output(out):
-        raise PingctlError(
+        raise UsageError(
             f"{out} is a non-empty directory that pingctl did not write (no {MANIFEST}); "
             "choose another output or pass --force"
         )

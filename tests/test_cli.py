@@ -252,3 +252,14 @@ def test_paths_in_notes_and_errors_print_as_given_not_as_markup(tmp_path):
     out = tmp_path / "o[red]x"
     r = runner.invoke(app, ["ingest", str(bad), "-o", str(out)])
     assert r.exit_code == 1 and "o[red]x/rejects.jsonl" in "".join(r.stderr.split()), r.stderr
+
+
+def test_an_output_the_command_may_not_replace_is_a_usage_error(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    (tmp_path / "afile").write_text("keep")
+    for out, needle in (("mine", "did not write"), ("afile", "exists and is a file")):
+        r = runner.invoke(app, ["synth", "--rows", "1000", "-o", str(tmp_path / out), "--json"])
+        err = json.loads(r.stdout)["error"]
+        assert r.exit_code == 2 and err["kind"] == "usage" and needle in err["message"], r.output
+    assert (tmp_path / "mine" / "notes.txt").read_text() == (tmp_path / "afile").read_text() == "keep"

@@ -345,7 +345,7 @@ def test_fresh_refuses_what_is_not_a_run_and_run_dirs_that_hold_the_rows(rows, t
     notes.mkdir()
     (notes / "notes.txt").write_text("keep me")
     r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(notes), "--fresh", "--steps", "3"])
-    assert r.exit_code == 1 and "not a pingctl run directory" in r.output
+    assert r.exit_code == 2 and "not a pingctl run directory" in r.output
     assert (notes / "notes.txt").read_text() == "keep me"
     for run in (rows[0], rows[0].parent, rows[0] / "sub"):
         r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(run), "--fresh", "--steps", "3"])
@@ -355,7 +355,7 @@ def test_fresh_refuses_what_is_not_a_run_and_run_dirs_that_hold_the_rows(rows, t
     afile = tmp_path / "afile"
     afile.write_text("x")
     r = runner.invoke(app, ["train", str(rows[0]), "--run-dir", str(afile), "--steps", "3"])
-    assert r.exit_code == 1 and "is a file" in r.output
+    assert r.exit_code == 2 and "is a file" in r.output
 
 
 def test_the_live_view_opens_only_after_the_pre_flight_checks(tmp_path, capsys):

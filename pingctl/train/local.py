@@ -87,13 +87,13 @@ def _is_run_dir(path: Path) -> bool:
 def _check_run_dir(run: Path, rows: list[Path], fresh: bool) -> None:
     """Refuse run directories whose use would destroy or mix data: --fresh deletes the whole tree."""
     if run.exists() and not run.is_dir():
-        raise PingctlError(f"--run-dir {run} is a file; give a directory")
+        raise UsageError(f"--run-dir {run} is a file; give a directory")
     for r in rows:
         r = r.resolve()
         if r == run or run in r.parents or r in run.parents:
             raise UsageError(f"--run-dir {run} overlaps the rows {r}; give the run its own directory")
     if fresh and run.is_dir() and any(run.iterdir()) and not _is_run_dir(run):
-        raise PingctlError(
+        raise UsageError(
             f"--fresh would delete {run}, which is not a pingctl run directory (no config.yaml, "
             "maxtext.yml or checkpoints); remove it yourself or choose another --run-dir"
         )
