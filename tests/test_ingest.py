@@ -809,6 +809,8 @@ def test_bench_ingest_small(tmp_path, monkeypatch):
     cases = [row["case"] for row in r["table"]]
     assert cases == ["ingest -j 1", "decompress only", "sagan parse", "pingctl parse", "pingctl parse, orjson only"]
     assert r["sagan"]["results"] == 20 and r["sagan"]["speedup_parse"] > 0 and r["notes"]
+    # no path in the report may name the deleted temporary output
+    assert "pingctl-bench-ingest-" not in json.dumps(r, default=str)
     monkeypatch.setattr(bench, "SHARED", tmp_path / "nowhere")
     with pytest.raises(PingctlError, match="pass RIPE Atlas result files"):
         bench.bench_ingest([], [1], sagan=False, limit=None)

@@ -161,6 +161,7 @@ def bench_ingest(inputs: list[Path], workers: list[int], sagan: bool, limit: int
             ]
             best = min(got, key=lambda g: g[0]["elapsed_s"])
             summary, wall, rss = best
+            summary.pop("out", None)  # a temporary directory, deleted before the JSON is read
             summary["wall_s"] = round(wall, 3)
             summary["peak_rss_mb"] = round(rss, 1)
             summary["elapsed_all_s"] = [g[0]["elapsed_s"] for g in got]
