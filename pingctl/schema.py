@@ -348,8 +348,11 @@ def all_rejected(con, files: list[Path], read: int) -> PingctlError:
     return PingctlError("\n".join([f"no valid rows in {len(files)} input file(s): all {read:,} rejected", *lines]))
 
 
-def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
+def canonical_query(con, files: list[Path], view: str = "canonical", head: int | None = None) -> None:
     """Create DuckDB view `view`: canonical columns + `reject_reason` (NULL = valid) + provenance.
+
+    `head` reads only the first `head` rows of each group of files (in file order when the
+    connection preserves insertion order), so a look at a few rows does not scan a 100M-row table.
 
     Addresses are validated by parsing each *distinct* string once in Python (DuckDB's inet
     extension would need a download); the result is joined back, so 100M rows cost one
@@ -370,6 +373,7 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
         + "".join(f", {c}::VARCHAR AS {c}" for c in bools)
         + "), event_time IS NULL AS _time_missing, event_time::VARCHAR AS _time_raw "
         f"FROM read_parquet({_sql_list(group)}, filename=true, file_row_number=true, union_by_name=true)"
+        + (f" LIMIT {int(head)}" if head is not None else "")
         for (kind, bools), group in groups.items()
     ]
     try:
@@ -442,6 +446,38 @@ def canonical_query(con, files: list[Path], view: str = "canonical") -> None:
 
 
 CANONICAL_SELECT = ", ".join(COLUMNS)
+
+
+def canonical_head(files: list[Path], limit: int, memory_limit: str = "4GB"):
+    """The first `limit` rows of `files` in file order, checked as every pipeline step checks them.
+
+    Returns (valid rows as an Arrow table of the seed columns in canonical types, the
+    rejected rows as an Arrow table of _file, _row, reject_reason, rows read). A command that only shows
+    rows (tokenize) must not show as valid what build-rows would reject.
+    """
+    import pyarrow as pa
+
+    from pingctl.parquet_io import verify_head
+
+    con = connect(memory_limit, threads=1)
+    con.execute("SET preserve_insertion_order=true")  # "first rows" in file order
+    tables, rejected, read = [], [], 0
+    check_parquet_columns(files)  # a missing column is named as such, not as an unreadable page
+    try:
+        for f in files:
+            verify_head(f, limit - read, list(SEED_COLUMNS))
+            canonical_query(con, [f], head=limit - read)
+            t = con.sql(
+                f"SELECT {', '.join(SEED_COLUMNS)}, _file, _row, reject_reason FROM canonical ORDER BY _row"
+            ).to_arrow_table()
+            read += t.num_rows
+            rejected.append(t.filter(t.column("reject_reason").is_valid()).select(["_file", "_row", "reject_reason"]))
+            tables.append(t.filter(t.column("reject_reason").is_null()).select(list(SEED_COLUMNS)))
+            if read >= limit:
+                break
+    finally:
+        con.close()
+    return pa.concat_tables(tables), pa.concat_tables(rejected), read
 
 
 def one(con, sql: str, params=None) -> tuple:

@@ -146,10 +146,49 @@ def test_file_problems_name_the_files_and_rtt_beyond_the_code_is_refused(tmp_pat
     pq.write_table(t.set_column(1, "event_time", pa.array(secs, pa.int64())), tmp_path / "int.parquet")
     bad = t.set_column(2, "src_addr", pa.array(["2001:db8::1%eth0"] + t.column("src_addr").to_pylist()[1:]))
     pq.write_table(bad, tmp_path / "bad.parquet")
-    r = runner.invoke(app, ["tokenize", str(tmp_path / "ts.parquet"), str(tmp_path / "int.parquet"), "--stats"])
-    assert r.exit_code == 1 and "do not combine" in r.output and "internal error" not in r.output
+    # timestamp and integer-seconds files are read as one table, as build-rows reads them
+    r = runner.invoke(app, ["tokenize", str(tmp_path / "ts.parquet"), str(tmp_path / "int.parquet"), "--stats",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["rows_read"] == 40 and json.loads(r.stdout)["rows"] == 40
     r = runner.invoke(app, ["tokenize", str(tmp_path / "bad.parquet")])
-    assert r.exit_code == 1 and "bad.parquet" in r.output and "%eth0" in r.output
+    assert r.exit_code == 0 and "bad.parquet row 0" in r.output and "bad_src_addr" in r.output
     for rtt in ("inf", "1e300"):  # saturated silently to the largest code before
         r = runner.invoke(app, ["tokenize", "--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", rtt])
         assert r.exit_code == 2 and "beyond the RTT code" in r.output
+
+
+def test_rows_build_rows_would_reject_are_skipped_and_named(tmp_path):
+    """Shown as tokens, a row build-rows rejects would teach an encoding training never sees:
+    a 1e300 ms RTT (saturated), a negative size (encoded as 0), an IPv4 pair labelled 6."""
+    import pyarrow as pa
+
+    t = make_table(6, probes=1, targets=2)
+    rtt = t.column("rtt").to_pylist()
+    rtt[1] = 1e300
+    size = t.column("size").to_pylist()
+    size[3] = -3
+    ipv = t.column("ip_version").to_pylist()
+    ipv[4] = 6
+    t = t.set_column(t.schema.get_field_index("rtt"), "rtt", pa.array(rtt, pa.float64()))
+    t = t.set_column(t.schema.get_field_index("size"), "size", pa.array(size, t.schema.field("size").type))
+    t = t.set_column(t.schema.get_field_index("ip_version"), "ip_version",
+                     pa.array(ipv, t.schema.field("ip_version").type))
+    f = tmp_path / "mixed.parquet"
+    pq.write_table(t, f)
+    r = run(str(f), "-n", "6", "--scheme", "full", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["rows_read"] == 6 and out["rows_rejected"] == 3 and len(out["measurements"]) == 3
+    assert {k: (v["rows"], v["first"]["row"]) for k, v in out["rejected"].items()} == {
+        "bad_rtt": (1, 1), "bad_size": (1, 3), "af_mismatch": (1, 4)}
+    assert all(m["rtt_ms"] < 1e6 for m in out["measurements"])
+    assert "mixed.parquet row 1" in r.stderr and "bad_rtt" in r.stderr
+    r = run(str(f), "--stats", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["rows"] == 3, r.output
+    # only invalid rows among those read: an error naming each reason, not an empty table
+    r = run(str(f), "-n", "2")
+    assert r.exit_code == 0  # row 0 is valid
+    pq.write_table(t.slice(1, 1), tmp_path / "one.parquet")
+    r = run(str(tmp_path / "one.parquet"))
+    assert r.exit_code == 1 and "no valid rows" in r.output and "bad_rtt" in r.output and "row 0" in r.output

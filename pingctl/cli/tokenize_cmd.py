@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load
+from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, say
 from pingctl.errors import PingctlError, UsageError
 
 STYLE = {
@@ -77,12 +77,13 @@ def tokenize(
 
     if fields_given:
         m = _from_fields(src, dst, rtt, time, failed, size, errors, msm_id)
-        source = "command line"
+        source, read = "command line", None
     else:
         source = ", ".join(map(str, inputs))
+        table, read = _read_rows(inputs, n)
         with _naming(inputs):
-            m = Measurements.from_arrow(_read_rows(inputs, n))
-    _show(m, sch, seed, source, as_json)
+            m = Measurements.from_arrow(table)
+    _show(m, sch, seed, source, as_json, read)
 
 
 # ---------------------------------------------------------------- input
@@ -135,34 +136,46 @@ def _naming(inputs: list[Path]):
 
 
 def _read_rows(inputs: list[Path], limit: int):
-    """The first `limit` rows of the inputs (in file order), canonical seed columns only."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """The first `limit` rows of the inputs (in file order) that pingctl accepts, in canonical
+    types, and what became of the rest: (table, {"rows_read", "rejected": {reason: {...}}}).
 
-    from pingctl.schema import SEED_COLUMNS, check_parquet_columns, resolve_inputs
+    The rows pass the checks build-rows applies: shown as tokens, a row it would reject (an
+    RTT of 1e300, a negative size, an address of the wrong family) would teach the user
+    an encoding that training never sees.
+    """
+    from pingctl.schema import canonical_head, resolve_inputs
 
     files = resolve_inputs(inputs)
-    check_parquet_columns(files)
-    batches, got = [], 0
-    for f in files:
-        try:
-            for b in pq.ParquetFile(f, page_checksum_verification=True).iter_batches(batch_size=min(limit, 65_536), columns=list(SEED_COLUMNS)):
-                b = b.slice(0, limit - got)
-                batches.append(pa.Table.from_batches([b]))
-                got += b.num_rows
-                if got >= limit:
-                    break
-        except (OSError, pa.ArrowException) as e:
-            raise PingctlError(f"{f}: cannot read Parquet ({e})") from None
-        if got >= limit:
-            break
-    if not batches:
-        raise PingctlError("the input has no rows")
-    try:
-        return pa.concat_tables(batches, promote_options="permissive")
-    except pa.ArrowException as e:
-        raise PingctlError(f"{', '.join(map(str, files))}: the files' columns have types that do not combine "
-                           f"({e}); tokenize one file at a time, or pass them through `pingctl shard` first") from None
+    table, bad, read = canonical_head(files, limit)
+    if not read:
+        raise PingctlError(f"{', '.join(map(str, inputs))}: the input has no rows")
+    rejected = _rejected_summary(bad)
+    if not table.num_rows:
+        raise PingctlError(f"no valid rows among the first {read:,} of {', '.join(map(str, inputs))}\n"
+                           + "\n".join(_rejected_lines(rejected)))
+    if rejected:
+        say(f"skipped {bad.num_rows:,} of the first {read:,} rows, which build-rows would reject:", err=True,
+            label="warning: ")
+        for line in _rejected_lines(rejected):
+            say(line, err=True)
+    return table, {"rows_read": read, "rows_rejected": bad.num_rows, "rejected": rejected}
+
+
+def _rejected_summary(bad) -> dict:
+    """reason -> {rows, meaning, first: {file, row}}; `bad` is in file and row order."""
+    from pingctl.schema import REJECT_REASONS
+
+    out: dict = {}
+    for r in bad.to_pylist():
+        e = out.setdefault(r["reject_reason"], {"rows": 0, "meaning": REJECT_REASONS.get(r["reject_reason"], ""),
+                                                "first": {"file": r["_file"], "row": r["_row"]}})
+        e["rows"] += 1
+    return out
+
+
+def _rejected_lines(rejected: dict) -> list[str]:
+    return [f"  {reason}: {e['rows']:,} row(s) ({e['meaning']}); first: {e['first']['file']} row {e['first']['row']}"
+            for reason, e in sorted(rejected.items(), key=lambda kv: -kv[1]["rows"])]
 
 
 def _parse_ids(text: str, vocab) -> list[int]:
@@ -289,9 +302,10 @@ def _describe(m, scheme: str, seed: int | None) -> dict:
     }
 
 
-def _show(m, scheme: str, seed: int | None, source: str, as_json: bool) -> None:
+def _show(m, scheme: str, seed: int | None, source: str, as_json: bool, read: dict | None = None) -> None:
     result = _describe(m, scheme, seed)
     result["source"] = source
+    result.update(read or {})
     if as_json:
         emit(result, True)
         return
@@ -402,10 +416,11 @@ def _decode_mode(text: str, scheme: str, as_json: bool) -> None:
 def _stats_mode(inputs: list[Path], max_rows: int, cfg, as_json: bool) -> None:
     from pingctl.tokenizer.stats import token_stats
 
-    table = _read_rows(inputs, max_rows)
+    table, read = _read_rows(inputs, max_rows)
     with _naming(inputs):
         result = token_stats(table, cfg.loader.seq_len)
     result["inputs"] = [str(p) for p in inputs]
+    result.update(read)
     if as_json:
         emit(result, True)
         return
@@ -422,7 +437,8 @@ def _stats_mode(inputs: list[Path], max_rows: int, cfg, as_json: bool) -> None:
     summary = kv_table(
         "stats",
         [
-            ("rows read", result["rows"]),
+            ("rows read", result["rows_read"]),
+            ("rows rejected (not counted)", result["rows_rejected"]),
             ("sources (histories)", result["sources"]),
             (f"contexts of <= {result['seq_len']} compact tokens", result["contexts"]),
             ("compact timestamp abs", f"{ts['abs']:.2%}"),
