@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,11 +23,23 @@ class Section(BaseModel):
     # no inf/NaN anywhere: `--max-row-mb inf` reached the writer as a NaN record size
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, v, info):
+        # pydantic reads true as 1: YAML's `seed: on` or `--set eval.seed=yes` became seed 1
+        if isinstance(v, bool):
+            ann = cls.model_fields[info.field_name].annotation
+            if ann is not bool and bool not in typing.get_args(ann) and ann is not typing.Any:
+                raise ValueError("a boolean (true/false, yes/no, on/off) where a number or text is expected")
+        return v
+
 
 _MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(b|bytes?|[kmgt]i?b)?\s*", re.I)
 
 
-def check_memory_limit(v: str) -> str:
+def check_memory_limit(v):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):  # YAML made `4096` a number: bytes? MB?
+        raise ValueError(f"a DuckDB memory limit needs a unit: {v}MB or {v}GB, say")
     m = _MEMORY.fullmatch(str(v))
     if not m or float(m.group(1)) <= 0:
         raise ValueError("a DuckDB memory limit is a size like 4GB, 512MB or 2GiB, above 0")
@@ -116,7 +129,7 @@ class ShardConfig(Section):
     rows_per_shard: int = Field(2_000_000, ge=1000, description="target rows per output Parquet shard")
     memory_limit: str = Field("8GB", description="DuckDB memory limit; larger inputs spill to disk")
 
-    _memory = field_validator("memory_limit")(check_memory_limit)
+    _memory = field_validator("memory_limit", mode="before")(check_memory_limit)
     threads: int = Field(0, ge=0, description="DuckDB threads (0 = all cores)")
 
     @model_validator(mode="after")
@@ -142,7 +155,7 @@ class RowsConfig(Section):
     max_row_mb: float = Field(8.0, gt=0, description="split a probe's history into records of at most this size")
     memory_limit: str = Field("2GB", description="DuckDB memory limit for grouping and sorting (peak RSS stays below ~2x)")
 
-    _memory = field_validator("memory_limit")(check_memory_limit)
+    _memory = field_validator("memory_limit", mode="before")(check_memory_limit)
 
 
 class LoaderConfig(Section):

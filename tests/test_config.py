@@ -100,6 +100,10 @@ def test_non_utf8_config_and_non_finite_values_are_config_errors(tmp_path):
     ("data.shard.memory_limit=banana", "memory limit is a size"),
     ("rows.memory_limit=4 parsecs", "memory limit is a size"),
     ("data.synth.start=garbage", "not an ISO 8601 time"),
+    ("rows.memory_limit=4096", "needs a unit: 4096MB"),  # was "Input should be a valid string"
+    ("eval.seed=true", "a boolean"),  # pydantic made it seed 1
+    ("data.synth.rows=on", "a boolean"),  # YAML 1.1: on = true
+    ("eval.context=yes", "a boolean"),
 ])
 def test_check_catches_what_a_run_would_refuse(override, needle):
     # `config check` said "valid" for these; the run then failed on them
@@ -117,6 +121,8 @@ def test_memory_limits_and_times_that_are_fine():
                              "data.ingest.since=2024-01-01", "data.ingest.until=1800000000",
                              "data.synth.start=2024-02-01T00:00:00"])
     assert cfg.rows.memory_limit == "4gb" and cfg.data.ingest.until == "1800000000"
+    cfg = load_config(None, ["train.wandb=yes", "data.ingest.drop_dups=true"])  # booleans where they belong
+    assert cfg.train.wandb is True and cfg.data.ingest.drop_dups is True
 
 
 def test_a_key_given_twice_is_refused_with_its_line(tmp_path):
