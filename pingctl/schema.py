@@ -459,7 +459,7 @@ def canonical_head(files: list[Path], limit: int, memory_limit: str = "4GB"):
 
     from pingctl.parquet_io import verify_head
 
-    con = connect(memory_limit, threads=1)
+    con = connect(memory_limit)
     con.execute("SET preserve_insertion_order=true")  # "first rows" in file order
     tables, rejected, read = [], [], 0
     check_parquet_columns(files)  # a missing column is named as such, not as an unreadable page
