@@ -96,6 +96,16 @@ def test_decode_from_file(tmp_path):
     assert json.loads(res.stdout)["measurements"][0]["rtt_ms"] == -1.0
 
 
+def test_bad_ids_typed_in_are_a_usage_error_and_in_a_file_a_data_error(tmp_path):
+    assert run("--decode", "0 1 x").exit_code == 2
+    assert run("--decode", "0 1 999").exit_code == 2
+    f = tmp_path / "ids.txt"
+    f.write_text("0 1 x\n")
+    res = run("--decode", f"@{f}")
+    assert res.exit_code == 1 and "not an integer token id" in res.output
+    assert run("--decode", "-", input="0 1 999").exit_code == 1
+
+
 def test_stats(table_file):
     res = run(str(table_file), "--stats", "--json")
     assert res.exit_code == 0, res.output

@@ -182,6 +182,8 @@ def _parse_ids(text: str, vocab) -> list[int]:
     import re
     import sys
 
+    # ids typed into the option are a usage error (exit 2); ids read from stdin or a file are data (exit 1)
+    error = PingctlError if text == "-" or text.startswith("@") else UsageError
     if text == "-":
         text = sys.stdin.read()
     elif text.startswith("@"):
@@ -195,15 +197,15 @@ def _parse_ids(text: str, vocab) -> list[int]:
                                "as numbers separated by spaces or commas") from None
     parts = [p for p in re.split(r"[\s,\[\]]+", text) if p]
     if not parts:
-        raise PingctlError("--decode: no token ids given")
+        raise error("--decode: no token ids given")
     ids = []
     for i, p in enumerate(parts):
         try:
             v = int(p)
         except ValueError:
-            raise PingctlError(f"--decode: item {i} ({p!r}) is not an integer token id") from None
+            raise error(f"--decode: item {i} ({p!r}) is not an integer token id") from None
         if not 0 <= v < vocab.size:
-            raise PingctlError(
+            raise error(
                 f"--decode: id {v} (item {i}) is outside the {vocab.scheme} vocabulary (0..{vocab.size - 1})"
             )
         ids.append(v)
