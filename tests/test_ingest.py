@@ -460,6 +460,10 @@ def test_directory_walk_skips_older_pingctl_outputs_and_temp_siblings(tmp_path):
     assert resolve([d / "out" / "rejects.jsonl"], tmp_path / "o2") == [d / "out" / "rejects.jsonl"]
     with pytest.raises(PingctlError, match="is a pingctl output"):  # its parts are not RIPE results
         resolve([d / "out"], tmp_path / "o3")
+    # a glob is a walk by another name: `**` must not bring back an older output's rejects.jsonl
+    assert resolve([str(d / "**" / "*.jsonl")], tmp_path / "o4") == [d / "a.jsonl"]
+    with pytest.raises(PingctlError, match=r"inside the pingctl output .*out.*name a file itself"):
+        resolve([str(d / "out" / "*.jsonl")], tmp_path / "o5")
 
 
 def _fifo_writer(fifo: Path, payload: bytes):

@@ -94,11 +94,20 @@ def _expand(item: str, out: Path | None, o: Path | None) -> list[Path]:
         if _inside(p, o):
             raise _contains_input(out, p)
         return [p]
-    matches = resolve_inputs([item], suffixes=INPUT_SUFFIXES)  # a glob: as given, except the output
+    matches = resolve_inputs([item], suffixes=INPUT_SUFFIXES)  # a glob: as a walk, except the output
     kept = [f for f in matches if not _inside(f, o)]
     if not kept:
         raise _contains_input(out, matches[0])
-    return kept
+    # `data/**/*.jsonl` is a walk by another name: an earlier output's rejects.jsonl must not
+    # come back as RIPE records, so matches inside a pingctl output are skipped as a walk skips them
+    owned = {d: is_pingctl_output(d) for d in {a for f in kept for a in f.parents}}
+    inside = {f for f in kept if any(owned[a] for a in f.parents)}
+    if inside and len(inside) == len(kept):
+        first = min(inside)
+        owner = next(a for a in first.parents if owned[a])
+        raise PingctlError(f"every match of {item} is inside the pingctl output {owner} (it has {MANIFEST}), "
+                           f"e.g. {first}; name a file itself to read it as given")
+    return [f for f in kept if f not in inside]
 
 
 def _walk(root: Path, o: Path | None) -> Iterator[Path]:
