@@ -54,9 +54,9 @@ def read_table(path, **kwargs):
         raise PingctlError(f"{path}: damaged or unreadable Parquet ({e})") from None
 
 
-def verify_head(path, rows: int, columns: list[str]) -> None:
-    """Check the CRCs of the pages holding the first `rows` rows of `columns` (DuckDB, which
-    reads them next, ignores page CRCs); a damaged file is an error that names it."""
+def verify_head(path, rows: int | None, columns: list[str]) -> None:
+    """Check the CRCs of the pages holding the first `rows` rows (None: all) of `columns`
+    (DuckDB, which reads them next, ignores page CRCs); a damaged file is an error that names it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -65,10 +65,10 @@ def verify_head(path, rows: int, columns: list[str]) -> None:
     got = 0
     try:
         for b in pq.ParquetFile(path, page_checksum_verification=True).iter_batches(
-            batch_size=min(rows, 65_536), columns=columns
+            batch_size=min(rows or 65_536, 65_536), columns=columns
         ):
             got += b.num_rows
-            if got >= rows:
+            if rows is not None and got >= rows:
                 break
     except (OSError, pa.ArrowException) as e:
         raise PingctlError(f"{path}: damaged or unreadable Parquet ({e})") from None

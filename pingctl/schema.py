@@ -448,8 +448,9 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
 CANONICAL_SELECT = ", ".join(COLUMNS)
 
 
-def canonical_head(files: list[Path], limit: int, memory_limit: str = "4GB"):
-    """The first `limit` rows of `files` in file order, checked as every pipeline step checks them.
+def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4GB"):
+    """The first `limit` rows (None: all) of `files` in file order, checked as every pipeline
+    step checks them.
 
     Returns (valid rows as an Arrow table of the seed columns in canonical types, the
     rejected rows as an Arrow table of _file, _row, reject_reason, rows read). A command that only shows
@@ -465,19 +466,35 @@ def canonical_head(files: list[Path], limit: int, memory_limit: str = "4GB"):
     check_parquet_columns(files)  # a missing column is named as such, not as an unreadable page
     try:
         for f in files:
-            verify_head(f, limit - read, list(SEED_COLUMNS))
-            canonical_query(con, [f], head=limit - read)
+            left = None if limit is None else limit - read
+            verify_head(f, left, list(SEED_COLUMNS))
+            canonical_query(con, [f], head=left)
             t = con.sql(
                 f"SELECT {', '.join(SEED_COLUMNS)}, _file, _row, reject_reason FROM canonical ORDER BY _row"
             ).to_arrow_table()
             read += t.num_rows
             rejected.append(t.filter(t.column("reject_reason").is_valid()).select(["_file", "_row", "reject_reason"]))
             tables.append(t.filter(t.column("reject_reason").is_null()).select(list(SEED_COLUMNS)))
-            if read >= limit:
+            if limit is not None and read >= limit:
                 break
     finally:
         con.close()
     return pa.concat_tables(tables), pa.concat_tables(rejected), read
+
+
+def rejected_summary(bad) -> dict:
+    """canonical_head's rejected rows -> reason: {rows, meaning, first: {file, row}}."""
+    out: dict = {}
+    for r in bad.to_pylist():  # in file and row order: the first seen is the first
+        e = out.setdefault(r["reject_reason"], {"rows": 0, "meaning": REJECT_REASONS.get(r["reject_reason"], ""),
+                                                "first": {"file": r["_file"], "row": r["_row"]}})
+        e["rows"] += 1
+    return out
+
+
+def rejected_lines(summary: dict) -> list[str]:
+    return [f"  {reason}: {e['rows']:,} row(s) ({e['meaning']}); first: {e['first']['file']} row {e['first']['row']}"
+            for reason, e in sorted(summary.items(), key=lambda kv: -kv[1]["rows"])]
 
 
 def one(con, sql: str, params=None) -> tuple:

@@ -278,6 +278,23 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     n_pairs = len(set(t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 5).column("dst_addr").to_pylist()))
     assert n_pairs < 5  # a result's packets share their pair, so the five repeat one
     assert json.loads(r1.stdout)["context_tokens"] < json.loads(r0.stdout)["context_tokens"]
+    # a context row build-rows would reject (1e300 ms) is skipped, named, and not in the prompt
+    mine = t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 6)
+    rtt = mine.column("rtt").to_pylist()
+    rtt[2] = 1e300
+    bad = tmp_path / "ctx_bad.parquet"
+    pq.write_table(mine.set_column(mine.schema.get_field_index("rtt"), "rtt", pa.array(rtt, pa.float64())), bad)
+    pq.write_table(pa.concat_tables([mine.slice(0, 2), mine.slice(3)]), tmp_path / "ctx_good.parquet")
+    got = {}
+    for name in ("ctx_bad", "ctx_good"):
+        r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dst, "--context",
+                                str(tmp_path / f"{name}.parquet"), "--context-per-pair", "0", "--json"])
+        assert r.exit_code == 0, r.output
+        got[name] = json.loads(r.stdout)
+    assert got["ctx_bad"]["context_rows"]["rows_read"] == 6 and got["ctx_bad"]["context_rows"]["rows_rejected"] == 1
+    assert got["ctx_bad"]["context_rows"]["rejected"]["bad_rtt"]["first"]["row"] == 2
+    assert got["ctx_bad"]["context_tokens"] == got["ctx_good"]["context_tokens"] > 0
+    assert got["ctx_bad"]["p50_ms"] == got["ctx_good"]["p50_ms"]
     nullrtt = t.slice(0, 3)
     pq.write_table(nullrtt.set_column(nullrtt.schema.get_field_index("rtt"), "rtt",
                                       pa.nulls(3, pa.float64())), tmp_path / "nullrtt.parquet")
@@ -307,7 +324,7 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
         (["--src", src, "--dst", "8.8.*.*", "-k", "-2"], "-k"),
         (["--n", "1", "--out", str(tmp_path / "gen.csv")], ".parquet or .json"),
         (["--src", src, "--dst", dst, "--time", "9" * 25], "not a valid time"),
-        (["--src", src, "--dst", dst, "--context", str(tmp_path / "nullrtt.parquet")], "nullrtt.parquet: rtt"),
+        (["--src", src, "--dst", dst, "--context", str(tmp_path / "nullrtt.parquet")], "nullrtt.parquet: no valid rows"),
     ):
         r = runner.invoke(app, ["sample", str(tiny_run), *args])
         assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output, (args, r.output)

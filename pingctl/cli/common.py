@@ -195,3 +195,29 @@ def progress(transient: bool = False):
         console=err_console,
         transient=transient,
     )
+
+
+def read_valid_rows(inputs: list[Path], limit: int | None, what: str = ""):
+    """The first `limit` rows (None: all) of canonical Parquet inputs that pingctl accepts, and
+    what became of the rest: (Arrow table, {"rows_read", "rows_rejected", "rejected"}). A row
+    build-rows would reject (an RTT of 1e300, a negative size, an address of the wrong family)
+    is skipped with a warning naming reason, file and row: shown or used as a prompt, it would
+    stand for something training never sees. `what` prefixes the messages (e.g. "--context")."""
+    from pingctl.errors import PingctlError
+    from pingctl.schema import canonical_head, rejected_lines, rejected_summary, resolve_inputs
+
+    label = (what + " " if what else "") + ", ".join(map(str, inputs))
+    files = resolve_inputs(inputs)
+    table, bad, read = canonical_head(files, limit)
+    if not read:
+        raise PingctlError(f"{label}: the input has no rows")
+    rejected = rejected_summary(bad)
+    first = "" if limit is None else "the first "
+    if not table.num_rows:
+        raise PingctlError(f"{label}: no valid rows among {first}{read:,}\n" + "\n".join(rejected_lines(rejected)))
+    if rejected:
+        say(f"{label}: skipped {bad.num_rows:,} of {first}{read:,} rows, which build-rows would reject:", err=True,
+            label="warning: ")
+        for line in rejected_lines(rejected):
+            say(line, err=True)
+    return table, {"rows_read": read, "rows_rejected": bad.num_rows, "rejected": rejected}

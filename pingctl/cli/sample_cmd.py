@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
-                                handle_errors, json_default, kv_table, load)
+                                handle_errors, json_default, kv_table, load, read_valid_rows)
 from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import utc_text
 
@@ -121,7 +121,7 @@ def sample(
         if path is not None and (reason := unwritable_reason(path)):
             raise PingctlError(f"{name} {path}: cannot be written ({reason})")
     steps = parse_steps(step)
-    ctx = _read_context(context) if context is not None else None
+    ctx, ctx_read = _read_context(context) if context is not None else (None, None)
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
     trained = run_config(run).loader if t_query is not None or rtt is not None else None
     if t_query is not None and not trained_with_timestamps(trained.mode_weights):
@@ -141,6 +141,7 @@ def sample(
         per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
         ctx_tokens, last_t = Q.context_tokens(model, ctx, model.seq_len - 64, per_pair, timed=model.timestamps)
         result["context_per_pair"] = per_pair
+        result["context_rows"] = ctx_read
     result["context_tokens"] = int(len(ctx_tokens))
     if mode == "distribution":
         d = Q.rtt_distribution(model, Q.query_prefix(src, dst, t_query, ctx_tokens, last_t))
@@ -230,16 +231,15 @@ def _parse_time(text: str | None) -> int | None:
 
 
 def _read_context(path: Path):
-    from pingctl.parquet_io import read_table
+    """The context's measurements, checked as build-rows checks rows (a row it would reject is
+    skipped with a warning), and what became of the rest (for --json)."""
     from pingctl.tokenizer import Measurements
 
-    if not path.exists():
-        raise PingctlError(f"--context {path}: no such file")
-    table = read_table(path)
     try:
-        return Measurements.from_arrow(table)
+        table, read = read_valid_rows([path], None, "--context")
+        return Measurements.from_arrow(table), read
     except PingctlError as e:
-        raise PingctlError(f"--context {path}: {e}") from None
+        raise PingctlError(e if str(e).startswith("--context") else f"--context {path}: {e}") from None
 
 
 def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tuple[str, ...]) -> None:

@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, say
+from pingctl.cli.common import (
+    ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, read_valid_rows,
+)
 from pingctl.errors import PingctlError, UsageError
 
 STYLE = {
@@ -80,7 +82,7 @@ def tokenize(
         source, read = "command line", None
     else:
         source = ", ".join(map(str, inputs))
-        table, read = _read_rows(inputs, n)
+        table, read = read_valid_rows(inputs, n)
         with _naming(inputs):
             m = Measurements.from_arrow(table)
     _show(m, sch, seed, source, as_json, read)
@@ -133,49 +135,6 @@ def _naming(inputs: list[Path]):
         yield
     except PingctlError as e:
         raise PingctlError(e if source in str(e) else f"{source}: {e}") from None
-
-
-def _read_rows(inputs: list[Path], limit: int):
-    """The first `limit` rows of the inputs (in file order) that pingctl accepts, in canonical
-    types, and what became of the rest: (table, {"rows_read", "rejected": {reason: {...}}}).
-
-    The rows pass the checks build-rows applies: shown as tokens, a row it would reject (an
-    RTT of 1e300, a negative size, an address of the wrong family) would teach the user
-    an encoding that training never sees.
-    """
-    from pingctl.schema import canonical_head, resolve_inputs
-
-    files = resolve_inputs(inputs)
-    table, bad, read = canonical_head(files, limit)
-    if not read:
-        raise PingctlError(f"{', '.join(map(str, inputs))}: the input has no rows")
-    rejected = _rejected_summary(bad)
-    if not table.num_rows:
-        raise PingctlError(f"no valid rows among the first {read:,} of {', '.join(map(str, inputs))}\n"
-                           + "\n".join(_rejected_lines(rejected)))
-    if rejected:
-        say(f"skipped {bad.num_rows:,} of the first {read:,} rows, which build-rows would reject:", err=True,
-            label="warning: ")
-        for line in _rejected_lines(rejected):
-            say(line, err=True)
-    return table, {"rows_read": read, "rows_rejected": bad.num_rows, "rejected": rejected}
-
-
-def _rejected_summary(bad) -> dict:
-    """reason -> {rows, meaning, first: {file, row}}; `bad` is in file and row order."""
-    from pingctl.schema import REJECT_REASONS
-
-    out: dict = {}
-    for r in bad.to_pylist():
-        e = out.setdefault(r["reject_reason"], {"rows": 0, "meaning": REJECT_REASONS.get(r["reject_reason"], ""),
-                                                "first": {"file": r["_file"], "row": r["_row"]}})
-        e["rows"] += 1
-    return out
-
-
-def _rejected_lines(rejected: dict) -> list[str]:
-    return [f"  {reason}: {e['rows']:,} row(s) ({e['meaning']}); first: {e['first']['file']} row {e['first']['row']}"
-            for reason, e in sorted(rejected.items(), key=lambda kv: -kv[1]["rows"])]
 
 
 def _parse_ids(text: str, vocab) -> list[int]:
@@ -418,7 +377,7 @@ def _decode_mode(text: str, scheme: str, as_json: bool) -> None:
 def _stats_mode(inputs: list[Path], max_rows: int, cfg, as_json: bool) -> None:
     from pingctl.tokenizer.stats import token_stats
 
-    table, read = _read_rows(inputs, max_rows)
+    table, read = read_valid_rows(inputs, max_rows)
     with _naming(inputs):
         result = token_stats(table, cfg.loader.seq_len)
     result["inputs"] = [str(p) for p in inputs]
