@@ -75,6 +75,12 @@ def is_pingctl_output(d: Path) -> bool:
     return isinstance(manifest, dict) and "pingctl_version" in manifest
 
 
+def inside_pingctl_output(path: Path) -> bool:
+    """Whether `path` lies in a directory pingctl wrote (a split of a shard output, a part of
+    an ingest or synth output): its rows were checked when they were written."""
+    return any(is_pingctl_output(a) for a in Path(path).resolve().parents)
+
+
 def check_replaceable(out: Path, force: bool = False, inputs: Iterable[Path] = ()) -> None:
     """Refuse to overwrite a directory that pingctl did not write, unless forced, and one that
     holds any of `inputs` even then: replacing it would delete the command's own input."""

@@ -337,15 +337,35 @@ def _first_unreadable(files: list[Path]) -> str | None:
 def all_rejected(con, files: list[Path], read: int) -> PingctlError:
     """The error when no row of `files` is valid: there is no output to hold a rejects file,
     so the message itself gives the count and first row of each reason, with its meaning."""
+    if not read:
+        return PingctlError(f"no rows in {len(files)} input file(s)")
+    return PingctlError("\n".join([f"no valid rows in {len(files)} input file(s): all {read:,} rejected",
+                                   *_reject_lines(con)]))
+
+
+def _reject_lines(con) -> list[str]:
+    """One line per reject reason of view `canonical`: count, meaning, first file and row."""
     rows = con.execute(
         "SELECT reject_reason, count(*), min(struct_pack(f := _file, r := _row)) "
         "FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1"
     ).fetchall()
-    if not read:
-        return PingctlError(f"no rows in {len(files)} input file(s)")
-    lines = [f"  {reason}: {n:,} rows ({REJECT_REASONS.get(reason, reason)}); first: {first['f']} row {first['r']}"
-             for reason, n, first in rows]
-    return PingctlError("\n".join([f"no valid rows in {len(files)} input file(s): all {read:,} rejected", *lines]))
+    return [f"  {reason}: {n:,} rows ({REJECT_REASONS.get(reason, reason)}); first: {first['f']} row {first['r']}"
+            for reason, n, first in rows]
+
+
+def refuse_rejects(files: list[Path], advice: str, memory_limit: str = "4GB") -> None:
+    """Raise, naming each reason's count and first file/row, when any row of `files` is one
+    the pipeline would reject. For commands that read a table as given (eval's splits), where
+    dropping rows silently would change the numbers and keeping them would corrupt them."""
+    con = connect(memory_limit)
+    try:
+        canonical_query(con, files)
+        bad = one(con, "SELECT count(*) FROM canonical WHERE reject_reason IS NOT NULL")[0]
+        if bad:
+            raise PingctlError("\n".join([f"{len(files)} input file(s) hold {bad:,} row(s) pingctl would reject; "
+                                           + advice, *_reject_lines(con)]))
+    finally:
+        con.close()
 
 
 def canonical_query(con, files: list[Path], view: str = "canonical", head: int | None = None) -> None:

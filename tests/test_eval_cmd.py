@@ -222,6 +222,10 @@ def test_eval_refuses_bad_splits_and_seeds_before_the_model_loads(tiny_run, tmp_
     dst[11] = "8.8.8.888"
     pq.write_table(t.set_column(t.schema.get_field_index("dst_addr"), "dst_addr", pa.array(dst)),
                    tmp_path / "badaddr.parquet")
+    rtt[[7, 9]] = t.column("rtt").to_numpy()[[7, 9]]
+    rtt[13] = -5.0  # read as a failure before
+    rtt[15] = 1e300  # scored as an RTT before
+    pq.write_table(t.set_column(t.schema.get_field_index("rtt"), "rtt", pa.array(rtt)), tmp_path / "negrtt.parquet")
     (tmp_path / "no-ckpt").mkdir()
     for name in ("config.yaml", "maxtext.yml"):
         shutil.copy(tiny_run / name, tmp_path / "no-ckpt" / name)
@@ -231,6 +235,10 @@ def test_eval_refuses_bad_splits_and_seeds_before_the_model_loads(tiny_run, tmp_
          "nan.parquet: column rtt has 2 NaN value(s), the first in row 7", 1),
         (["--test", str(tmp_path / "badaddr.parquet")],
          "badaddr.parquet: column dst_addr has 1 invalid IP address(es) ('8.8.8.888'), the first in row 11", 1),
+        (["--test", str(tmp_path / "negrtt.parquet")],
+         "bad_rtt: 2 rows (rtt is not a number", 1),
+        (["--test", str(tmp_path / "negrtt.parquet")], "negrtt.parquet row 13", 1),
+        (["--test", str(tmp_path / "negrtt.parquet")], "through `pingctl shard`", 1),
         (["--test", str(tmp_path / "train.parquet"), "--seed", "-1"], "--seed", 2),
         (["--test", str(tmp_path / "train.parquet"), "--set", "eval.seed=-1"], "eval.seed = -1", 2),
     ):

@@ -78,6 +78,14 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
                 parts[c].append(col.cast(pa.float64()).to_numpy())
             else:
                 parts[c].append(pc.fill_null(col.cast(pa.int64()), -1).to_numpy())
+    # a table pingctl did not write may hold rows its pipeline rejects (a -5 ms RTT read as a
+    # failure, 1e300 ms as an RTT, an IPv4 pair labelled 6): named here, not scored
+    from pingctl.atomic import inside_pingctl_output
+    from pingctl.schema import refuse_rejects
+
+    if foreign := [f for f in files if not inside_pingctl_output(f)]:
+        refuse_rejects(foreign, "eval scores canonical rows only: pass the table through `pingctl shard` "
+                       "(which sets rejected rows aside in rejects.jsonl) and evaluate its splits")
     out = {}
     for c, chunks in parts.items():
         key = {"src_addr": "src", "dst_addr": "dst"}.get(c, c)
