@@ -9,8 +9,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -20,12 +23,63 @@ from pingctl.errors import PingctlError, UsageError
 MANIFEST = "manifest.json"
 
 
+def _owner() -> str:
+    """`HOST-PID`, written into temp names so a later run on the same host can tell a sibling
+    whose process is gone (SIGKILL, the OOM killer, a power cut) from one still being built."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's live process
+        return True
+    return True
+
+
+def sweep_stale(path: Path) -> list[Path]:
+    """Remove `path`'s temp/old siblings left by killed runs of this host; returns them.
+
+    Only names carrying this host and a PID that is not running are touched: on a cluster file
+    system another node's run, or a live run here, may own the others (and names without an
+    owner come from pingctl versions before it wrote one)."""
+    host = _owner().rsplit("-", 1)[0]
+    removed = []
+    try:
+        entries = list(Path(path).parent.iterdir())
+    except OSError:
+        return removed
+    # an `old` sibling is the previous output while the new one is renamed into place: killed
+    # between the two renames, it is the only complete copy, so it goes only once `path` exists
+    kinds = ("tmp", "old") if Path(path).exists() else ("tmp",)
+    for e in entries:
+        for kind in kinds:
+            head = f".{Path(path).name}.{kind}-{host}-"
+            if not e.name.startswith(head):
+                continue
+            pid = e.name[len(head):].split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                if e.is_dir() and not e.is_symlink():
+                    shutil.rmtree(e, ignore_errors=True)
+                else:
+                    e.unlink(missing_ok=True)
+                if not e.exists():
+                    removed.append(e)
+                    logging.getLogger("pingctl").warning(
+                        "removed %s: left by a killed run (process %s on this host is gone)", e, pid)
+    return removed
+
+
 def _tmp_sibling(path: Path, is_dir: bool) -> Path:
     _check_parent(path)
+    sweep_stale(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         maker = tempfile.mkdtemp if is_dir else tempfile.mkstemp
-        made = maker(prefix=f".{path.name}.tmp-", dir=path.parent)
+        made = maker(prefix=f".{path.name}.tmp-{_owner()}-", dir=path.parent)
     except OSError as e:
         raise PingctlError(f"cannot write {path}: {e.strerror or e}") from None
     if isinstance(made, tuple):
@@ -117,7 +171,7 @@ def atomic_dir(out: Path) -> Iterator[Path]:
         raise
     old = None
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old = out.with_name(f".{out.name}.old-{_owner()}")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
     os.replace(tmp, out)

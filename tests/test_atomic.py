@@ -90,3 +90,37 @@ def test_a_manifest_json_pingctl_did_not_write_marks_nothing_as_a_pingctl_output
         check_replaceable(theirs)
     (theirs / "manifest.json").write_text(json.dumps({"pingctl_version": "0.1.0"}))
     assert is_pingctl_output(theirs) and [f.name for f in resolve([tmp_path / "data"])] == ["a.jsonl"]
+
+
+def test_a_killed_runs_temp_is_swept_by_the_next_run_and_nothing_else(tmp_path):
+    """SIGKILL (or the OOM killer) runs no cleanup: its `.OUT.tmp-*` stayed forever. The next
+    run on the same host removes it; a live run's, another host's, an owner-less one stay."""
+    import signal
+    import subprocess
+    import sys
+
+    from pingctl.atomic import _owner
+
+    out = tmp_path / "out"
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom pingctl.atomic import atomic_dir\n"
+            "with atomic_dir(Path(sys.argv[1])) as tmp:\n"
+            "    (tmp / 'part.parquet').write_bytes(b'x' * 1000)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(out)])
+    assert p.wait() == -signal.SIGKILL
+    (killed,) = [e for e in tmp_path.iterdir() if e.name.startswith(".out.tmp-")]
+    assert str(p.pid) in killed.name and not out.exists()
+    host = _owner().rsplit("-", 1)[0]
+    live = tmp_path / f".out.tmp-{host}-{os.getppid()}-abc"  # a running process of this host
+    other = tmp_path / f".out.tmp-otherhost-{p.pid}-abc"  # maybe running, on another node
+    ownerless = tmp_path / ".out.tmp-x1y2z3"  # written before temp names carried an owner
+    old = tmp_path / f".out.old-{host}-{p.pid}"  # the only complete copy while `out` is missing
+    for d in (live, other, ownerless, old):
+        d.mkdir()
+    with atomic_dir(out) as tmp:
+        (tmp / "a").write_text("done")
+    assert not killed.exists() and (out / "a").read_text() == "done"
+    assert live.exists() and other.exists() and ownerless.exists() and old.exists()
+    with atomic_dir(out) as tmp:  # `out` exists now: a dead run's `old` sibling is garbage
+        (tmp / "a").write_text("again")
+    assert not old.exists() and live.exists() and (out / "a").read_text() == "again"
