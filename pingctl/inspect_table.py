@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pingctl.errors import PingctlError, UsageError
-from pingctl.schema import canonical_query, connect, one, resolve_inputs
+from pingctl.schema import canonical_query, connect, one, reject_counts, resolve_inputs
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
@@ -56,11 +56,9 @@ def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB"
     out["rtt_ms"] = {f"p{round(q * 100)}": v for q, v in zip(QUANTILES, row[len(names):])}
     out["files"] = len(files)
     out["bytes"] = sum(f.stat().st_size for f in files)
-    out["invalid_by_reason"] = dict(
-        con.execute(
-            "SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1"
-        ).fetchall()
-    )
+    first = reject_counts(con)
+    out["invalid_by_reason"] = {reason: e["rows"] for reason, e in sorted(first.items())}
+    out["rejected"] = first  # as tokenize and sample report theirs: rows, meaning, first file/row
     if sample:
         rel = con.sql(
             "SELECT msm_id, event_time, src_addr, dst_addr, ip_version, rtt, size, packet_error_count, prb_id "

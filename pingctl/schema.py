@@ -343,14 +343,20 @@ def all_rejected(con, files: list[Path], read: int) -> PingctlError:
                                    *_reject_lines(con)]))
 
 
-def _reject_lines(con) -> list[str]:
-    """One line per reject reason of view `canonical`: count, meaning, first file and row."""
+def reject_counts(con) -> dict:
+    """View `canonical`'s rejected rows by reason, most first: reason -> {rows, meaning, first: {file, row}}
+    (the shape of `rejected_summary`)."""
     rows = con.execute(
         "SELECT reject_reason, count(*), min(struct_pack(f := _file, r := _row)) "
         "FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1"
     ).fetchall()
-    return [f"  {reason}: {n:,} rows ({REJECT_REASONS.get(reason, reason)}); first: {first['f']} row {first['r']}"
-            for reason, n, first in rows]
+    return {reason: {"rows": n, "meaning": REJECT_REASONS.get(reason, reason), "first": {"file": first["f"],
+                                                                                         "row": first["r"]}}
+            for reason, n, first in rows}
+
+
+def _reject_lines(con) -> list[str]:
+    return rejected_lines(reject_counts(con))
 
 
 def refuse_rejects(files: list[Path], advice: str, memory_limit: str = "4GB") -> None:

@@ -236,7 +236,7 @@ def test_eval_refuses_bad_splits_and_seeds_before_the_model_loads(tiny_run, tmp_
         (["--test", str(tmp_path / "badaddr.parquet")],
          "badaddr.parquet: column dst_addr has 1 invalid IP address(es) ('8.8.8.888'), the first in row 11", 1),
         (["--test", str(tmp_path / "negrtt.parquet")],
-         "bad_rtt: 2 rows (rtt is not a number", 1),
+         "bad_rtt: 2 row(s) (rtt is not a number", 1),
         (["--test", str(tmp_path / "negrtt.parquet")], "negrtt.parquet row 13", 1),
         (["--test", str(tmp_path / "negrtt.parquet")], "through `pingctl shard`", 1),
         (["--test", str(tmp_path / "train.parquet"), "--seed", "-1"], "--seed", 2),

@@ -248,8 +248,8 @@ def test_when_every_row_is_rejected_the_message_gives_each_reason_and_its_first_
         r = runner.invoke(app, [cmd, str(tmp_path / "a.parquet"), "-o", str(tmp_path / cmd)])
         assert r.exit_code == 1 and "all 50 rejected" in r.output, r.output
         text = " ".join(r.output.split())
-        assert "bad_src_addr: 40 rows (src_addr is not an IP address); first: " in text and "a.parquet row 0" in text
-        assert "bad_rtt: 10 rows" in text and "a.parquet row 40" in text
+        assert "bad_src_addr: 40 row(s) (src_addr is not an IP address); first: " in text and "a.parquet row 0" in text
+        assert "bad_rtt: 10 row(s)" in text and "a.parquet row 40" in text
         assert not (tmp_path / cmd).exists()
     pq.write_table(t.slice(0, 0), tmp_path / "empty.parquet")
     for cmd in ("shard", "build-rows"):

@@ -310,3 +310,23 @@ def test_rejects_of_non_integral_ids_huge_rtts_and_uncastable_values_name_the_co
     assert rejects[5]["raw"]["msm_id"] == "1.5" and rejects[6]["raw"]["rtt"] == "abc"
     written = pa.concat_tables(_read_split(out, s) for s in ("train", "val", "test")).to_pydict()
     assert len(written["msm_id"]) == 196 and 2 not in written["msm_id"] and max(written["rtt"]) < 1e6
+
+
+def test_inspect_names_each_reject_reason_with_its_first_row(tmp_path):
+    # was one line of a Python dict, {'bad_rtt': 2}: no meaning, no row to look at
+    t = make_table(20)
+    rtt = t.column("rtt").to_pylist()
+    rtt[5] = rtt[9] = -7.0
+    size = t.column("size").to_pylist()
+    size[12] = -1
+    t = t.set_column(t.schema.get_field_index("rtt"), "rtt", pa.array(rtt, pa.float64()))
+    t = t.set_column(t.schema.get_field_index("size"), "size", pa.array(size, t.schema.field("size").type))
+    pq.write_table(t, tmp_path / "t.parquet")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "t.parquet"), "--json"])
+    d = json.loads(r.stdout)
+    assert r.exit_code == 0 and d["invalid_rows"] == 3 and d["invalid_by_reason"] == {"bad_rtt": 2, "bad_size": 1}
+    assert {k: (v["rows"], v["first"]["row"]) for k, v in d["rejected"].items()} == {"bad_rtt": (2, 5),
+                                                                                       "bad_size": (1, 12)}
+    r = runner.invoke(app, ["inspect", str(tmp_path / "t.parquet")])
+    text = " ".join(r.output.split())
+    assert "bad_rtt: 2 row(s) (rtt is not a number" in text and "t.parquet row 5" in text, r.output

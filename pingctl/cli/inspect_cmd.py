@@ -116,7 +116,11 @@ def inspect(
     emit(result, False, tables)
     for name, d in parts.items():
         if d["invalid_rows"]:
-            say(f"{name}: {d['invalid_rows']:,} invalid rows: {d['invalid_by_reason']}", "yellow")
+            from pingctl.schema import rejected_lines
+
+            say(f"{name}: {d['invalid_rows']:,} invalid rows, which shard and build-rows set aside:", "yellow")
+            for line in rejected_lines(d["rejected"]):
+                say(line, "yellow")
     if result.get("missing"):
         console.print(f"[yellow]no Parquet data in {', '.join(s + '/' for s in result['missing'])} "
                       "(an empty split, or one not written)[/]", highlight=False)
