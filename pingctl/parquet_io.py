@@ -30,13 +30,26 @@ def write_canonical(batches: Iterable, path: Path, row_group_rows: int = ROW_GRO
 
     from pingctl.schema import arrow_schema
 
+    import pyarrow as pa
+
     rows = 0
+    pending: list = []  # batches smaller than a row group (DuckDB hands out 122,880 rows at a time)
+    held = 0
     with pq.ParquetWriter(path, arrow_schema(), **WRITE_OPTIONS) as writer:
         for b in batches:
             t = to_canonical(b)
-            if t.num_rows:
-                writer.write_table(t, row_group_size=row_group_rows)
-                rows += t.num_rows
+            if not t.num_rows:
+                continue
+            pending.append(t)
+            held += t.num_rows
+            rows += t.num_rows
+            if held >= row_group_rows:
+                whole = pa.concat_tables(pending)
+                cut = held - held % row_group_rows
+                writer.write_table(whole.slice(0, cut), row_group_size=row_group_rows)
+                pending, held = ([whole.slice(cut)] if cut < held else []), held - cut
+        if held:
+            writer.write_table(pa.concat_tables(pending), row_group_size=row_group_rows)
     return rows
 
 

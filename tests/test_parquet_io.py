@@ -83,3 +83,22 @@ def test_sample_outputs_carry_checksums_and_tokenize_checks_them(tmp_path, tiny_
     _damage(part, "rtt")
     r = runner.invoke(app, ["tokenize", str(part), "--stats"])
     assert r.exit_code == 1 and "part.parquet" in r.output and "CRC" in r.output, r.output
+
+
+def test_row_groups_are_whole_however_small_the_batches(tmp_path):
+    # DuckDB hands shard 122,880 rows at a time: every batch became its own row group
+    import pyarrow.parquet as pq
+
+    from pingctl.parquet_io import write_canonical
+    from tests.conftest import make_table
+
+    t = make_table(95)
+    batches = [t.slice(i, 7) for i in range(0, 95, 7)]
+    f = tmp_path / "g.parquet"
+    assert write_canonical(iter(batches), f, row_group_rows=20) == 95
+    meta = pq.ParquetFile(f).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [20, 20, 20, 20, 15]
+    back = pq.read_table(f)
+    assert back.column("rtt").to_pylist() == t.column("rtt").to_pylist()  # order and rows kept
+    assert write_canonical(iter([t.slice(0, 40)]), f, row_group_rows=20) == 40
+    assert pq.ParquetFile(f).metadata.num_row_groups == 2
