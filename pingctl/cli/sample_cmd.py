@@ -49,7 +49,8 @@ def sample(
     dst: Annotated[str | None, typer.Option(help="Destination IP, or a pattern (8.8.*.* / CIDR).")] = None,
     rtt: Annotated[str | None, typer.Option(help="RTT in ms (20) or range (10-30): completion / inverse search.")] = None,
     time: Annotated[str | None, typer.Option(help="UTC time of the query (ISO 8601 or Unix seconds).")] = None,
-    context: Annotated[Path | None, typer.Option(help="Parquet of the probe's preceding measurements.")] = None,
+    context: Annotated[Path | None, typer.Option(
+        help="Parquet of the probe's preceding measurements (rows build-rows would reject are skipped, named).")] = None,
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair from --context, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
