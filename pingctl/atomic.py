@@ -9,11 +9,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -23,11 +21,16 @@ from pingctl.errors import PingctlError, UsageError
 MANIFEST = "manifest.json"
 
 
+def _host() -> str:
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
 def _owner() -> str:
     """`HOST-PID`, written into temp names so a later run on the same host can tell a sibling
     whose process is gone (SIGKILL, the OOM killer, a power cut) from one still being built."""
-    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
-    return f"{host}-{os.getpid()}"
+    return f"{_host()}-{os.getpid()}"
 
 
 def _alive(pid: int) -> bool:
@@ -46,30 +49,31 @@ def sweep_stale(path: Path) -> list[Path]:
     Only names carrying this host and a PID that is not running are touched: on a cluster file
     system another node's run, or a live run here, may own the others (and names without an
     owner come from pingctl versions before it wrote one)."""
-    host = _owner().rsplit("-", 1)[0]
-    removed = []
-    try:
-        entries = list(Path(path).parent.iterdir())
-    except OSError:
-        return removed
+    import logging
+
+    path = Path(path)
     # an `old` sibling is the previous output while the new one is renamed into place: killed
     # between the two renames, it is the only complete copy, so it goes only once `path` exists
-    kinds = ("tmp", "old") if Path(path).exists() else ("tmp",)
+    kinds = ("tmp", "old") if path.exists() else ("tmp",)
+    heads = tuple(f".{path.name}.{kind}-{_host()}-" for kind in kinds)
+    try:
+        entries = [e for e in path.parent.iterdir() if e.name.startswith(heads)]
+    except OSError:
+        return []
+    removed = []
     for e in entries:
-        for kind in kinds:
-            head = f".{Path(path).name}.{kind}-{host}-"
-            if not e.name.startswith(head):
-                continue
-            pid = e.name[len(head):].split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-                if e.is_dir() and not e.is_symlink():
-                    shutil.rmtree(e, ignore_errors=True)
-                else:
-                    e.unlink(missing_ok=True)
-                if not e.exists():
-                    removed.append(e)
-                    logging.getLogger("pingctl").warning(
-                        "removed %s: left by a killed run (process %s on this host is gone)", e, pid)
+        head = next(h for h in heads if e.name.startswith(h))
+        pid = e.name[len(head):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e, ignore_errors=True)
+        else:
+            e.unlink(missing_ok=True)
+        if not e.exists():
+            removed.append(e)
+            logging.getLogger("pingctl").warning("removed %s: left by a killed run (process %s on this host is gone)",
+                                                 e, pid)
     return removed
 
 

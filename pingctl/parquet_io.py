@@ -8,7 +8,7 @@ from typing import Iterable
 ROW_GROUP_ROWS = 262_144  # DuckDB parallelises per row group; 256k keeps 100M rows at ~400 groups
 COMPRESSION = "zstd"
 # Every Parquet file pingctl writes carries a CRC per page: without one, a damaged value page
-# of a numeric column decodes to other numbers and nothing can tell (`verify_pages` checks).
+# of a numeric column decodes to other numbers and nothing can tell (`read_table` and `verify_head` check them).
 WRITE_OPTIONS = dict(compression=COMPRESSION, write_page_checksum=True)
 
 
@@ -24,33 +24,78 @@ def to_canonical(batch):
     return table.select(list(COLUMNS)).cast(arrow_schema())
 
 
-def write_canonical(batches: Iterable, path: Path, row_group_rows: int = ROW_GROUP_ROWS) -> int:
-    """Stream batches into one Parquet file; returns rows written. Caller handles atomicity."""
-    import pyarrow.parquet as pq
+class PartWriter:
+    """Parquet file with row groups of exactly `rows` rows (the last one may be shorter),
+    however the batches come (DuckDB hands out 122,880 rows at a time, ingest a block's
+    worth). Without `schema` the file is created with the first non-empty table's schema."""
 
+    def __init__(self, path: Path, rows: int, schema=None):
+        import pyarrow.parquet as pq
+
+        self.path = path
+        self.rows = rows
+        self.pending: list = []
+        self.pending_rows = 0
+        self.writer = None if schema is None else pq.ParquetWriter(path, schema, **WRITE_OPTIONS)
+        self.written = 0
+
+    def write(self, table) -> None:
+        if table.num_rows == 0:
+            return
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        if self.pending_rows >= self.rows:
+            import pyarrow as pa
+
+            t = pa.concat_tables(self.pending)
+            full = (t.num_rows // self.rows) * self.rows
+            self._write(t.slice(0, full))
+            rest = t.slice(full)
+            self.pending = [rest] if rest.num_rows else []
+            self.pending_rows = rest.num_rows
+
+    def _write(self, table) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema, **WRITE_OPTIONS)
+        self.writer.write_table(table, row_group_size=self.rows)
+        self.written += table.num_rows
+
+    def close(self) -> bool:
+        """Flush and close; returns whether a file was written."""
+        if self.pending_rows:
+            import pyarrow as pa
+
+            self._write(pa.concat_tables(self.pending))
+        self.pending, self.pending_rows = [], 0
+        if self.writer is not None:
+            self.writer.close()
+            return True
+        return False
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def write_canonical(batches: Iterable, path: Path, row_group_rows: int = ROW_GROUP_ROWS) -> int:
+    """Stream batches into one Parquet file in whole row groups; returns rows written. Caller
+    handles atomicity."""
     from pingctl.schema import arrow_schema
 
-    import pyarrow as pa
-
-    rows = 0
-    pending: list = []  # batches smaller than a row group (DuckDB hands out 122,880 rows at a time)
-    held = 0
-    with pq.ParquetWriter(path, arrow_schema(), **WRITE_OPTIONS) as writer:
+    writer = PartWriter(path, row_group_rows, schema=arrow_schema())
+    try:
         for b in batches:
-            t = to_canonical(b)
-            if not t.num_rows:
-                continue
-            pending.append(t)
-            held += t.num_rows
-            rows += t.num_rows
-            if held >= row_group_rows:
-                whole = pa.concat_tables(pending)
-                cut = held - held % row_group_rows
-                writer.write_table(whole.slice(0, cut), row_group_size=row_group_rows)
-                pending, held = ([whole.slice(cut)] if cut < held else []), held - cut
-        if held:
-            writer.write_table(pa.concat_tables(pending), row_group_size=row_group_rows)
-    return rows
+            writer.write(to_canonical(b))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return writer.written
 
 
 def read_table(path, **kwargs):

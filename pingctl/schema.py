@@ -344,8 +344,7 @@ def all_rejected(con, files: list[Path], read: int) -> PingctlError:
 
 
 def reject_counts(con) -> dict:
-    """View `canonical`'s rejected rows by reason, most first: reason -> {rows, meaning, first: {file, row}}
-    (the shape of `rejected_summary`)."""
+    """View `canonical`'s rejected rows by reason, most first: reason -> {rows, meaning, first: {file, row}}."""
     rows = con.execute(
         "SELECT reject_reason, count(*), min(struct_pack(f := _file, r := _row)) "
         "FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 2 DESC, 1"
@@ -476,11 +475,11 @@ CANONICAL_SELECT = ", ".join(COLUMNS)
 
 def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4GB"):
     """The first `limit` rows (None: all) of `files` in file order, checked as every pipeline
-    step checks them.
+    step checks them. A command that only shows or prompts with rows (tokenize, sample
+    --context) must not take as valid what build-rows would reject.
 
     Returns (valid rows as an Arrow table of the seed columns in canonical types, the
-    rejected rows as an Arrow table of _file, _row, reject_reason, rows read). A command that only shows
-    rows (tokenize) must not show as valid what build-rows would reject.
+    rejected rows as `reject_counts` gives them, rows read).
     """
     import pyarrow as pa
 
@@ -488,34 +487,25 @@ def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4G
 
     con = connect(memory_limit)
     con.execute("SET preserve_insertion_order=true")  # "first rows" in file order
-    tables, rejected, read = [], [], 0
+    tables, rejected, read = [], {}, 0
     check_parquet_columns(files)  # a missing column is named as such, not as an unreadable page
     try:
         for f in files:
             left = None if limit is None else limit - read
             verify_head(f, left, list(SEED_COLUMNS))
-            canonical_query(con, [f], head=left)
-            t = con.sql(
-                f"SELECT {', '.join(SEED_COLUMNS)}, _file, _row, reject_reason FROM canonical ORDER BY _row"
-            ).to_arrow_table()
-            read += t.num_rows
-            rejected.append(t.filter(t.column("reject_reason").is_valid()).select(["_file", "_row", "reject_reason"]))
-            tables.append(t.filter(t.column("reject_reason").is_null()).select(list(SEED_COLUMNS)))
+            canonical_query(con, [f], view="_checked", head=left)
+            # materialised once: the valid rows and the reject counts are both read from it
+            con.execute("CREATE OR REPLACE TEMP TABLE canonical AS SELECT * FROM _checked")
+            read += one(con, "SELECT count(*) FROM canonical")[0]
+            tables.append(con.sql(f"SELECT {', '.join(SEED_COLUMNS)} FROM canonical WHERE reject_reason IS NULL "
+                                  "ORDER BY _row").to_arrow_table())
+            for reason, e in reject_counts(con).items():  # an earlier file's first row stays first
+                rejected.setdefault(reason, {**e, "rows": 0})["rows"] += e["rows"]
             if limit is not None and read >= limit:
                 break
     finally:
         con.close()
-    return pa.concat_tables(tables), pa.concat_tables(rejected), read
-
-
-def rejected_summary(bad) -> dict:
-    """canonical_head's rejected rows -> reason: {rows, meaning, first: {file, row}}."""
-    out: dict = {}
-    for r in bad.to_pylist():  # in file and row order: the first seen is the first
-        e = out.setdefault(r["reject_reason"], {"rows": 0, "meaning": REJECT_REASONS.get(r["reject_reason"], ""),
-                                                "first": {"file": r["_file"], "row": r["_row"]}})
-        e["rows"] += 1
-    return out
+    return pa.concat_tables(tables), rejected, read
 
 
 def rejected_lines(summary: dict) -> list[str]:

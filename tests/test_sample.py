@@ -425,7 +425,8 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
 
 
 def test_option_parsers_take_what_the_prompt_builder_takes():
-    from pingctl.cli.sample_cmd import _address_option, _parse_time, _rtt_range
+    from pingctl.cli.common import option_time as _parse_time
+    from pingctl.cli.sample_cmd import _address_option, _rtt_range
     from pingctl.errors import PingctlError
     from pingctl.infer import queries as Q
 

@@ -204,20 +204,31 @@ def read_valid_rows(inputs: list[Path], limit: int | None, what: str = ""):
     is skipped with a warning naming reason, file and row: shown or used as a prompt, it would
     stand for something training never sees. `what` prefixes the messages (e.g. "--context")."""
     from pingctl.errors import PingctlError
-    from pingctl.schema import canonical_head, rejected_lines, rejected_summary, resolve_inputs
+    from pingctl.schema import canonical_head, rejected_lines, resolve_inputs
 
     label = (what + " " if what else "") + ", ".join(map(str, inputs))
-    files = resolve_inputs(inputs)
-    table, bad, read = canonical_head(files, limit)
+    table, rejected, read = canonical_head(resolve_inputs(inputs), limit)
     if not read:
         raise PingctlError(f"{label}: the input has no rows")
-    rejected = rejected_summary(bad)
     first = "" if limit is None else "the first "
     if not table.num_rows:
         raise PingctlError(f"{label}: no valid rows among {first}{read:,}\n" + "\n".join(rejected_lines(rejected)))
+    n_rejected = sum(e["rows"] for e in rejected.values())
     if rejected:
-        say(f"{label}: skipped {bad.num_rows:,} of {first}{read:,} rows, which build-rows would reject:", err=True,
+        say(f"{label}: skipped {n_rejected:,} of {first}{read:,} rows, which build-rows would reject:", err=True,
             label="warning: ")
         for line in rejected_lines(rejected):
             say(line, err=True)
-    return table, {"rows_read": read, "rows_rejected": bad.num_rows, "rejected": rejected}
+    return table, {"rows_read": read, "rows_rejected": n_rejected, "rejected": rejected}
+
+
+def option_time(text: str | None, option: str = "--time") -> int | None:
+    """A time option as users give it (ISO 8601 or Unix seconds) -> Unix seconds; None when
+    the option is not given."""
+    from pingctl.errors import UsageError
+    from pingctl.schema import parse_when
+
+    if text is not None and not text.strip():  # parse_when reads "" as "no time" (an unset config key)
+        raise UsageError(f"{option} is empty: give ISO 8601 or Unix seconds")
+    us = parse_when(text, option, UsageError)
+    return None if us is None else us // 1_000_000

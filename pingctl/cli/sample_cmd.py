@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
-                                handle_errors, json_default, kv_table, load, read_valid_rows)
+                                handle_errors, json_default, kv_table, load, option_time, read_valid_rows)
 from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import utc_text
 
@@ -108,7 +108,7 @@ def sample(
         # the side not given is any address of the other side's family
         src = src or Q.any_address(fam_dst)
         dst = dst or Q.any_address(fam_src)
-    t_query = _parse_time(time)
+    t_query = option_time(time)
     Q.check_per_pair(context_per_pair)
     if context_per_pair is not None and context is None:
         raise UsageError("--context-per-pair caps measurements from --context; give --context too")
@@ -220,15 +220,6 @@ def _address_option(text: str | None, name: str) -> str | None:
         raise UsageError(f"{name} {text!r} is an IPv4-mapped IPv6 address; measurements record the IPv4 "
                          f"address itself: ask for {ask}")
     return text
-
-
-def _parse_time(text: str | None) -> int | None:
-    from pingctl.schema import parse_when
-
-    if text is not None and not text.strip():  # parse_when reads "" as "no time", an option must not
-        raise UsageError("--time is empty: give ISO 8601 or Unix seconds")
-    us = parse_when(text, "--time", UsageError)
-    return None if us is None else us // 1_000_000
 
 
 def _read_context(path: Path):

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (
-    ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, read_valid_rows,
+    ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, handle_errors, kv_table, load, option_time, read_valid_rows,
 )
 from pingctl.errors import PingctlError, UsageError
 
@@ -111,19 +111,11 @@ def _from_fields(src, dst, rtt, time, failed, size, errors, msm_id):
     for opt, value in (("--src", src), ("--dst", dst)):
         if parse_address(value) is None or "%" in value:
             raise UsageError(f"{opt} {value!r} is not an IPv4 or IPv6 address")
-    t = _parse_time(time) if time is not None else None
+    t = option_time(time)
     m = Measurements.from_fields([src], [dst], [-1.0 if failed else rtt], [t], size, errors, msm_id)
     if m.src_v6[0] != m.dst_v6[0]:
         raise UsageError(f"--src {src} and --dst {dst} are of different address families")
     return m
-
-
-def _parse_time(text: str) -> int:
-    from pingctl.schema import parse_when
-
-    if not text.strip():  # parse_when reads "" as "no time" (an unset config key), an option must not
-        raise UsageError("--time is empty: give ISO 8601 or Unix seconds")
-    return parse_when(text, "--time", UsageError) // 1_000_000
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ from pingctl.ingest.reader import (
     parallel_bz2_chunks,
     usable_cores,
 )
+from pingctl.parquet_io import PartWriter
 
 REJECTS = "rejects.jsonl"
 PARALLEL_BZ2_DEPTH = 16  # decompressed MiB queued ahead of the parser (indexed_bzip2 path)
@@ -149,62 +150,6 @@ def is_stream(f: Path) -> bool:
     """A pipe, FIFO or device: readable once, front to back, by this process only (a spawned
     worker has no /dev/stdin or `<(...)` descriptor), and with no size to show progress."""
     return not f.is_file()
-
-
-class PartWriter:
-    """Parquet part with row groups of exactly `rows` rows (the last one may be shorter)."""
-
-    def __init__(self, path: Path, rows: int):
-        self.path = path
-        self.rows = rows
-        self.pending: list = []
-        self.pending_rows = 0
-        self.writer = None
-        self.written = 0
-
-    def write(self, table) -> None:
-        if table.num_rows == 0:
-            return
-        self.pending.append(table)
-        self.pending_rows += table.num_rows
-        if self.pending_rows >= self.rows:
-            import pyarrow as pa
-
-            t = pa.concat_tables(self.pending)
-            full = (t.num_rows // self.rows) * self.rows
-            self._write(t.slice(0, full))
-            rest = t.slice(full)
-            self.pending = [rest] if rest.num_rows else []
-            self.pending_rows = rest.num_rows
-
-    def _write(self, table) -> None:
-        import pyarrow.parquet as pq
-
-        from pingctl.parquet_io import WRITE_OPTIONS
-
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(self.path, table.schema, **WRITE_OPTIONS)
-        self.writer.write_table(table, row_group_size=self.rows)
-        self.written += table.num_rows
-
-    def close(self) -> bool:
-        """Flush and close; returns whether a file was written."""
-        if self.pending_rows:
-            import pyarrow as pa
-
-            self._write(pa.concat_tables(self.pending))
-        self.pending, self.pending_rows = [], 0
-        if self.writer is not None:
-            self.writer.close()
-            return True
-        return False
-
-    def abort(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 def ingest_file(
