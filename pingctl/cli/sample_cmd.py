@@ -59,8 +59,16 @@ def sample(
     measurements: Annotated[int, typer.Option(min=1, help="Generation: measurements per stream.")] = 8,
     k: Annotated[int, typer.Option("-k", min=1, help="Completions to show.")] = 10,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json).")] = None,
+        "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json), or the "
+             "--pairs predictions (.parquet, .csv or .json).")] = None,
     plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
+    pairs: Annotated[Path | None, typer.Option(
+        help="CSV (with a header) or Parquet of pairs, columns src, dst [, time]: the RTT distribution of "
+             "every row, one model load; rows that fail the --src/--dst/--time checks are set aside "
+             "(-o P.parquet|.csv|.json writes the predictions and P.rejects.jsonl).")] = None,
+    exact: Annotated[bool, typer.Option(
+        "--exact", help="--pairs: compute all 65,536 codes per pair, as a single query does (the means "
+                        "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
     step: StepOpt = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
@@ -72,6 +80,8 @@ def sample(
     """Ask the model: RTT distribution for a pair, partial-IP completion, inverse search, streams.
 
     Example: pingctl sample runs/demo/train --src 78.143.22.26 --dst 194.255.199.229 --plot rtt.png
+
+    Many pairs at once: pingctl sample runs/demo/train --pairs pairs.csv -o predictions.parquet
     """
     import numpy as np
 
@@ -83,6 +93,21 @@ def sample(
     rng = np.random.default_rng(cfg.sample.seed)
     # the prompt builder takes the bare address: strip here, and pass the stripped text on
     src, dst = (_address_option(v, name) for v, name in ((src, "--src"), (dst, "--dst")))
+    if exact and pairs is None:
+        raise UsageError("--exact is for --pairs; a single --src/--dst distribution is always computed for every code")
+    if pairs is not None:
+        from pingctl.cli import sample_pairs
+
+        given = [name for v, name in ((src, "--src"), (dst, "--dst"), (rtt, "--rtt"), (time, "--time"), (n, "--n"),
+                                      (plot, "--plot")) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)}: --pairs answers the pairs (and times) of its file; "
+                             "give either --pairs or a single query")
+        _check_context_options(context, context_per_pair)
+        sample_pairs.check_options(out)
+        ctx, ctx_read = _read_context(context) if context is not None else (None, None)
+        sample_pairs.answer_pairs(run, pairs, ctx, ctx_read, context_per_pair, out, exact, parse_steps(step), as_json)
+        return
     if src and dst and not _is_pattern(src) and not _is_pattern(dst) and rtt is None:
         mode = "distribution"
     elif _is_pattern(src) or _is_pattern(dst):
@@ -109,9 +134,7 @@ def sample(
         src = src or Q.any_address(fam_dst)
         dst = dst or Q.any_address(fam_src)
     t_query = option_time(time)
-    Q.check_per_pair(context_per_pair)
-    if context_per_pair is not None and context is None:
-        raise UsageError("--context-per-pair caps measurements from --context; give --context too")
+    _check_context_options(context, context_per_pair)
     rtt_lo, rtt_hi = _rtt_range(rtt) if rtt is not None else (None, None)
     if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
         raise UsageError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
@@ -194,6 +217,14 @@ def sample(
     if result["times_out_of_range"] and not as_json:
         err_console.print(f"[yellow]{result['times_out_of_range']} generated time(s) lie beyond a timestamp's "
                           f"+-292,000 years{'; their event_time is null in ' + str(out) if out else ''}[/]")
+
+
+def _check_context_options(context: Path | None, context_per_pair: int | None) -> None:
+    from pingctl.infer import queries as Q
+
+    Q.check_per_pair(context_per_pair)
+    if context_per_pair is not None and context is None:
+        raise UsageError("--context-per-pair caps measurements from --context; give --context too")
 
 
 def _address_option(text: str | None, name: str) -> str | None:

@@ -1,0 +1,102 @@
+"""`pingctl sample RUN --pairs FILE`: the RTT distributions of many pairs, one model load."""
+
+from __future__ import annotations
+
+import time as _time
+from pathlib import Path
+
+from pingctl.cli.common import emit, err_console, fmt, grid_table, kv_table, progress, say
+from pingctl.errors import PingctlError, UsageError
+from pingctl.schema import utc_text
+
+SHOWN = 20  # pairs printed in the terminal table; -o / --json hold them all
+OUT_SUFFIXES = (".parquet", ".csv", ".json")
+
+
+def rejects_path(out: Path) -> Path:
+    """preds.parquet -> preds.rejects.jsonl, beside it."""
+    return out.with_name(out.stem + ".rejects.jsonl")
+
+
+def check_options(out: Path | None) -> None:
+    """What can be refused before the pairs file is read or the model loads."""
+    from pingctl.atomic import unwritable_reason
+
+    if out is None:
+        return
+    if out.suffix not in OUT_SUFFIXES:
+        raise UsageError(f"--out {out}: --pairs writes .parquet, .csv or .json")
+    for path in (out, rejects_path(out)):
+        if reason := unwritable_reason(path):
+            raise PingctlError(f"--out {path}: cannot be written ({reason})")
+
+
+def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
+                 out: Path | None, exact: bool, steps, as_json: bool) -> None:
+    from pingctl.infer import pairs as P
+    from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
+
+    pairs = P.read_pairs(pairs_path)
+    if pairs.has_times() and not trained_with_timestamps(run_config(run).loader.mode_weights):
+        raise UsageError(f"--pairs {pairs_path}: {run} was trained without timestamps (loader.mode_weights all on "
+                         "`none`), so it cannot condition on the file's times; leave the time column empty or drop it")
+    summary = pairs.reject_summary()
+    if not pairs.src:
+        lines = [f"  {r}: {e['rows']:,} ({e['meaning']}); first: {pairs.unit} {e['first']['row']}"
+                 for r, e in summary.items()]
+        raise PingctlError("\n".join([f"--pairs {pairs_path}: no valid pair among {pairs.rows_read:,} rows", *lines]))
+    with err_console.status(f"loading {run} ..."):
+        model = LoadedModel.load(run, steps)
+    per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
+    t0 = _time.perf_counter()
+    with progress(transient=True) as bar:
+        task = bar.add_task("pairs", total=len(pairs.src))
+        cols = P.answer(model, pairs, ctx, per_pair, exact=exact,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    elapsed = _time.perf_counter() - t0
+    meta = {"run": str(run), "step": model.step, "steps": list(model.steps), "timestamps": model.timestamps,
+            "pairs": str(pairs_path), "exact": exact}
+    result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
+              "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3)}
+    if ctx is not None:
+        result["context_per_pair"] = per_pair
+        result["context_rows"] = ctx_read
+    if out is not None:
+        P.write_predictions(cols, out, meta)
+        P.write_rejects(pairs, rejects_path(out))
+        result.update(out=str(out), rejects=str(rejects_path(out)))
+    if summary and not as_json:
+        say(f"--pairs {pairs_path}: set aside {len(pairs.rejects):,} of {pairs.rows_read:,} rows"
+            + (f" (each in {rejects_path(out)})" if out is not None else ":"), err=True, label="warning: ")
+        for reason, e in summary.items():
+            say(f"  {reason}: {e['rows']:,} ({e['meaning']}); first: {pairs.unit} {e['first']['row']}", err=True)
+        if out is None:
+            for r in pairs.rejects[:10]:
+                say(f"  {pairs.unit} {r[pairs.unit]}: {r['reason']}: {r['detail']}", err=True)
+    if as_json:
+        keys = list(cols)
+        emit({**result, "predictions": [dict(zip(keys, v)) for v in zip(*cols.values())],
+              "rejects": pairs.rejects}, True)
+        return
+    emit(result, False, [_table(cols, pairs.unit, model.label), kv_table("pairs summary", [
+        ("pairs read", pairs.rows_read), ("answered", len(pairs.src)), ("set aside", len(pairs.rejects)),
+        ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
+        ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
+        ("seconds", elapsed), ("pairs/s", len(pairs.src) / elapsed if elapsed > 0 else float("nan")),
+        ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
+        *([("rejects", str(rejects_path(out)))] if out is not None else []),
+    ])])
+
+
+def _table(cols: dict, unit: str, label: str):
+    n = len(cols["src"])
+    timed = any(t is not None for t in cols["time"])
+    names = [unit, "src", "dst", *(["time (UTC)"] if timed else []), "P(fail)", "p5", "p50", "p95", "mean90"]
+    t = grid_table(f"RTT distributions, ms ({label}; mean90: mean of the central 90%)"
+                   f"{'' if n <= SHOWN else f', first {SHOWN} of {n:,}'}",
+                   names, left=("src", "dst", "time (UTC)"), whole=(unit, "time (UTC)", "P(fail)"), listing=True)
+    for i in range(min(n, SHOWN)):
+        t.add_row(fmt(cols[unit][i]), cols["src"][i], cols["dst"][i],
+                  *([utc_text(cols["time"][i])] if timed else []), f"{cols['p_fail'][i]:.2%}",
+                  *(f"{cols[k][i]:,.1f}" for k in ("p5_ms", "p50_ms", "p95_ms", "trimmed_mean_ms")))
+    return t

@@ -1,0 +1,296 @@
+"""RTT distributions for a file of pairs: `pingctl sample RUN --pairs FILE`.
+
+A researcher asking for many predictions at once (every probe to a set of candidate
+targets, the pairs of a planned campaign) should pay for one model load, not one per pair,
+and must not lose a row silently. So each row of the file is checked as `--src/--dst/--time`
+are, a row that fails is set aside with its line (CSV) or row (Parquet) and the reason
+(rows read = answered + rejected), and the rest are answered in batches.
+
+The answer per pair is the one `pingctl sample --src --dst` prints: P(failure), p5..p95, the
+mean of the central 90% and the mean. By default the distribution is exact where it is read
+(`queries.rtt_distributions_at`, as `pingctl eval`: each quantile within 1e-3 of
+probability) at a few dozen second-byte passes per pair instead of 256; the two means are
+then approximate inside the first-byte bins no quantile falls in. `exact=True` computes all
+65,536 codes, as a single query does.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.errors import PingctlError, UsageError
+
+SRC_COLUMNS = ("src", "src_addr")
+DST_COLUMNS = ("dst", "dst_addr")
+TIME_COLUMNS = ("time", "event_time")
+SUFFIXES = (".csv", ".parquet")
+CONTEXT_ROWS_MAX = 4096  # a prompt of seq_len tokens holds far fewer measurements than this
+
+REASONS = {
+    "bad_record": "a CSV line whose number of fields differs from the header's",
+    "missing_address": "src or dst is empty",
+    "bad_address": "src or dst is not an IP address",
+    "pattern": "src or dst is a pattern or CIDR; --pairs answers whole addresses (use --src/--dst for completions)",
+    "zone_id": "an IPv6 zone id (%...) names a local interface, not part of a measured address",
+    "ipv4_mapped": "an IPv4-mapped IPv6 address; measurements record the IPv4 address itself",
+    "mixed_family": "src and dst are of different address families",
+    "bad_time": "the time is neither ISO 8601 nor Unix seconds (or out of range)",
+}
+
+
+@dataclass
+class Pairs:
+    """The valid rows of a pairs file, and the rejected ones with their reasons."""
+
+    file: str
+    unit: str  # "line" (CSV: physical line, header = 1) or "row" (Parquet: 0-based, as DuckDB numbers rows)
+    where: list[int] = field(default_factory=list)
+    src: list[str] = field(default_factory=list)
+    dst: list[str] = field(default_factory=list)
+    family: list[int] = field(default_factory=list)
+    time: list[int | None] = field(default_factory=list)
+    rejects: list[dict] = field(default_factory=list)  # {file, line|row, reason, detail, raw}
+
+    @property
+    def rows_read(self) -> int:
+        return len(self.src) + len(self.rejects)
+
+    def has_times(self) -> bool:
+        return any(t is not None for t in self.time)
+
+    def reject_summary(self) -> dict:
+        """reason -> {rows, meaning, first: {file, row}}: the shape the other commands report."""
+        out: dict = {}
+        for r in self.rejects:
+            e = out.setdefault(r["reason"], {"rows": 0, "meaning": REASONS[r["reason"]],
+                                             "first": {"file": self.file, "row": r[self.unit]}})
+            e["rows"] += 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]["rows"]))
+
+
+def clean_address(text: str) -> tuple[str, int]:
+    """A whole address as a measurement records it -> (canonical text, family); raises
+    `AddressError` with a reason key of `REASONS`."""
+    import ipaddress
+
+    text = text.strip()
+    if not text:
+        raise AddressError("missing_address", "empty")
+    if "%" in text:
+        raise AddressError("zone_id", f"{text!r}: an IPv6 zone id (%...) is not part of a measured address")
+    if "*" in text or "/" in text:
+        raise AddressError("pattern", f"{text!r} is a pattern; give a whole address")
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        raise AddressError("bad_address", f"{text!r} is not an IP address") from None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        raise AddressError("ipv4_mapped", f"{text!r} is IPv4-mapped; ask for {ip.ipv4_mapped}")
+    return str(ip), ip.version
+
+
+class AddressError(UsageError):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def read_pairs(path: Path) -> Pairs:
+    """Read and check a pairs file: CSV with a header, or Parquet; columns src|src_addr,
+    dst|dst_addr and optionally time|event_time (ISO 8601 or Unix seconds; empty = no time)."""
+    path = Path(path)
+    if path.suffix not in SUFFIXES:
+        raise UsageError(f"--pairs {path}: expected a .csv (with a header) or .parquet file")
+    if not path.is_file():
+        raise PingctlError(f"--pairs {path}: no such file")
+    records = _csv_records(path) if path.suffix == ".csv" else _parquet_records(path)
+    pairs = Pairs(str(path), "line" if path.suffix == ".csv" else "row")
+    for where, values, problem in records:
+        if problem is None:
+            problem = _check(pairs, where, values)
+        if problem is not None:
+            reason, detail = problem
+            pairs.rejects.append({"file": pairs.file, pairs.unit: where, "reason": reason, "detail": detail,
+                                  "raw": values if isinstance(values, str) else dict(zip(("src", "dst", "time"), values))})
+    if not pairs.rows_read:
+        raise PingctlError(f"--pairs {path}: the file has no rows")
+    return pairs
+
+
+def _check(pairs: Pairs, where: int, values: tuple) -> tuple[str, str] | None:
+    from pingctl.schema import parse_when
+
+    src_text, dst_text, time_value = values
+    try:
+        src, fam_s = clean_address("" if src_text is None else str(src_text))
+        dst, fam_d = clean_address("" if dst_text is None else str(dst_text))
+    except AddressError as e:
+        return e.reason, str(e)
+    if fam_s != fam_d:
+        return "mixed_family", f"src is IPv{fam_s} but dst is IPv{fam_d}"
+    try:
+        if isinstance(time_value, float) and not math.isfinite(time_value):
+            raise PingctlError(f"time {time_value!r}: not a finite number")
+        us = parse_when(time_value, "time")
+    except PingctlError as e:
+        return "bad_time", str(e)
+    pairs.where.append(where)
+    pairs.src.append(src)
+    pairs.dst.append(dst)
+    pairs.family.append(fam_s)
+    pairs.time.append(None if us is None else us // 1_000_000)
+    return None
+
+
+def _columns(names: list[str], path: Path) -> tuple[str, str, str | None]:
+    def pick(options: tuple[str, ...], required: bool) -> str | None:
+        found = [c for c in options if c in names]
+        if len(found) > 1:
+            raise PingctlError(f"--pairs {path}: columns {' and '.join(found)} both name the same field; keep one")
+        if required and not found:
+            raise PingctlError(f"--pairs {path}: no {' or '.join(options)} column (columns: {', '.join(names) or 'none'})")
+        return found[0] if found else None
+
+    return pick(SRC_COLUMNS, True), pick(DST_COLUMNS, True), pick(TIME_COLUMNS, False)
+
+
+def _csv_records(path: Path):
+    """(line, (src, dst, time), problem) per record; the csv module keeps exact line numbers
+    and lets a malformed line be set aside instead of failing the file."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                raise PingctlError(f"--pairs {path}: the file is empty (expected a header like src,dst,time)")
+            names = [h.strip() for h in header]
+            s, d, t = _columns(names, path)
+            idx = [names.index(s), names.index(d), names.index(t) if t else None]
+            out = []
+            for rec in reader:
+                line = reader.line_num
+                if not rec or (len(rec) == 1 and not rec[0].strip()):
+                    continue  # a blank line is not a record
+                if len(rec) != len(names):
+                    out.append((line, ",".join(rec), ("bad_record", f"{len(rec)} fields, the header has {len(names)}")))
+                    continue
+                out.append((line, (rec[idx[0]], rec[idx[1]], rec[idx[2]] if idx[2] is not None else None), None))
+            return out
+    except UnicodeDecodeError as e:
+        raise PingctlError(f"--pairs {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise PingctlError(f"--pairs {path}: line {reader.line_num}: {e}") from None
+
+
+def _parquet_records(path: Path):
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid/... for damaged files
+        raise PingctlError(f"--pairs {path}: cannot read it as Parquet ({e})") from None
+    s, d, t = _columns(table.column_names, path)
+    cols = [table.column(c).to_pylist() for c in (s, d)]
+    times = _parquet_times(table.column(t)) if t else [None] * table.num_rows
+    return [(i, (a, b, c), None) for i, (a, b, c) in enumerate(zip(*cols, times))]
+
+
+def _parquet_times(col) -> list:
+    """Timestamps of any unit become whole Unix seconds (floored, as the canonical readers
+    do; no datetime detour, which fails past the year 9999); numbers and text stay as they are."""
+    import pyarrow as pa
+
+    if not pa.types.is_timestamp(col.type):
+        return col.to_pylist()
+    per_s = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[col.type.unit]
+    raw = col.cast(pa.int64()).to_pylist()
+    return [None if v is None else v // per_s for v in raw]
+
+
+# ----------------------------------------------------------------- answering
+
+
+def contexts(pairs: Pairs, ctx, per_source_max: int = CONTEXT_ROWS_MAX) -> list:
+    """Per pair, the context's measurements from the pair's source (its address, as a
+    `--pairs` row has no probe id) strictly before the pair's time (all of them where the row
+    has no time), oldest first; `ctx` is a `Measurements` or None."""
+    if ctx is None or len(ctx) == 0:
+        return [None] * len(pairs.src)
+    from pingctl.eval.model import context_indices
+
+    pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
+            "event_time": ctx.time_s, "prb_id": np.full(len(ctx), -1, np.int64)}
+    big = np.iinfo(np.int64).max
+    query = {"src": np.array(pairs.src, object), "dst": np.array(pairs.dst, object),
+             "event_time": np.array([big if t is None else t for t in pairs.time], np.int64),
+             "prb_id": np.full(len(pairs.src), -1, np.int64)}
+    idx = context_indices(pool, query, np.arange(len(pairs.src)), per_source_max, "probe")
+    return [ctx.take(i) if len(i) else None for i in idx]
+
+
+def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
+           progress=lambda done, total: None) -> dict:
+    """Column arrays of the predictions, one entry per valid pair, in file order."""
+    from pingctl.infer import queries as Q
+
+    n = len(pairs.src)
+    budget = model.seq_len - 64
+    timed = model.timestamps
+    ctxs = contexts(pairs, ctx)
+    cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "trimmed_mean_ms",
+                                             *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))}
+    n_ctx: list[int] = []
+    progress(0, n)
+    for a in range(0, n, chunk):
+        prompts = []
+        for i in range(a, min(a + chunk, n)):
+            tokens, last_t = Q.context_tokens(model, ctxs[i], budget, per_pair, timed=timed)
+            n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
+            prompts.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
+        dists = Q.rtt_distributions(model, prompts) if exact else Q.rtt_distributions_at(model, prompts)
+        for d in dists:
+            for k, v in d.summary().items():
+                cols[k].append(v)
+        progress(min(a + chunk, n), n)
+    return {pairs.unit: list(pairs.where), "src": list(pairs.src), "dst": list(pairs.dst),
+            "ip_version": list(pairs.family), "time": list(pairs.time), **cols, "context_measurements": n_ctx}
+
+
+def write_predictions(columns: dict, out: Path, meta: dict) -> None:
+    """Parquet (run/step in the schema metadata, key `pingctl`), CSV or JSON by suffix; atomic."""
+    import json
+
+    import pyarrow as pa
+
+    from pingctl.atomic import atomic_file
+
+    table = pa.table({k: pa.array(v, pa.int64() if k in ("line", "row", "ip_version", "time", "context_measurements")
+                                  else None) for k, v in columns.items()})
+    with atomic_file(out) as tmp:
+        if out.suffix == ".json":
+            tmp.write_text(json.dumps({**meta, "predictions": table.to_pylist()}, indent=1))
+        elif out.suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            pcsv.write_csv(table, tmp)
+        else:
+            import pyarrow.parquet as pq
+
+            from pingctl.parquet_io import WRITE_OPTIONS
+
+            pq.write_table(table.replace_schema_metadata({"pingctl": json.dumps(meta)}), tmp, **WRITE_OPTIONS)
+
+
+def write_rejects(pairs: Pairs, path: Path) -> None:
+    """One JSON object per rejected row, as ingest's rejects.jsonl; atomic."""
+    import json
+
+    from pingctl.atomic import atomic_file
+
+    with atomic_file(path) as tmp:
+        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in pairs.rejects))
