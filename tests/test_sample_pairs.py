@@ -74,6 +74,12 @@ def test_parquet_pairs_take_timestamps_of_any_unit_numbers_and_text(tmp_path, un
     assert q.time == [t0, None] and [r["reason"] for r in q.rejects] == ["bad_time"]
 
 
+def test_a_byte_order_mark_does_not_hide_the_header(tmp_path):
+    f = tmp_path / "excel.csv"
+    f.write_bytes("\ufeffsrc,dst\r\n1.2.3.4,5.6.7.8\r\n".encode())
+    assert read_pairs(f).src == ["1.2.3.4"]
+
+
 def test_a_year_past_9999_is_a_time_not_a_crash(tmp_path):
     f = tmp_path / "far.parquet"
     far = 400_000_000_000  # year ~14,645: beyond datetime, within a seconds timestamp
@@ -197,6 +203,27 @@ def test_each_pair_gets_its_own_source_context_before_its_time(tiny_run, synth_r
     # no time: the latest that fit the prompt; a time: only rows before it; another source: none
     assert n[0] > before > 0 and n[1] == before and n[2] == 0 and n[3] == 0, (n, before)
     assert res["context_rows"]["rows_read"] == 20 and res["context_per_pair"] == 0
+
+
+def test_repeated_pairs_are_asked_once(tiny_run, tmp_path):
+    from pingctl.infer import pairs as P
+    from pingctl.infer.model import LoadedModel
+
+    f = tmp_path / "rep.csv"
+    f.write_text("src,dst,time\n1.2.3.4,5.6.7.8,\n1.2.3.4,5.6.7.8,100\n1.2.3.4,5.6.7.8,\n9.9.9.9,5.6.7.8,\n"
+                 "1.2.3.4,5.6.7.8,1970-01-01T00:01:40Z\n")
+    pairs = read_pairs(f)
+    model = LoadedModel.load(tiny_run)
+    firsts = []
+    real = model.log_probs
+    model.log_probs = lambda seqs, at=None: (firsts.append(len(seqs)) if at is not None else None) or real(seqs, at)
+    cols = P.answer(model, pairs, exact=True)
+    assert firsts[0] == 3  # (a, b, none), (a, b, 100), (c, b, none): the first pass asks each once
+    assert cols["line"] == [2, 3, 4, 5, 6] and cols["time"] == [None, 100, None, None, 100]
+    for k in ("p_fail", "p50_ms", "mean_ms", "context_measurements"):
+        v = cols[k]
+        assert v[0] == v[2] and v[1] == v[4], (k, v)  # copies of the one answer
+    assert cols["p_fail"][0] != cols["p_fail"][1]  # a time changes the prompt, so it is its own question
 
 
 def test_pairs_refusals(tiny_run, pairs_file, tmp_path):

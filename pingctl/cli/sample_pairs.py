@@ -57,7 +57,8 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     meta = {"run": str(run), "step": model.step, "steps": list(model.steps), "timestamps": model.timestamps,
             "pairs": str(pairs_path), "exact": exact}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
-              "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3)}
+              "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
+              "distinct": len(set(zip(pairs.src, pairs.dst, pairs.time)))}
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
@@ -80,9 +81,10 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         return
     emit(result, False, [_table(cols, pairs.unit, model.label), kv_table("pairs summary", [
         ("pairs read", pairs.rows_read), ("answered", len(pairs.src)), ("set aside", len(pairs.rejects)),
+        ("distinct (src, dst, time) asked", result["distinct"]),
         ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
-        ("seconds", elapsed), ("pairs/s", len(pairs.src) / elapsed if elapsed > 0 else float("nan")),
+        ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
         *([("rejects", str(rejects_path(out)))] if out is not None else []),
     ])])

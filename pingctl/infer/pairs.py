@@ -163,7 +163,8 @@ def _csv_records(path: Path):
     """(line, (src, dst, time), problem) per record; the csv module keeps exact line numbers
     and lets a malformed line be set aside instead of failing the file."""
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        # utf-8-sig: spreadsheet exports open with a byte-order mark, which would hide the `src` header
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
@@ -215,12 +216,12 @@ def _parquet_times(col) -> list:
 # ----------------------------------------------------------------- answering
 
 
-def contexts(pairs: Pairs, ctx, per_source_max: int = CONTEXT_ROWS_MAX) -> list:
-    """Per pair, the context's measurements from the pair's source (its address, as a
-    `--pairs` row has no probe id) strictly before the pair's time (all of them where the row
-    has no time), oldest first; `ctx` is a `Measurements` or None."""
+def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_ROWS_MAX) -> list:
+    """Per pair `rows[k]`, the context's measurements from the pair's source (its address, as
+    a `--pairs` row has no probe id) strictly before the pair's time (all of them where the
+    row has no time), oldest first; `ctx` is a `Measurements` or None."""
     if ctx is None or len(ctx) == 0:
-        return [None] * len(pairs.src)
+        return [None] * len(rows)
     from pingctl.eval.model import context_indices
 
     pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
@@ -229,27 +230,34 @@ def contexts(pairs: Pairs, ctx, per_source_max: int = CONTEXT_ROWS_MAX) -> list:
     query = {"src": np.array(pairs.src, object), "dst": np.array(pairs.dst, object),
              "event_time": np.array([big if t is None else t for t in pairs.time], np.int64),
              "prb_id": np.full(len(pairs.src), -1, np.int64)}
-    idx = context_indices(pool, query, np.arange(len(pairs.src)), per_source_max, "probe")
+    idx = context_indices(pool, query, rows, per_source_max, "probe")
     return [ctx.take(i) if len(i) else None for i in idx]
 
 
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
            progress=lambda done, total: None) -> dict:
-    """Column arrays of the predictions, one entry per valid pair, in file order."""
+    """Column arrays of the predictions, one entry per valid pair, in file order. A row that
+    repeats an earlier (src, dst, time) has the same prompt (its context depends on the source
+    and time only), so it is answered once and copied: a measurement table given as pairs costs
+    its distinct pairs, not its rows."""
     from pingctl.infer import queries as Q
 
-    n = len(pairs.src)
+    keys = list(zip(pairs.src, pairs.dst, pairs.time))
+    first: dict = {}
+    slot = np.array([first.setdefault(k, len(first)) for k in keys], np.int64)
+    distinct = np.unique(slot, return_index=True)[1]  # the first row of each distinct key, in file order
+    n = len(distinct)
     budget = model.seq_len - 64
     timed = model.timestamps
-    ctxs = contexts(pairs, ctx)
+    ctxs = contexts(pairs, ctx, distinct)
     cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "trimmed_mean_ms",
                                              *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))}
     n_ctx: list[int] = []
     progress(0, n)
     for a in range(0, n, chunk):
         prompts = []
-        for i in range(a, min(a + chunk, n)):
-            tokens, last_t = Q.context_tokens(model, ctxs[i], budget, per_pair, timed=timed)
+        for c, i in zip(ctxs[a : a + chunk], distinct[a : a + chunk]):
+            tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
             n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
             prompts.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
         dists = Q.rtt_distributions(model, prompts) if exact else Q.rtt_distributions_at(model, prompts)
@@ -257,8 +265,9 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
             for k, v in d.summary().items():
                 cols[k].append(v)
         progress(min(a + chunk, n), n)
+    per_row = {k: [v[j] for j in slot] for k, v in {**cols, "context_measurements": n_ctx}.items()}
     return {pairs.unit: list(pairs.where), "src": list(pairs.src), "dst": list(pairs.dst),
-            "ip_version": list(pairs.family), "time": list(pairs.time), **cols, "context_measurements": n_ctx}
+            "ip_version": list(pairs.family), "time": list(pairs.time), **per_row}
 
 
 def write_predictions(columns: dict, out: Path, meta: dict) -> None:
