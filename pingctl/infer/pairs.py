@@ -17,6 +17,7 @@ then approximate inside the first-byte bins no quantile falls in. `exact=True` c
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ class Pairs:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]["rows"]))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a table of packets repeats its addresses many times
 def clean_address(text: str) -> tuple[str, int]:
     """A whole address as a measurement records it -> (canonical text, family); raises
     `AddressError` with a reason key of `REASONS`."""
