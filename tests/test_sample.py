@@ -109,6 +109,24 @@ def test_constrained_generation_is_grammatical(model):
         assert len(s) == 0 or s[0] == C.MeasurementStart
 
 
+def test_timestamped_generation_gives_every_measurement_a_time(model, pair, tmp_path):
+    from pingctl.cli.common import read_valid_rows
+    from pingctl.infer import queries as Q
+
+    for src in (None, pair[0]):
+        streams = Q.generate(model, 4, 5, np.random.default_rng(3), src=src, timestamps=True)
+        ms = [d.measurements for d in streams]
+        assert sum(len(m) for m in ms) > 0 and all(not d.errors for d in streams)
+        assert all(m.has_time.all() for m in ms)
+    # the CLI does it by default for a run trained with timestamps: every row is a canonical row
+    out = tmp_path / "gen.parquet"
+    r = runner.invoke(app, ["sample", str(model.run), "--n", "4", "--measurements", "5", "-o", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["timestamped"] is True, r.output
+    table, read = read_valid_rows([out], None)
+    assert read["rows_rejected"] == 0 and table.num_rows == read["rows_read"] > 0
+    assert table.column("event_time").null_count == 0
+
+
 @pytest.mark.parametrize("which", ["v4", "v6"])
 def test_generation_for_one_probe_pins_its_source(model, pair, which):
     from pingctl.infer import queries as Q
@@ -204,6 +222,10 @@ def test_run_trained_without_timestamps_is_asked_without_them(tiny_run, synth_ro
     assert plain["context_tokens"] < timed["context_tokens"]  # the same five measurements, no timestamps
     r = runner.invoke(app, ["sample", str(run), "--src", src, "--dst", dst, "--time", "2024-01-01T12:00:00Z"])
     assert r.exit_code != 0 and "trained without timestamps" in r.output and "Traceback" not in r.output, r.output
+    r = runner.invoke(app, ["sample", str(run), "--n", "2", "--timestamps"])
+    assert r.exit_code == 2 and "cannot generate them" in r.output, r.output
+    r = runner.invoke(app, ["sample", str(run), "--n", "2", "--measurements", "2", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["timestamped"] is False, r.output
 
 
 def test_run_trained_with_the_result_last_refuses_rtt_first_questions(tiny_run, pair, tmp_path):
@@ -409,6 +431,8 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
         (["--src", v4, "--rtt", "20", "--time", "5"], "--time does not apply to inverse search", 2),
         (["--n", "2", "--time", "5"], "--time does not apply to generation", 2),
         (["--n", "2", "--context-per-pair", "3"], "--context-per-pair caps measurements from --context", 2),
+        (["--src", v4, "--dst", v4b, "--timestamps"], "--timestamps/--no-timestamps does not apply to an RTT", 2),
+        (["--src", v4, "--rtt", "20", "--no-timestamps"], "--timestamps/--no-timestamps does not apply to inverse", 2),
         (["--src", v4, "--dst", v4b, "--plot", str(tmp_path / "afile" / "d.png")], "--plot", 1),
         (["--src", v4, "--dst", v4b, "-o", str(tmp_path / "afile" / "d.json")], "--out", 1),
         (["--dst", "2001:db8::/32", "--src", "10.0.0.0/8"], "--src is IPv4 but --dst is IPv6", 2),
@@ -464,3 +488,21 @@ def test_one_sided_ipv6_completion_and_padded_address_are_answered(tiny_run, pai
     assert all(ipaddress.ip_address(f["dst"]) in ipaddress.ip_network("2001:db8::/32") for f in found)
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", f" {src} ", "--dst", dst, "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["src"] == src, r.output
+
+
+@pytest.mark.parametrize("context_time", [None, 1_700_000_000, 4_000_000_000])
+def test_generated_times_stay_in_the_range_asked(model, pair, context_time):
+    """Absolute times by their bytes, deltas by how far they move the clock: every generated
+    time lands in [lo, hi], whatever the (60-step, undertrained) model prefers; a context whose
+    clock is already past hi (4e9: year 2096) can only be followed by an absolute time."""
+    from pingctl.infer import queries as Q
+    from pingctl.tokenizer import Measurements
+
+    lo, hi = 1_600_000_000, 1_700_100_000
+    ctx = np.zeros(0, np.int32)
+    if context_time is not None:
+        ctx, _ = Q.context_tokens(model, Measurements.from_fields([pair[0]], [pair[1]], [20.0], [context_time]), 200)
+    streams = Q.generate(model, 6, 6, np.random.default_rng(5), context=ctx, timestamps=True, time_range=(lo, hi))
+    times = np.concatenate([d.measurements.time_s[d.measurements.has_time] for d in streams])
+    assert len(times) == sum(len(d.measurements) for d in streams) > 0
+    assert times.min() >= lo and times.max() <= hi, (times.min(), times.max())

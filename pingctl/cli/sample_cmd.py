@@ -57,6 +57,11 @@ def sample(
     n: Annotated[int | None, typer.Option(
         "--n", min=1, help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
     measurements: Annotated[int, typer.Option(min=1, help="Generation: measurements per stream.")] = 8,
+    timestamps: Annotated[bool | None, typer.Option(
+        "--timestamps/--no-timestamps",
+        help="Generation: every measurement opens with its timestamp, so each generated row has an event_time "
+             "(default for a run trained with timestamps); --no-timestamps lets the model choose, as in its "
+             "partial and none training modes.")] = None,
     k: Annotated[int, typer.Option("-k", min=1, help="Completions to show.")] = 10,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json), or the "
@@ -99,7 +104,8 @@ def sample(
         from pingctl.cli import sample_pairs
 
         given = [name for v, name in ((src, "--src"), (dst, "--dst"), (rtt, "--rtt"), (time, "--time"), (n, "--n"),
-                                      (plot, "--plot")) if v is not None]
+                                      (plot, "--plot"), (timestamps, "--timestamps/--no-timestamps"))
+                 if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)}: --pairs answers the pairs (and times) of its file; "
                              "give either --pairs or a single query")
@@ -124,7 +130,8 @@ def sample(
     # everything the user typed is validated before the (slow) model load
     # (a completion, inverse search and generation build their prompts without a timestamp)
     for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate", "distribution")),
-                               (plot, "--plot", ("distribution",)), (time, "--time", ("distribution",))):
+                               (plot, "--plot", ("distribution",)), (time, "--time", ("distribution",)),
+                               (timestamps, "--timestamps/--no-timestamps", ("generate",))):
         if given is not None and mode not in modes:
             raise UsageError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
                                + " and ".join(_MODE_NAMES[m] for m in modes))
@@ -147,10 +154,13 @@ def sample(
     steps = parse_steps(step)
     ctx, ctx_read = _read_context(context) if context is not None else (None, None)
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
-    trained = run_config(run).loader if t_query is not None or rtt is not None else None
+    trained = run_config(run).loader if t_query is not None or rtt is not None or timestamps else None
     if t_query is not None and not trained_with_timestamps(trained.mode_weights):
         raise UsageError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
                            "so it cannot condition on a time; ask without --time")
+    if timestamps and not trained_with_timestamps(trained.mode_weights):
+        raise UsageError(f"--timestamps: {run} was trained without timestamps (loader.mode_weights all on `none`), "
+                         "so it cannot generate them")
     if rtt is not None and mode in ("complete", "inverse") and trained.result_last >= 1.0:
         # these prompts put the RTT before the addresses, an order such a run never saw
         raise UsageError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
@@ -198,8 +208,17 @@ def sample(
         result["candidates"] = found[:k]
         _table(result, as_json, f"destinations {src} reaches in {rtt} ms", found[:k], ("dst", "probability", "samples"))
         return
+    timed = model.timestamps if timestamps is None else timestamps
+    # the times a canonical row may hold (schema: 2000-01-01 .. now), so every generated row passes shard's checks
+    import time as _time
+
+    from pingctl.schema import MIN_TIME
+
+    valid = (int(MIN_TIME.timestamp()), int(_time.time()))
     streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p,
-                         context=ctx_tokens, src=src)
+                         context=ctx_tokens, src=src, timestamps=timed,
+                         time_range=valid if model.scheme == "compact" else None)
+    result["timestamped"] = timed
     rows = []
     for i, d in enumerate(streams):
         m = d.measurements

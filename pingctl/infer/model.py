@@ -278,6 +278,8 @@ class LoadedModel:
         stop_after_measurements: int | None = None,
         whole_measurements: bool = True,
         src: bytes | None = None,
+        timestamps: bool = False,
+        time_range: tuple[int, int] | None = None,
     ) -> list[np.ndarray]:
         """`n` grammar-constrained continuations of `prefix` (whole sequences, prefix included).
 
@@ -286,8 +288,22 @@ class LoadedModel:
         `stop_after_measurements` complete measurements were generated. `src` (4 or 16
         address bytes) pins every generated measurement's source: the other family's address
         roles are never eligible and the source bytes are forced — the stream of one probe.
+        `timestamps` makes every generated measurement open with its timestamp block (absolute
+        or delta, as the grammar allows), one of the block orders training shows, so that each
+        has a time — training's *full* mode; without it the model also chooses how many of a
+        stream's measurements carry one, as its *partial* and *none* modes taught it.
+        `time_range` = (lo, hi) Unix seconds keeps every generated time inside it (absolute
+        timestamps by their bytes, deltas by how far they may move the stream's clock), as the
+        grammar keeps the structure legal: the model's distribution conditioned on a valid time.
         """
-        from pingctl.tokenizer import GrammarState
+        from pingctl.tokenizer import C, GrammarState
+
+        time_only = None
+        if timestamps:
+            if self.scheme != "compact":
+                raise PingctlError(f"timestamped generation needs the compact scheme (this run: {self.scheme})")
+            time_only = np.zeros(self.vocab_size, bool)
+            time_only[[C.TimestampAbs, C.TimestampDelta1, C.TimestampDelta4]] = True
 
         pin = _SourcePin(src) if src is not None else None
         if len(prefix) == 0:  # nothing predicts a context's first token: it is always MeasurementStart
@@ -298,6 +314,7 @@ class LoadedModel:
             for t in prefix:
                 g.step(int(t))
             states.append(g)
+        clocks = [_Clock(time_range, _last_time(prefix)) for _ in range(n)] if time_range is not None else None
         seqs = [list(map(int, prefix)) for _ in range(n)]
         done = [False] * n
         # measurements begun after the prefix's last complete one (an open one counts)
@@ -314,7 +331,13 @@ class LoadedModel:
                 mask = np.asarray(states[i].mask())[: self.vocab_size]
                 if pin is not None:
                     mask = pin.mask(mask, pending[i])
+                if time_only is not None and seqs[i][-1] == ms:
+                    mask = mask & time_only[: len(mask)]
+                if clocks is not None:
+                    mask = clocks[i].mask(mask)
                 tok = _draw(lp[row, : len(mask)], mask, rng, temperature, top_p)
+                if clocks is not None:
+                    clocks[i].after(tok)
                 if pin is not None:
                     pending[i] = pin.after(tok, pending[i])
                 if (
@@ -366,6 +389,76 @@ class _SourcePin:
         if pending:
             return pending - 1
         return self.n if token == self.role else 0
+
+
+def _last_time(prefix: np.ndarray) -> int | None:
+    """The stream clock at the end of a prompt: its last timestamped measurement's time."""
+    from pingctl.tokenizer import decode
+
+    if not len(prefix):
+        return None
+    m = decode(np.asarray(prefix, np.int32), "compact").measurements
+    return int(m.time_s[m.has_time][-1]) if m.has_time.any() else None
+
+
+class _Clock:
+    """Keeps one stream's generated times in [lo, hi]: the bytes of an absolute timestamp
+    (big-endian int64) or of a delta (u8 / u32, forward from the stream's clock) are drawn
+    byte by byte from the values whose prefix can still land inside the range (the usual
+    digit-by-digit bound: while the prefix equals the bound's, the next byte may not cross it)."""
+
+    def __init__(self, time_range: tuple[int, int], last: int | None):
+        from pingctl.tokenizer import C, get_vocab
+
+        self.lo, self.hi = time_range
+        self.last = last
+        self.byte0 = get_vocab("compact").byte_offset
+        self.roles = {C.TimestampAbs: (">i8", 8), C.TimestampDelta1: (">u1", 1), C.TimestampDelta4: (">u4", 4)}
+        self.delta_roles = (C.TimestampDelta1, C.TimestampDelta4)
+        self.block: tuple | None = None  # (role, lo bytes, hi bytes, tight_lo, tight_hi, value so far, pending)
+
+    def _bounds(self, role: int) -> tuple[int, int] | None:
+        dtype, n = self.roles[role]
+        if role not in self.delta_roles:
+            return self.lo, self.hi
+        if self.last is None or self.last > self.hi:
+            return None  # no clock (the grammar forbids a delta then), or one no forward step can bring back
+        return max(0, self.lo - self.last), min(self.hi - self.last, 256 ** n - 1)
+
+    def mask(self, grammar: np.ndarray) -> np.ndarray:
+        n = len(grammar)
+        if self.block is None:
+            out = grammar.copy()
+            for role in self.roles:
+                if role < n and out[role] and ((b := self._bounds(role)) is None or b[0] > b[1]):
+                    out[role] = False  # e.g. a delta from a clock already past hi: an absolute time resets it
+            return out if out.any() else grammar
+        _, lo_b, hi_b, tl, th, _, _ = self.block
+        pos = len(lo_b) - self.block[6]
+        first = int(lo_b[pos]) if tl else 0  # int: a uint8 255 + 1 wraps to 0
+        last = int(hi_b[pos]) if th else 255
+        allowed = np.zeros(n, bool)
+        allowed[self.byte0 + first : self.byte0 + last + 1] = True
+        return grammar & allowed
+
+    def after(self, tok: int) -> None:
+        if self.block is None:
+            if tok in self.roles and (b := self._bounds(tok)) is not None and b[0] <= b[1]:
+                dtype, n = self.roles[tok]
+                lo_b = np.frombuffer(np.array([b[0]], dtype).tobytes(), np.uint8)
+                hi_b = np.frombuffer(np.array([b[1]], dtype).tobytes(), np.uint8)
+                self.block = (tok, lo_b, hi_b, True, True, 0, n)
+            return
+        role, lo_b, hi_b, tl, th, value, pending = self.block
+        pos = len(lo_b) - pending
+        byte = int(tok) - self.byte0
+        value = value * 256 + byte
+        tl, th = tl and byte == lo_b[pos], th and byte == hi_b[pos]
+        if pending > 1:
+            self.block = (role, lo_b, hi_b, tl, th, value, pending - 1)
+            return
+        self.block = None
+        self.last = value if role not in self.delta_roles else self.last + value
 
 
 def _draw(lp: np.ndarray, mask: np.ndarray, rng: np.random.Generator, temperature: float, top_p: float) -> int:

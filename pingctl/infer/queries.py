@@ -386,14 +386,18 @@ def inverse(
 
 
 def generate(model, n: int, measurements: int, rng: np.random.Generator, temperature: float = 1.0,
-             top_p: float = 1.0, context: np.ndarray | None = None, src: str | None = None):
+             top_p: float = 1.0, context: np.ndarray | None = None, src: str | None = None,
+             timestamps: bool = False, time_range: tuple[int, int] | None = None):
     """n streams of up to `measurements` whole measurements each (Decoded per stream), after
-    `context`; `src` makes them streams of that probe (its address in every measurement)."""
+    `context`; `src` makes them streams of that probe (its address in every measurement);
+    `timestamps` gives every measurement a time and `time_range` = (lo, hi) Unix seconds keeps
+    every generated time inside it (`LoadedModel.sample`)."""
     pinned = None
     if src is not None:
         _require_compact(model)
         pinned = _parse_full(src)
     prefix = np.zeros(0, np.int32) if context is None else np.asarray(context, np.int32)
     seqs = model.sample(prefix, n, max_tokens=model.seq_len, rng=rng, temperature=temperature, top_p=top_p,
-                        stop_after_measurements=measurements, src=pinned)
+                        stop_after_measurements=measurements, src=pinned, timestamps=timestamps,
+                        time_range=time_range)
     return [decode(s[len(prefix):], model.scheme) for s in seqs]
