@@ -164,7 +164,9 @@ def test_pairs_give_the_single_query_answers_and_reconcile(tiny_run, pairs_file,
     assert table.num_rows == 3 and table.column("line").to_pylist() == [2, 3, 5]
     assert json.loads(table.schema.metadata[b"pingctl"])["exact"] is True
     rejects = [json.loads(x) for x in (tmp_path / "preds.rejects.jsonl").read_text().splitlines()]
-    assert [(r["line"], r["reason"]) for r in rejects] == [(4, "bad_address")]
+    assert [(r["line"], r["reason"]) for r in rejects] == [(4, "bad_address")] == [
+        (r["line"], r["reason"]) for r in res["rejects"]]
+    assert res["rejects_file"] == str(tmp_path / "preds.rejects.jsonl")
     # --exact computes what a single --src/--dst query computes, every number
     one = _json([tiny_run, "--src", src, "--dst", dsts[1]])
     row = res["predictions"][1]

@@ -65,7 +65,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     if out is not None:
         P.write_predictions(cols, out, meta)
         P.write_rejects(pairs, rejects_path(out))
-        result.update(out=str(out), rejects=str(rejects_path(out)))
+        result.update(out=str(out), rejects_file=str(rejects_path(out)))
     if summary and not as_json:
         say(f"--pairs {pairs_path}: set aside {len(pairs.rejects):,} of {pairs.rows_read:,} rows"
             + (f" (each in {rejects_path(out)})" if out is not None else ":"), err=True, label="warning: ")
