@@ -122,6 +122,8 @@ def test_decode_of_a_binary_file_is_a_clear_error(tmp_path):
     (["bench", "tokenize", "--scheme", "bogus"], "compact, full or both"),
     (["bench", "synth", "--seed", "-1"], "Invalid value"),
     (["bench", "tokenize", "--n", "999"], "Invalid value"),
+    (["bench", "sample", "no-run", "--context", "0,-2"], "at least 0"),
+    (["bench", "sample", "no-run", "--step", "x"], "--step"),
 ])
 def test_bench_options_are_usage_errors_before_any_work(args, message):
     r = runner.invoke(app, args)

@@ -506,3 +506,27 @@ def test_generated_times_stay_in_the_range_asked(model, pair, context_time):
     times = np.concatenate([d.measurements.time_s[d.measurements.has_time] for d in streams])
     assert len(times) == sum(len(d.measurements) for d in streams) > 0
     assert times.min() >= lo and times.max() <= hi, (times.min(), times.max())
+
+
+def test_bench_sample_times_every_case_it_names(tiny_run, tmp_path):
+    from pingctl.infer.model import LoadedModel
+
+    out = tmp_path / "bench.json"
+    r = runner.invoke(app, ["bench", "sample", str(tiny_run), "--queries", "3", "--context", "0,4",
+                            "--exact-queries", "1", "--streams", "2", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert res == json.loads(r.stdout) and res["step"] == LoadedModel.load(tiny_run).step
+    cases = [row["case"] for row in res["table"]]
+    assert cases[:2] == ["forward 32x64", "forward 32x256"]  # the fixture's seq_len is 256
+    lazy = [row for row in res["table"] if row["case"].startswith("lazy")]
+    exact = [row for row in res["table"] if row["case"].startswith("exact")]
+    assert [row["questions"] for row in lazy] == [3, 3] and [row["questions"] for row in exact] == [1, 1]
+    # a context lengthens the prompt by its measurements' tokens
+    assert lazy[0]["case"] == "lazy, ctx 0" and lazy[1]["case"] == "lazy, ctx 4"
+    assert lazy[1]["prompt_tokens"] > lazy[0]["prompt_tokens"] + 4 * 10
+    for row in res["table"]:
+        # seconds are rounded to the ms in the report, so the check is loose for the fastest cases
+        assert row["seconds"] > 0 and row["per_s"] == pytest.approx(row["questions"] / row["seconds"], rel=0.1)
+    gen = res["table"][-1]
+    assert gen["case"] == "generate 2x4" and gen["tokens_per_s"] > 0

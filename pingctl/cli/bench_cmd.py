@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, load, say
+from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
+                                say)
 from pingctl.errors import PingctlError, UsageError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -231,3 +232,34 @@ def bench_train(
 
     _check_out(out)
     report(run(rows, presets.split(","), steps, seq_len, batch_size, hardware), as_json, out)
+
+
+@app.command("sample")
+@handle_errors
+def bench_sample(
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    queries: Annotated[int, typer.Option(min=1, help="RTT distributions per context case (read at the quantiles).")] = 64,
+    context: Annotated[str, typer.Option(
+        help="Comma-separated context sizes (measurements in the prompt) to time the distributions at.")] = "0,24",
+    exact_queries: Annotated[int, typer.Option(
+        min=0, help="Of those, how many to time with every code computed (0: skip).")] = 4,
+    streams: Annotated[int, typer.Option(min=0, help="Streams of 4 measurements to generate (0: skip).")] = 8,
+    step: StepOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """What a trained run costs to ask: forward tokens/s, RTT distributions/s by context size, generation.
+
+    Example: pingctl bench sample runs/demo/train --queries 64 --context 0,24
+    """
+    from pingctl.cli.common import step_progress
+    from pingctl.infer.bench import bench_sample as run_bench
+    from pingctl.infer.model import LoadedModel, parse_steps
+
+    sizes = _counts(context, "--context", 0)
+    steps = parse_steps(step)
+    _check_out(out)
+    model = LoadedModel.load(run, steps)
+    with step_progress("bench sample") as bar:
+        result = run_bench(model, queries, sizes, exact_queries, streams, progress=lambda what: bar(what, 0, None))
+    report(result, as_json, out)
