@@ -530,3 +530,38 @@ def test_bench_sample_times_every_case_it_names(tiny_run, tmp_path):
         assert row["seconds"] > 0 and row["per_s"] == pytest.approx(row["questions"] / row["seconds"], rel=0.1)
     gen = res["table"][-1]
     assert gen["case"] == "generate 2x4" and gen["tokens_per_s"] > 0
+
+
+def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkeypatch):
+    """The second-byte passes from one prefilled cache per prompt (MaxEngine) against whole
+    sequences: the same distributions, to float32 noise."""
+    from pingctl.infer import kv_cache
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+    from pingctl.tokenizer import Measurements
+
+    plain = LoadedModel.load(tiny_run)
+    ctx, last = Q.context_tokens(plain, Measurements.from_fields(
+        [pair[0]] * 3, [pair[1]] * 3, [20.0, 21.0, -1.0], [1_700_000_000, 1_700_000_060, 1_700_000_120]), 200)
+    # prompts of different lengths (one with a context) share the decode slots of one step
+    prompts = [Q.query_prefix(*pair, None, np.zeros(0, np.int32), None), Q.query_prefix(*pair, 1_700_000_200, ctx, last),
+               Q.query_prefix(pair[1], pair[0], None, ctx, last)]
+    monkeypatch.setenv("PINGCTL_KV_CACHE", "0")
+    want = Q.rtt_distributions(plain, prompts)
+    want_at = Q.rtt_distributions_at(plain, prompts, eps=1e-4)
+    assert plain._kv is None  # the switch kept it off
+    monkeypatch.delenv("PINGCTL_KV_CACHE")
+    monkeypatch.setattr(kv_cache, "MIN_TOKENS", 0)
+    cached = LoadedModel.load(tiny_run)
+    got = Q.rtt_distributions(cached, prompts)
+    assert isinstance(cached._kv, kv_cache.SecondBytes)  # the cache answered
+    got_at = Q.rtt_distributions_at(cached, prompts, eps=1e-4)
+    for w, g in zip(want, got):
+        assert g.p_fail == pytest.approx(w.p_fail, abs=1e-6)
+        assert np.abs(g.probs - w.probs).max() < 1e-6 and g.probs.sum() == pytest.approx(1.0)
+        assert [g.quantile(q) for q in Q.QUANTILES] == [w.quantile(q) for q in Q.QUANTILES]
+    for w, g in zip(want_at, got_at):
+        assert [g.quantile(q) for q in Q.QUANTILES] == [w.quantile(q) for q in Q.QUANTILES]
+    # averaged weights have no single checkpoint for the engine: whole sequences, same numbers
+    avg = LoadedModel.load(tiny_run, [cached.step, cached.step])
+    assert avg._items is None and Q.rtt_distributions(avg, prompts[:1])[0].quantile(0.5) == want[0].quantile(0.5)

@@ -103,7 +103,7 @@ def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, s
             "seconds: per call, the mean of as many calls as fill 0.5 s",
             "lazy: exact at P(failure) and the quantiles (pingctl eval, sample --pairs); "
             "exact: all 65,536 codes (a single --src/--dst query, --pairs --exact)",
-            "every second-byte pass reruns the whole prompt (no key-value cache), so a context costs "
-            "in proportion to its tokens",
+            "a call of >= 100,000 sequence tokens (a context, many prompts) shares each prompt's key-value "
+            "cache between its second-byte passes (PINGCTL_KV_CACHE=0: whole sequences, to compare)",
         ],
     }

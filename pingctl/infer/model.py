@@ -151,6 +151,9 @@ class LoadedModel:
     max_per_pair: int = 0  # the run's loader.max_per_pair: how its training contexts were shaped
     timestamps: bool = True  # whether its training contexts carried timestamps (loader.mode_weights)
     steps: tuple[int, ...] = ()  # the checkpoints whose weights were averaged (one: `step` itself)
+    _items: Path | None = None  # the one checkpoint's Orbax items (None for averaged weights)
+    _hardware: str = "cpu"
+    _kv: object = None  # kv_cache.SecondBytes once built; False when it cannot be
 
     @classmethod
     def load(cls, run_dir: Path | str, step: int | Sequence[int] | None = None, hardware: str | None = None,
@@ -215,7 +218,8 @@ class LoadedModel:
                 return forward(st, t, p, s)
 
         return cls(run, steps[-1], cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward,
-                   state, cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps))
+                   state, cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps),
+                   paths[0] if len(paths) == 1 else None, hw)
 
     @property
     def label(self) -> str:
@@ -259,6 +263,34 @@ class LoadedModel:
         """[n, vocab]: log P(next token | prefix) for each prefix."""
         rows = self.log_probs(prefixes, at=[np.array([len(p) - 1]) for p in prefixes])
         return np.stack([r[0] for r in rows])
+
+    def second_byte_log_probs(self, firsts: list[np.ndarray], candidates: list[np.ndarray]) -> list[np.ndarray]:
+        """[len(candidates[i]), vocab]: log P(next | firsts[i] + [byte b]) for each candidate
+        byte b of each prompt (prompts ending with RttStart). A large batch shares each
+        prompt's key-value cache (`kv_cache`); otherwise, or where the cache cannot be built
+        (averaged weights, PINGCTL_KV_CACHE=0), whole sequences are run."""
+        from pingctl.tokenizer import get_vocab
+
+        byte0 = get_vocab(self.scheme).byte_offset
+        kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
+        if kv is not None:
+            return [r[:, : self.vocab_size] for r in kv.log_probs(firsts, candidates, self._bucket)]
+        seqs = [np.concatenate([f, [byte0 + int(b)]]).astype(np.int32) for f, c in zip(firsts, candidates) for b in c]
+        flat = self.next_log_probs(seqs) if seqs else np.zeros((0, self.vocab_size), np.float32)
+        return np.split(flat, np.cumsum([len(c) for c in candidates])[:-1])
+
+    def _kv_engine(self, tokens: int, byte0: int):
+        from pingctl.infer import kv_cache
+
+        if self._kv is None and self._items is not None and tokens >= kv_cache.MIN_TOKENS \
+                and os.environ.get("PINGCTL_KV_CACHE", "1") != "0":
+            try:
+                self._kv = kv_cache.SecondBytes(self.run, self._items, self._hardware, self.seq_len, byte0)
+            except Exception as e:  # noqa: BLE001 - any failure leaves the (slower, equal) uncached path
+                self._kv = False
+                print(f"note: no shared key-value cache ({type(e).__name__}: {str(e)[:200]}); "
+                      "running whole sequences", file=sys.stderr)
+        return self._kv or None
 
     def score(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
         """Teacher forcing: log P(token t | tokens < t) for t = 1..n-1, per sequence."""

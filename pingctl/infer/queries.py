@@ -137,8 +137,7 @@ def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0) -> 
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
     p_fail, p1 = first_pass(model, prefixes)
     live = [np.flatnonzero(row > prune) if prune > 0 else np.arange(256) for row in p1]
-    seconds = [np.concatenate([f, [BYTE0 + b]]).astype(np.int32) for f, bs in zip(firsts, live) for b in bs]
-    p2_all = bytes_distribution(model.next_log_probs(seconds))
+    p2_all = bytes_distribution(np.concatenate(model.second_byte_log_probs(firsts, live)))
     codes, values, _, _ = _code_table()
     order = codes.astype(np.int64)
     out, k = [], 0
@@ -220,8 +219,10 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         want = sorted(set(want))
         if not want:
             break
-        p2 = bytes_distribution(model.next_log_probs([np.concatenate([firsts[i], [BYTE0 + b]]).astype(np.int32)
-                                               for i, b in want]))
+        asked = sorted({i for i, _ in want})
+        rows = model.second_byte_log_probs([firsts[i] for i in asked],
+                                           [np.array([b for j, b in want if j == i]) for i in asked])
+        p2 = bytes_distribution(np.concatenate(rows))  # in `want` order: sorted by prompt, then byte
         for (i, b), row in zip(want, p2):
             joint[i, b] = p1[i, b] * row
             refined[i, b] = True
