@@ -562,6 +562,10 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
         assert [g.quantile(q) for q in Q.QUANTILES] == [w.quantile(q) for q in Q.QUANTILES]
     for w, g in zip(want_at, got_at):
         assert [g.quantile(q) for q in Q.QUANTILES] == [w.quantile(q) for q in Q.QUANTILES]
+    # a cache that fails mid-way (device memory, say) leaves the whole-sequence path, same numbers
+    monkeypatch.setattr(kv_cache.SecondBytes, "log_probs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("oom")))
+    again = Q.rtt_distributions(cached, prompts[:1])[0]
+    assert cached._kv is False and np.abs(again.probs - want[0].probs).max() < 1e-6
     # averaged weights have no single checkpoint for the engine: whole sequences, same numbers
     avg = LoadedModel.load(tiny_run, [cached.step, cached.step])
     assert avg._items is None and Q.rtt_distributions(avg, prompts[:1])[0].quantile(0.5) == want[0].quantile(0.5)

@@ -274,7 +274,12 @@ class LoadedModel:
         byte0 = get_vocab(self.scheme).byte_offset
         kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
         if kv is not None:
-            return [r[:, : self.vocab_size] for r in kv.log_probs(firsts, candidates, self._bucket)]
+            try:
+                return [r[:, : self.vocab_size] for r in kv.log_probs(firsts, candidates, self._bucket)]
+            except Exception as e:  # noqa: BLE001 - e.g. the decode cache out of device memory: same answer, slower
+                self._kv = False
+                print(f"note: the shared key-value cache failed ({type(e).__name__}: {str(e)[:200]}); "
+                      "running whole sequences", file=sys.stderr)
         seqs = [np.concatenate([f, [byte0 + int(b)]]).astype(np.int32) for f, c in zip(firsts, candidates) for b in c]
         flat = self.next_log_probs(seqs) if seqs else np.zeros((0, self.vocab_size), np.float32)
         return np.split(flat, np.cumsum([len(c) for c in candidates])[:-1])
