@@ -126,6 +126,14 @@ def max_time() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc) + FUTURE_SLACK
 
 
+def generated_time_range() -> tuple[int, int]:
+    """Unix seconds a generator (synth, `sample --n`) may emit: MIN_TIME to now. The day of
+    clock slack a measured row is allowed past now (FUTURE_SLACK) is not for generators."""
+    import time
+
+    return int(MIN_TIME.timestamp()), int(time.time())
+
+
 # ---------------------------------------------------------------- addresses
 
 

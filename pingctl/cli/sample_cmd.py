@@ -92,7 +92,7 @@ def sample(
 
     from pingctl.atomic import unwritable_reason
     from pingctl.infer import queries as Q
-    from pingctl.infer.model import LoadedModel, parse_steps, run_config, trained_with_timestamps
+    from pingctl.infer.model import LoadedModel, parse_steps, run_config, trained_with_timestamps, untimed_run
 
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     rng = np.random.default_rng(cfg.sample.seed)
@@ -156,11 +156,9 @@ def sample(
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
     trained = run_config(run).loader if t_query is not None or rtt is not None or timestamps else None
     if t_query is not None and not trained_with_timestamps(trained.mode_weights):
-        raise UsageError(f"--time: {run} was trained without timestamps (loader.mode_weights all on `none`), "
-                           "so it cannot condition on a time; ask without --time")
+        raise untimed_run("--time", run, "so it cannot condition on a time; ask without --time")
     if timestamps and not trained_with_timestamps(trained.mode_weights):
-        raise UsageError(f"--timestamps: {run} was trained without timestamps (loader.mode_weights all on `none`), "
-                         "so it cannot generate them")
+        raise untimed_run("--timestamps", run, "so it cannot generate them")
     if rtt is not None and mode in ("complete", "inverse") and trained.result_last >= 1.0:
         # these prompts put the RTT before the addresses, an order such a run never saw
         raise UsageError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
@@ -208,16 +206,13 @@ def sample(
         result["candidates"] = found[:k]
         _table(result, as_json, f"destinations {src} reaches in {rtt} ms", found[:k], ("dst", "probability", "samples"))
         return
+    from pingctl.schema import generated_time_range
+
     timed = model.timestamps if timestamps is None else timestamps
-    # the times a canonical row may hold (schema: 2000-01-01 .. now), so every generated row passes shard's checks
-    import time as _time
-
-    from pingctl.schema import MIN_TIME
-
-    valid = (int(MIN_TIME.timestamp()), int(_time.time()))
+    # every generated row passes shard's time check
     streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p,
                          context=ctx_tokens, src=src, timestamps=timed,
-                         time_range=valid if model.scheme == "compact" else None)
+                         time_range=generated_time_range() if model.scheme == "compact" else None)
     result["timestamped"] = timed
     rows = []
     for i, d in enumerate(streams):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pingctl.cli.common import emit, err_console, fmt, grid_table, kv_table, progress, say
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer.model import untimed_run
 from pingctl.schema import utc_text
 
 SHOWN = 20  # pairs printed in the terminal table; -o / --json hold them all
@@ -38,13 +39,12 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
 
     pairs = P.read_pairs(pairs_path)
     if pairs.has_times() and not trained_with_timestamps(run_config(run).loader.mode_weights):
-        raise UsageError(f"--pairs {pairs_path}: {run} was trained without timestamps (loader.mode_weights all on "
-                         "`none`), so it cannot condition on the file's times; leave the time column empty or drop it")
+        raise untimed_run(f"--pairs {pairs_path}", run, "so it cannot condition on the file's times; leave the time "
+                          "column empty or drop it")
     summary = pairs.reject_summary()
     if not pairs.src:
-        lines = [f"  {r}: {e['rows']:,} ({e['meaning']}); first: {pairs.unit} {e['first']['row']}"
-                 for r, e in summary.items()]
-        raise PingctlError("\n".join([f"--pairs {pairs_path}: no valid pair among {pairs.rows_read:,} rows", *lines]))
+        raise PingctlError("\n".join([f"--pairs {pairs_path}: no valid pair among {pairs.rows_read:,} rows",
+                                      *_reason_lines(summary, pairs.unit)]))
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, steps)
     per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
@@ -58,7 +58,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "pairs": str(pairs_path), "exact": exact}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
-              "distinct": len(set(zip(pairs.src, pairs.dst, pairs.time)))}
+              "distinct": pairs.distinct}
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
@@ -69,8 +69,8 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     if summary and not as_json:
         say(f"--pairs {pairs_path}: set aside {len(pairs.rejects):,} of {pairs.rows_read:,} rows"
             + (f" (each in {rejects_path(out)})" if out is not None else ":"), err=True, label="warning: ")
-        for reason, e in summary.items():
-            say(f"  {reason}: {e['rows']:,} ({e['meaning']}); first: {pairs.unit} {e['first']['row']}", err=True)
+        for line in _reason_lines(summary, pairs.unit):
+            say(line, err=True)
         if out is None:
             for r in pairs.rejects[:10]:
                 say(f"  {pairs.unit} {r[pairs.unit]}: {r['reason']}: {r['detail']}", err=True)
@@ -88,6 +88,11 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
         *([("rejects", str(rejects_path(out)))] if out is not None else []),
     ])])
+
+
+def _reason_lines(summary: dict, unit: str) -> list[str]:
+    """schema.rejected_lines for a pairs file: its rows are CSV lines or Parquet rows, all of one file."""
+    return [f"  {r}: {e['rows']:,} ({e['meaning']}); first: {unit} {e['first']['row']}" for r, e in summary.items()]
 
 
 def _table(cols: dict, unit: str, label: str):

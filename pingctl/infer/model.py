@@ -48,6 +48,13 @@ def trained_with_timestamps(mode_weights) -> bool:
     return full > 0 or partial > 0
 
 
+def untimed_run(what: str, run, consequence: str) -> UsageError:
+    """The refusal of a time-bearing question (`--time`, `--timestamps`, a timed `--pairs`
+    file) to a run trained without timestamps."""
+    return UsageError(f"{what}: {run} was trained without timestamps (loader.mode_weights all on `none`), "
+                      f"{consequence}")
+
+
 def run_config(run_dir: Path | str):
     """The resolved config a `pingctl train` run directory was trained with (cheap: no JAX)."""
     import yaml
@@ -277,9 +284,7 @@ class LoadedModel:
             try:
                 return [r[:, : self.vocab_size] for r in kv.log_probs(firsts, candidates, self._bucket)]
             except Exception as e:  # noqa: BLE001 - e.g. the decode cache out of device memory: same answer, slower
-                self._kv = False
-                print(f"note: the shared key-value cache failed ({type(e).__name__}: {str(e)[:200]}); "
-                      "running whole sequences", file=sys.stderr)
+                self._kv_off("the shared key-value cache failed", e)
         seqs = [np.concatenate([f, [byte0 + int(b)]]).astype(np.int32) for f, c in zip(firsts, candidates) for b in c]
         flat = self.next_log_probs(seqs) if seqs else np.zeros((0, self.vocab_size), np.float32)
         return np.split(flat, np.cumsum([len(c) for c in candidates])[:-1])
@@ -292,10 +297,12 @@ class LoadedModel:
             try:
                 self._kv = kv_cache.SecondBytes(self.run, self._items, self._hardware, self.seq_len, byte0)
             except Exception as e:  # noqa: BLE001 - any failure leaves the (slower, equal) uncached path
-                self._kv = False
-                print(f"note: no shared key-value cache ({type(e).__name__}: {str(e)[:200]}); "
-                      "running whole sequences", file=sys.stderr)
+                self._kv_off("no shared key-value cache", e)
         return self._kv or None
+
+    def _kv_off(self, what: str, e: Exception) -> None:
+        self._kv = False
+        print(f"note: {what} ({type(e).__name__}: {str(e)[:200]}); running whole sequences", file=sys.stderr)
 
     def score(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
         """Teacher forcing: log P(token t | tokens < t) for t = 1..n-1, per sequence."""
@@ -450,52 +457,52 @@ class _Clock:
         self.lo, self.hi = time_range
         self.last = last
         self.byte0 = get_vocab("compact").byte_offset
-        self.roles = {C.TimestampAbs: (">i8", 8), C.TimestampDelta1: (">u1", 1), C.TimestampDelta4: (">u4", 4)}
+        self.width = {C.TimestampAbs: 8, C.TimestampDelta1: 1, C.TimestampDelta4: 4}  # payload bytes per role
         self.delta_roles = (C.TimestampDelta1, C.TimestampDelta4)
-        self.block: tuple | None = None  # (role, lo bytes, hi bytes, tight_lo, tight_hi, value so far, pending)
+        # the time block being drawn: its role, bound bytes, position, prefix value and whether
+        # the prefix still equals the low / high bound's; role None between blocks
+        self.role: int | None = None
+        self.lo_b = self.hi_b = b""
+        self.pos = self.value = 0
+        self.tight_lo = self.tight_hi = False
 
     def _bounds(self, role: int) -> tuple[int, int] | None:
-        dtype, n = self.roles[role]
         if role not in self.delta_roles:
             return self.lo, self.hi
         if self.last is None or self.last > self.hi:
             return None  # no clock (the grammar forbids a delta then), or one no forward step can bring back
-        return max(0, self.lo - self.last), min(self.hi - self.last, 256 ** n - 1)
+        return max(0, self.lo - self.last), min(self.hi - self.last, 256 ** self.width[role] - 1)
 
     def mask(self, grammar: np.ndarray) -> np.ndarray:
         n = len(grammar)
-        if self.block is None:
+        if self.role is None:
             out = grammar.copy()
-            for role in self.roles:
+            for role in self.width:
                 if role < n and out[role] and ((b := self._bounds(role)) is None or b[0] > b[1]):
                     out[role] = False  # e.g. a delta from a clock already past hi: an absolute time resets it
             return out if out.any() else grammar
-        _, lo_b, hi_b, tl, th, _, _ = self.block
-        pos = len(lo_b) - self.block[6]
-        first = int(lo_b[pos]) if tl else 0  # int: a uint8 255 + 1 wraps to 0
-        last = int(hi_b[pos]) if th else 255
+        first = self.lo_b[self.pos] if self.tight_lo else 0
+        last = self.hi_b[self.pos] if self.tight_hi else 255
         allowed = np.zeros(n, bool)
         allowed[self.byte0 + first : self.byte0 + last + 1] = True
         return grammar & allowed
 
     def after(self, tok: int) -> None:
-        if self.block is None:
-            if tok in self.roles and (b := self._bounds(tok)) is not None and b[0] <= b[1]:
-                dtype, n = self.roles[tok]
-                lo_b = np.frombuffer(np.array([b[0]], dtype).tobytes(), np.uint8)
-                hi_b = np.frombuffer(np.array([b[1]], dtype).tobytes(), np.uint8)
-                self.block = (tok, lo_b, hi_b, True, True, 0, n)
+        if self.role is None:
+            if tok in self.width and (b := self._bounds(tok)) is not None and b[0] <= b[1]:
+                n = self.width[tok]
+                self.role, self.lo_b, self.hi_b = tok, b[0].to_bytes(n, "big"), b[1].to_bytes(n, "big")
+                self.pos = self.value = 0
+                self.tight_lo = self.tight_hi = True
             return
-        role, lo_b, hi_b, tl, th, value, pending = self.block
-        pos = len(lo_b) - pending
         byte = int(tok) - self.byte0
-        value = value * 256 + byte
-        tl, th = tl and byte == lo_b[pos], th and byte == hi_b[pos]
-        if pending > 1:
-            self.block = (role, lo_b, hi_b, tl, th, value, pending - 1)
-            return
-        self.block = None
-        self.last = value if role not in self.delta_roles else self.last + value
+        self.value = self.value * 256 + byte
+        self.tight_lo = self.tight_lo and byte == self.lo_b[self.pos]
+        self.tight_hi = self.tight_hi and byte == self.hi_b[self.pos]
+        self.pos += 1
+        if self.pos == len(self.lo_b):
+            self.last = self.value if self.role not in self.delta_roles else self.last + self.value
+            self.role = None
 
 
 def _draw(lp: np.ndarray, mask: np.ndarray, rng: np.random.Generator, temperature: float, top_p: float) -> int:

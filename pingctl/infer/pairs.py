@@ -64,6 +64,17 @@ class Pairs:
     def has_times(self) -> bool:
         return any(t is not None for t in self.time)
 
+    @functools.cached_property
+    def slots(self) -> np.ndarray:
+        """Per valid row, the index of its distinct (src, dst, time) question, numbered in
+        order of first appearance: equal questions share a prompt, so they are asked once."""
+        first: dict = {}
+        return np.array([first.setdefault(k, len(first)) for k in zip(self.src, self.dst, self.time)], np.int64)
+
+    @property
+    def distinct(self) -> int:
+        return int(self.slots.max()) + 1 if len(self.slots) else 0
+
     def reject_summary(self) -> dict:
         """reason -> {rows, meaning, first: {file, row}}: the shape the other commands report."""
         out: dict = {}
@@ -204,15 +215,17 @@ def _parquet_records(path: Path):
 
 
 def _parquet_times(col) -> list:
-    """Timestamps of any unit become whole Unix seconds (floored, as the canonical readers
-    do; no datetime detour, which fails past the year 9999); numbers and text stay as they are."""
+    """Timestamps of any unit become whole Unix seconds, floored by the canonical readers' own
+    conversion (no datetime detour, which fails past the year 9999); numbers and text stay as
+    they are, for the row checks to name."""
     import pyarrow as pa
+
+    from pingctl.tokenizer.measurements import _seconds
 
     if not pa.types.is_timestamp(col.type):
         return col.to_pylist()
-    per_s = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[col.type.unit]
-    raw = col.cast(pa.int64()).to_pylist()
-    return [None if v is None else v // per_s for v in raw]
+    seconds, valid = _seconds(col)
+    return [int(t) if ok else None for t, ok in zip(seconds, valid)]
 
 
 # ----------------------------------------------------------------- answering
@@ -244,10 +257,8 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     its distinct pairs, not its rows."""
     from pingctl.infer import queries as Q
 
-    keys = list(zip(pairs.src, pairs.dst, pairs.time))
-    first: dict = {}
-    slot = np.array([first.setdefault(k, len(first)) for k in keys], np.int64)
-    distinct = np.unique(slot, return_index=True)[1]  # the first row of each distinct key, in file order
+    slot = pairs.slots
+    distinct = np.unique(slot, return_index=True)[1]  # the first row of each distinct question, in file order
     n = len(distinct)
     budget = model.seq_len - 64
     timed = model.timestamps

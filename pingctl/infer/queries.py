@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,9 +220,8 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         want = sorted(set(want))
         if not want:
             break
-        asked = sorted({i for i, _ in want})
-        rows = model.second_byte_log_probs([firsts[i] for i in asked],
-                                           [np.array([b for j, b in want if j == i]) for i in asked])
+        groups = [(i, np.array([b for _, b in g])) for i, g in itertools.groupby(want, key=lambda ib: ib[0])]
+        rows = model.second_byte_log_probs([firsts[i] for i, _ in groups], [bs for _, bs in groups])
         p2 = bytes_distribution(np.concatenate(rows))  # in `want` order: sorted by prompt, then byte
         for (i, b), row in zip(want, p2):
             joint[i, b] = p1[i, b] * row

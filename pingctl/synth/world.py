@@ -124,11 +124,9 @@ def parse_start(text: str) -> int:
 
 def check_span(start_s: int, duration_s: int) -> None:
     """Generated times must be valid canonical times: from MIN_TIME up to now."""
-    import time
+    from pingctl.schema import MIN_TIME, generated_time_range, utc_text
 
-    from pingctl.schema import MIN_TIME, utc_text
-
-    lo, now = MIN_TIME.timestamp(), time.time()
+    lo, now = generated_time_range()
     if start_s < lo or start_s + duration_s > now:
         raise ConfigError(
             f"generated times would span {utc_text(start_s, '%Y-%m-%d %H:%M')} .. "
