@@ -421,8 +421,15 @@ def test_ctrl_c_keeps_the_metrics_of_the_steps_already_run(rows, tmp_path):
          *TINY, "--set", "train.checkpoint_period=10", "--set", "train.eval_interval=-1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ckpt = run / "maxtext" / "checkpoints" / "20" / "commit_success.txt"
+
+    def step_20_logged() -> bool:
+        # MaxText logs a step's metrics after the next step (and may commit its checkpoint
+        # first): interrupt only once step 20 is in the log, or there is nothing to keep
+        log = run / "train.log"
+        return log.exists() and any(r["kind"] == "train" and r["step"] >= 20 for r in M.parse_log(log).records)
+
     deadline = time.time() + 240
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+    while not (ckpt.exists() and step_20_logged()) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert ckpt.exists()
     proc.send_signal(signal.SIGINT)
