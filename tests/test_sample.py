@@ -436,6 +436,13 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
         (["--src", v4, "--dst", v4b, "--plot", str(tmp_path / "afile" / "d.png")], "--plot", 1),
         (["--src", v4, "--dst", v4b, "-o", str(tmp_path / "afile" / "d.json")], "--out", 1),
         (["--dst", "2001:db8::/32", "--src", "10.0.0.0/8"], "--src is IPv4 but --dst is IPv6", 2),
+        # options a mode would silently ignore are refused, as --n/--out/--plot/--time are
+        (["--src", v4, "--dst", v4b, "-k", "3"], "-k does not apply to an RTT distribution", 2),
+        (["--n", "2", "-k", "3"], "-k does not apply to generation", 2),
+        (["--src", v4, "--rtt", "20", "--measurements", "3"], "--measurements does not apply to inverse", 2),
+        (["--src", v4, "--dst", v4b, "--seed", "3"], "--seed does not apply to an RTT distribution", 2),
+        (["--src", v4, "--dst", "8.8.*.*", "--temperature", "0.5"], "--temperature does not apply to a compl", 2),
+        (["--src", v4, "--rtt", "20", "--top-p", "0.9"], "--top-p does not apply to inverse search", 2),
     ):
         r = runner.invoke(app, ["sample", run, *args])
         assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, (args, r.output)
@@ -443,6 +450,8 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
     # these pass every early check, so the first error is the missing run
     for args in (["--dst", "2a09:6189::/32", "-k", "2"], ["--src", "2a09:6189::/32"], ["--dst", "8.8.*.*"],
                  ["--src", " 78.143.22.26", "--dst", v4b], ["--src", v4, "--dst", v4b, "--time", "-5"],
+                 ["--src", v4, "--rtt", "20", "-k", "3", "--seed", "1", "--temperature", "0.5"],
+                 ["--n", "2", "--measurements", "3", "--seed", "1", "--temperature", "0.5", "--top-p", "0.9"],
                  ["--src", v4, "--dst", v4b, "--plot", str(tmp_path / "new" / "d.png")]):
         r = runner.invoke(app, ["sample", run, *args])
         assert r.exit_code == 1 and "not a `pingctl train` run" in r.output, (args, r.output)

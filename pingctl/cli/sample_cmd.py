@@ -13,6 +13,7 @@ from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import utc_text
 
 
+_K, _MEASUREMENTS = 10, 8  # defaults of -k and --measurements, applied once the mode is known
 _MODE_NAMES = {"distribution": "an RTT distribution (--src IP --dst IP)", "complete": "a completion",
                "inverse": "inverse search", "generate": "generation"}
 
@@ -56,13 +57,15 @@ def sample(
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     n: Annotated[int | None, typer.Option(
         "--n", min=1, help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
-    measurements: Annotated[int, typer.Option(min=1, help="Generation: measurements per stream.")] = 8,
+    measurements: Annotated[int | None, typer.Option(
+        min=1, help=f"Generation: measurements per stream [default: {_MEASUREMENTS}].")] = None,
     timestamps: Annotated[bool | None, typer.Option(
         "--timestamps/--no-timestamps",
         help="Generation: every measurement opens with its timestamp, so each generated row has an event_time "
              "(default for a run trained with timestamps); --no-timestamps lets the model choose, as in its "
              "partial and none training modes.")] = None,
-    k: Annotated[int, typer.Option("-k", min=1, help="Completions to show.")] = 10,
+    k: Annotated[int | None, typer.Option(
+        "-k", min=1, help=f"Completions / inverse-search destinations to show [default: {_K}].")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json), or the "
              "--pairs predictions (.parquet, .csv or .json).")] = None,
@@ -75,9 +78,10 @@ def sample(
         "--exact", help="--pairs: compute all 65,536 codes per pair, as a single query does (the means "
                         "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
     step: StepOpt = None,
-    seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed (inverse search, generation).")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature (inverse search, generation).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling mass (generation).")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -109,6 +113,12 @@ def sample(
         if given:
             raise UsageError(f"{', '.join(given)}: --pairs answers the pairs (and times) of its file; "
                              "give either --pairs or a single query")
+        # the distributions are computed, not sampled or ranked: these would change nothing
+        unused = [name for v, name in ((k, "-k"), (measurements, "--measurements"), (seed, "--seed"),
+                                       (temperature, "--temperature"), (top_p, "--top-p")) if v is not None]
+        if unused:
+            raise UsageError(f"{', '.join(unused)}: --pairs computes each pair's RTT distribution exactly "
+                             "(no sampling, no ranking), so this would change nothing; drop it")
         _check_context_options(context, context_per_pair)
         sample_pairs.check_options(out)
         ctx, ctx_read = _read_context(context) if context is not None else (None, None)
@@ -131,7 +141,12 @@ def sample(
     # (a completion, inverse search and generation build their prompts without a timestamp)
     for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate", "distribution")),
                                (plot, "--plot", ("distribution",)), (time, "--time", ("distribution",)),
-                               (timestamps, "--timestamps/--no-timestamps", ("generate",))):
+                               (timestamps, "--timestamps/--no-timestamps", ("generate",)),
+                               (k, "-k", ("complete", "inverse")), (measurements, "--measurements", ("generate",)),
+                               # a distribution and a completion are computed exactly; only these two sample
+                               (seed, "--seed", ("inverse", "generate")),
+                               (temperature, "--temperature", ("inverse", "generate")),
+                               (top_p, "--top-p", ("generate",))):
         if given is not None and mode not in modes:
             raise UsageError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
                                + " and ".join(_MODE_NAMES[m] for m in modes))
@@ -142,6 +157,7 @@ def sample(
         dst = dst or Q.any_address(fam_src)
     t_query = option_time(time)
     _check_context_options(context, context_per_pair)
+    k, measurements = k or _K, measurements or _MEASUREMENTS
     rtt_lo, rtt_hi = _rtt_range(rtt) if rtt is not None else (None, None)
     if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
         raise UsageError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
