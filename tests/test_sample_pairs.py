@@ -207,6 +207,39 @@ def test_each_pair_gets_its_own_source_context_before_its_time(tiny_run, synth_r
     assert res["context_rows"]["rows_read"] == 20 and res["context_per_pair"] == 0
 
 
+def test_a_single_query_picks_its_context_as_a_pairs_row_does(tiny_run, synth_rows, pairs_file, tmp_path):
+    """Given a file mixing sources and times, --src/--dst/--time reads only the source's rows
+    before the time, so it answers exactly what the same --pairs row answers."""
+    f, src, dsts = pairs_file
+    t = pq.read_table(synth_rows / "synth" / "part-00000.parquet")
+    mine = t.filter(pc.equal(t.column("src_addr"), src)).slice(0, 20)
+    others = t.filter(pc.not_equal(t.column("src_addr"), src)).slice(0, 20)
+    mixed, own = tmp_path / "mixed.parquet", tmp_path / "own.parquet"
+    pq.write_table(pa.concat_tables([others, mine]), mixed)
+    times = mine.column("event_time").cast(pa.int64()).to_numpy() // 10**6
+    cut = int(np.unique(times)[2])
+    pq.write_table(mine.filter(pa.array(times < cut)), own)
+    ask = [tiny_run, "--src", src, "--dst", dsts[0], "--time", cut, "--context-per-pair", "0", "--context"]
+    a, b = _json([*ask, mixed]), _json([*ask, own])
+    assert a["context_rows"]["rows_used"] == b["context_rows"]["rows_used"] == int((times < cut).sum()) > 0
+    assert a["context_tokens"] == b["context_tokens"] > 0
+    for k in ("p_fail", "p50_ms", "mean_ms"):
+        assert a[k] == b[k], k
+    g = tmp_path / "one.csv"
+    g.write_text(f"src,dst,time\n{src},{dsts[0]},{cut}\n")
+    row = _json([tiny_run, "--pairs", g, "--context", mixed, "--context-per-pair", "0", "--exact"])["predictions"][0]
+    for k in ("p_fail", "p50_ms", "mean_ms"):
+        assert row[k] == pytest.approx(a[k], rel=1e-6), k
+    # another source's history alone is no context for this one: the same answer as none, with a note
+    pq.write_table(others, tmp_path / "others.parquet")
+    r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dsts[0], "--context",
+                            str(tmp_path / "others.parquet")])
+    assert r.exit_code == 0 and f"0 of its 20 valid rows are measurements from {src}" in " ".join(r.output.split())
+    plain = _json([tiny_run, "--src", src, "--dst", dsts[0]])
+    alone = _json([tiny_run, "--src", src, "--dst", dsts[0], "--context", tmp_path / "others.parquet"])
+    assert alone["context_tokens"] == 0 and alone["p_fail"] == plain["p_fail"]
+
+
 def test_repeated_pairs_are_asked_once(tiny_run, tmp_path):
     from pingctl.infer import pairs as P
     from pingctl.infer.model import LoadedModel

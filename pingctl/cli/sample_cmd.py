@@ -169,6 +169,8 @@ def sample(
             raise PingctlError(f"{name} {path}: cannot be written ({reason})")
     steps = parse_steps(step)
     ctx, ctx_read = _read_context(context) if context is not None else (None, None)
+    if ctx is not None and src and not _is_pattern(src):
+        ctx = _probe_context(ctx, ctx_read, context, src, t_query)
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
     trained = run_config(run).loader if t_query is not None or rtt is not None or timestamps else None
     if t_query is not None and not trained_with_timestamps(trained.mode_weights):
@@ -293,6 +295,23 @@ def _read_context(path: Path):
         return Measurements.from_arrow(table), read
     except PingctlError as e:
         raise PingctlError(e if str(e).startswith("--context") else f"--context {path}: {e}") from None
+
+
+def _probe_context(ctx, read: dict, path: Path, src: str, t_query: int | None):
+    """The file's measurements from `src` (before --time), as `--pairs` picks a row's: training
+    contexts hold one probe's past, so other sources' rows and later ones are left out, named."""
+    import ipaddress
+
+    from pingctl.infer.pairs import context_of
+
+    picked = context_of(ctx, str(ipaddress.ip_address(src)), t_query)
+    read["rows_used"] = 0 if picked is None else len(picked)
+    if read["rows_used"] < len(ctx):
+        before = f" before --time {utc_text(t_query)}" if t_query is not None else ""
+        err_console.print(f"[yellow]--context {path}: {read['rows_used']:,} of its {len(ctx):,} valid rows are "
+                          f"measurements from {src}{before}; the prompt holds only those (a probe's own past, as "
+                          f"in training)[/]")
+    return picked
 
 
 def _table(result: dict, as_json: bool, title: str, rows: list[dict], cols: tuple[str, ...]) -> None:

@@ -249,6 +249,14 @@ def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_
     return [ctx.take(i) if len(i) else None for i in idx]
 
 
+def context_of(ctx, src: str, time: int | None):
+    """The context a single `--src/--dst [--time]` question is asked with, picked as for a
+    `--pairs` row: `src`'s measurements in `ctx` (`src` canonical text) before `time`; None
+    where there are none."""
+    one = Pairs(file="", unit="row", src=[src], dst=[""], family=[0], time=[time])
+    return contexts(one, ctx, np.zeros(1, np.int64))[0]
+
+
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
            progress=lambda done, total: None) -> dict:
     """Column arrays of the predictions, one entry per valid pair, in file order. A row that
