@@ -54,6 +54,20 @@ def test_every_row_is_answered_or_set_aside_with_its_line_and_reason(tmp_path):
     assert sum(e["rows"] for e in summary.values()) == len(p.rejects)
 
 
+def test_a_pairs_row_and_a_single_query_refuse_the_same_addresses_alike():
+    """--src/--dst and --pairs share one check, so they cannot drift apart: the --src message is
+    the --pairs row's detail after the option's name."""
+    from pingctl.infer.pairs import AddressError, clean_address
+
+    for text, reason, ask in (("fe80::1%eth0", "zone_id", "drop it"), ("::ffff:1.2.3.4", "ipv4_mapped", "ask for 1.2.3.4"),
+                              ("::ffff:1.2.3.0/120", "ipv4_mapped", "ask for 1.2.3.0/24"), (" ", "missing_address", "")):
+        with pytest.raises(AddressError) as e:
+            clean_address(text)
+        assert e.value.reason == reason and ask in str(e.value), text
+        r = runner.invoke(app, ["sample", "no-run", "--src", text, "--dst", "::1"])
+        assert r.exit_code == 2 and f"--src {e.value}" in " ".join(r.output.split()), (text, r.output)
+
+
 @pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
 def test_parquet_pairs_take_timestamps_of_any_unit_numbers_and_text(tmp_path, unit):
     t0 = 1_704_283_200

@@ -261,27 +261,16 @@ def _check_context_options(context: Path | None, context_per_pair: int | None) -
 
 def _address_option(text: str | None, name: str) -> str | None:
     """The address or pattern of --src/--dst as the prompt builder takes it: no surrounding
-    whitespace and no IPv6 zone id (fe80::1%eth0 names a local interface, not part of an
-    address a measurement records), and not an IPv4-mapped IPv6 address (::ffff:1.2.3.4 would be
-    asked as IPv6, a different question from the IPv4 one the data holds)."""
-    import ipaddress
+    whitespace, and refused as a --pairs row is where no measurement could record it."""
+    from pingctl.infer.pairs import AddressError, check_measurable
 
     if text is None:
         return None
     text = text.strip()
-    if not text:
-        raise UsageError(f"{name} is empty")
-    if "%" in text:
-        raise UsageError(f"{name} {text!r}: an IPv6 zone id (%...) is not part of a measured address; drop it")
     try:
-        net = ipaddress.ip_network(text, strict=False) if ":" in text else None
-    except ValueError:
-        net = None  # a pattern, or not an address: the prompt builder names what is wrong
-    v4 = net.network_address.ipv4_mapped if net is not None and net.prefixlen >= 96 else None
-    if v4 is not None:
-        ask = v4 if net.prefixlen == 128 else f"{v4}/{net.prefixlen - 96}"
-        raise UsageError(f"{name} {text!r} is an IPv4-mapped IPv6 address; measurements record the IPv4 "
-                         f"address itself: ask for {ask}")
+        check_measurable(text)
+    except AddressError as e:
+        raise UsageError(f"{name} {e}") from None
     return text
 
 

@@ -86,24 +86,41 @@ class Pairs:
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a table of packets repeats its addresses many times
+def check_measurable(text: str) -> None:
+    """Refuse (`AddressError`) what no measurement records, whole address or pattern alike:
+    nothing, an IPv6 zone id (fe80::1%eth0 names a local interface) and an IPv4-mapped IPv6
+    address or network (::ffff:1.2.3.4 would be asked as IPv6, a different question from the
+    IPv4 one the data holds; the message gives the IPv4 form). `text` is stripped."""
+    import ipaddress
+
+    if not text:
+        raise AddressError("missing_address", "is empty")
+    if "%" in text:
+        raise AddressError("zone_id", f"{text!r}: an IPv6 zone id (%...) is not part of a measured address; drop it")
+    try:
+        net = ipaddress.ip_network(text, strict=False) if ":" in text else None
+    except ValueError:
+        net = None  # a pattern, or not an address: the caller's parser names what is wrong
+    v4 = net.network_address.ipv4_mapped if net is not None and net.prefixlen >= 96 else None
+    if v4 is not None:
+        ask = v4 if net.prefixlen == 128 else f"{v4}/{net.prefixlen - 96}"
+        raise AddressError("ipv4_mapped", f"{text!r} is an IPv4-mapped IPv6 address; measurements record the IPv4 "
+                                          f"address itself: ask for {ask}")
+
+
 def clean_address(text: str) -> tuple[str, int]:
     """A whole address as a measurement records it -> (canonical text, family); raises
     `AddressError` with a reason key of `REASONS`."""
     import ipaddress
 
     text = text.strip()
-    if not text:
-        raise AddressError("missing_address", "empty")
-    if "%" in text:
-        raise AddressError("zone_id", f"{text!r}: an IPv6 zone id (%...) is not part of a measured address")
+    check_measurable(text)
     if "*" in text or "/" in text:
         raise AddressError("pattern", f"{text!r} is a pattern; give a whole address")
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
         raise AddressError("bad_address", f"{text!r} is not an IP address") from None
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        raise AddressError("ipv4_mapped", f"{text!r} is IPv4-mapped; ask for {ip.ipv4_mapped}")
     return str(ip), ip.version
 
 
