@@ -10,6 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pingctl.errors import PingctlError
+
 from pingctl.eval.baselines import (
     GlobalMedian,
     Groups,
@@ -217,6 +219,14 @@ def test_load_split_integer_seconds_without_prb(tmp_path):
     got = load_split(tmp_path / "x.parquet")
     np.testing.assert_array_equal(got["event_time"], secs)
     assert (got["prb_id"] == -1).all() and len(got["dst"]) == 50
+    # eval converts times as every canonical reader does: integer seconds beyond a float's 2**53
+    # (Arrow refused that cast with a traceback) reach the row check, which names file and row
+    pq.write_table(tab.set_column(1, "event_time", pa.array(secs + 2**58)), tmp_path / "big.parquet")
+    with pytest.raises(PingctlError, match=r"bad_time: 50 row\(s\).*big.parquet row 0"):
+        load_split(tmp_path / "big.parquet")
+    pq.write_table(tab.set_column(1, "event_time", pa.array([True] * 50)), tmp_path / "bool.parquet")
+    with pytest.raises(PingctlError, match=r"bool.parquet: event_time: column of type bool"):
+        load_split(tmp_path / "bool.parquet")
 
 
 def test_baseline_table_on_synth(synth_split, tmp_path):

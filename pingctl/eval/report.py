@@ -53,6 +53,7 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
     from pingctl.parquet_io import read_table
     from pingctl.schema import COLUMNS, check_parquet_columns, resolve_inputs
     from pingctl.shard import refuse_whole_shard_output
+    from pingctl.tokenizer.measurements import MeasurementError, event_seconds
 
     refuse_whole_shard_output([path], split=split_hint)
     files = resolve_inputs([path])
@@ -73,7 +74,10 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
             if c in ("src_addr", "dst_addr"):
                 parts[c].append(_strings(col))
             elif c == "event_time":
-                parts[c].append(_seconds(col))
+                try:
+                    parts[c].append(event_seconds(col)[0])  # nulls were refused above
+                except MeasurementError as e:
+                    raise PingctlError(f"{f}: {e}") from None
             elif c == "rtt":
                 parts[c].append(col.cast(pa.float64()).to_numpy())
             else:
@@ -154,15 +158,6 @@ def _strings(col) -> np.ndarray:
         idx = enc.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
         chunks.append(uniq[idx])
     return np.concatenate(chunks) if chunks else np.empty(0, dtype=object)
-
-
-def _seconds(col) -> np.ndarray:
-    import pyarrow as pa
-
-    if pa.types.is_timestamp(col.type):
-        per_s = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}[col.type.unit]
-        return np.floor_divide(col.cast(pa.int64()).to_numpy(), per_s)
-    return np.floor(col.cast(pa.float64()).to_numpy()).astype(np.int64)
 
 
 def take(d: dict, index) -> dict:

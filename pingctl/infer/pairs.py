@@ -237,11 +237,11 @@ def _parquet_times(col) -> list:
     they are, for the row checks to name."""
     import pyarrow as pa
 
-    from pingctl.tokenizer.measurements import _seconds
+    from pingctl.tokenizer.measurements import event_seconds
 
     if not pa.types.is_timestamp(col.type):
         return col.to_pylist()
-    seconds, valid = _seconds(col)
+    seconds, valid = event_seconds(col)
     return [int(t) if ok else None for t, ok in zip(seconds, valid)]
 
 

@@ -138,7 +138,7 @@ class Measurements:
         dst, dst_v6 = parse_addresses(table.column("dst_addr"), "dst_addr")
         rtt = _float_column(table.column("rtt"), "rtt")
         if "event_time" in names:
-            time_s, has_time = _seconds(table.column("event_time"))
+            time_s, has_time = event_seconds(table.column("event_time"))
         else:
             time_s, has_time = np.zeros(n, np.int64), np.zeros(n, bool)
         ints = {
@@ -385,7 +385,10 @@ def _int_column(col, name: str) -> np.ndarray:
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
-def _seconds(col) -> tuple[np.ndarray, np.ndarray]:
+def event_seconds(col) -> tuple[np.ndarray, np.ndarray]:
+    """An event_time column (timestamps of any unit, integer or float Unix seconds) as (int64
+    Unix seconds, floored; 0 where null, valid mask); `MeasurementError` for other types and
+    values beyond int64 seconds. The one conversion every reader of canonical tables uses."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
