@@ -26,7 +26,7 @@ def detect(path: Path) -> str:
     if path.is_dir() and any((path / s).is_dir() for s in ("train", "val", "test")):
         return "splits"
     if path.is_file() and path.suffix != ".parquet":
-        raise PingctlError(f"{path}: not a Parquet file or a pingctl output directory")
+        raise PingctlError(f"{path}: not a Parquet file, a pingctl output directory or a `pingctl sample` output")
     return "table"
 
 
@@ -71,6 +71,16 @@ def describe_table(paths: list[Path], sample: int = 0, memory_limit: str = "4GB"
 
 
 def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
+    from pingctl import inspect_outputs
+
+    if Path(path).name != "report.json" and (found := inspect_outputs.read(path)):
+        kind, table, meta = found
+        if kind == "distribution":
+            if sample:
+                raise UsageError(f"{path}: --sample shows rows of a table, probe rows or predictions, "
+                                 "not of one pair's RTT distribution")
+            return inspect_outputs.describe_distribution(Path(path), table, meta)
+        return inspect_outputs.describe_predictions(Path(path), table, meta, sample)
     kind = detect(path)
     if kind == "run":
         from pingctl.train.describe import describe_run

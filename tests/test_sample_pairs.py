@@ -181,11 +181,24 @@ def test_pairs_give_the_single_query_answers_and_reconcile(tiny_run, pairs_file,
     assert [(r["line"], r["reason"]) for r in rejects] == [(4, "bad_address")] == [
         (r["line"], r["reason"]) for r in res["rejects"]]
     assert res["rejects_file"] == str(tmp_path / "preds.rejects.jsonl")
+    # inspect recognises the file: its run, the rows answered and set aside beside it
+    seen = runner.invoke(app, ["inspect", str(out), "--json", "-n", "2"])
+    assert seen.exit_code == 0, seen.output
+    seen = json.loads(seen.stdout)
+    assert seen["kind"] == "predictions" and seen["run"] == str(tiny_run) and seen["exact"] is True
+    assert (seen["rows"], seen["rows_set_aside"], seen["distinct_pairs"], seen["sources"]) == (3, 1, 3, 2)
+    assert seen["p50_ms"]["max"] == max(p["p50_ms"] for p in res["predictions"]) and len(seen["sample"]) == 2
     # --exact computes what a single --src/--dst query computes, every number
-    one = _json([tiny_run, "--src", src, "--dst", dsts[1]])
+    dist = tmp_path / "one.parquet"
+    one = _json([tiny_run, "--src", src, "--dst", dsts[1], "-o", dist])
     row = res["predictions"][1]
     for k in ("p_fail", "mean_ms", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms"):
         assert row[k] == pytest.approx(one[k], rel=1e-6), k
+    # and the distribution file it wrote reads back, in inspect, as the figures it printed
+    back = json.loads(runner.invoke(app, ["inspect", str(dist), "--json"]).stdout)
+    assert back["kind"] == "distribution" and back["codes"] == 65536 and (back["src"], back["dst"]) == (src, dsts[1])
+    for k in ("p_fail", "mean_ms", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms"):
+        assert back[k] == pytest.approx(one[k], rel=1e-9), k
     # the default reads the distribution exactly at its quantiles: the same quantiles
     fast = _json([tiny_run, "--pairs", f])
     assert fast["exact"] is False and "out" not in fast

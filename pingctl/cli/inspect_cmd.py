@@ -39,7 +39,8 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 def inspect(
     path: Annotated[Path, typer.Argument(
         help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, "
-             "or a `pingctl eval` output (its dir or report.json).")],
+             "a `pingctl eval` output (its dir or report.json), or a `pingctl sample` output (--pairs "
+             "predictions, a pair's RTT distribution).")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, max=1_000_000_000,
                                         help="Also show N random rows (or decoded records).")] = 0,
     config: ConfigOpt = None,
@@ -54,6 +55,8 @@ def inspect(
     losses, checkpoints; read from its files, so it also works on a run still training.
     An eval output (pingctl inspect runs/demo/eval): its table, intervals and verdict again,
     from report.json, without recomputing predictions.
+    A sample output (pingctl inspect predictions.parquet): the run it came from, counts (and the
+    rows set aside beside it), the spread of P(failure) and median RTT; or a pair's distribution.
     """
     from pingctl.inspect_table import describe
 
@@ -71,6 +74,9 @@ def inspect(
         return
     if result["kind"] == "run":
         _print_run(result)
+        return
+    if result["kind"] in ("predictions", "distribution"):
+        (_print_predictions if result["kind"] == "predictions" else _print_distribution)(result)
         return
     if result["kind"] == "eval":
         from pingctl.cli.eval_cmd import print_report
@@ -154,6 +160,50 @@ def _print_run(r: dict) -> None:
         ("TensorBoard", r["tensorboard"]),
     ]
     emit(r, False, kv_table(f"run: {r['path']}", rows))
+
+
+def _spread_text(d: dict, pct: bool = False) -> str:
+    f = (lambda v: f"{v:.2%}") if pct else fmt
+    return " / ".join(f(d[k]) for k in ("min", "p5", "p50", "p95", "max")) if d else "-"
+
+
+def _print_predictions(r: dict) -> None:
+    answered = r["rows"]
+    rows = [
+        ("run / step", f"{r['run'] or '-'} / {fmt(r['step'])}" + (f" (mean of {r['steps']})"
+                                                                 if r["steps"] and len(r["steps"]) > 1 else "")),
+        ("distribution", "-" if r["exact"] is None else "exact, every code" if r["exact"] else "exact at the quantiles"),
+        ("pairs file", r["pairs"] or "-"),
+        ("rows (answered)", answered),
+        ("rows set aside", "-" if r["rows_set_aside"] is None else
+         f"{r['rows_set_aside']:,} (read {answered + r['rows_set_aside']:,}; {r['rejects_file']})"),
+        ("distinct pairs", r["distinct_pairs"]),
+        ("sources / destinations", f"{r['sources']:,} / {r['destinations']:,}"),
+        ("IPv4 / IPv6 rows", f"{r['v4_rows']:,} / {r['v6_rows']:,}"),
+        ("rows with a time", r["rows_with_time"]),
+        ("P(failure) min/p5/p50/p95/max", _spread_text(r["p_fail"], pct=True)),
+        ("median RTT ms min/p5/p50/p95/max", _spread_text(r["p50_ms"])),
+        ("context measurements, mean", r["context_measurements_mean"]),
+    ]
+    tables = [kv_table(f"predictions: {r['path']}", rows)]
+    if r.get("sample"):
+        cols = list(r["sample"][0])
+        t = grid_table(f"{len(r['sample'])} sample rows", cols, left=("src", "dst", "time"), whole=("time",),
+                       listing=True)
+        for row in r["sample"]:
+            t.add_row(*(utc_text(row[c]) if c == "time" else f"{row[c]:.2%}" if c == "p_fail" else fmt(row[c])
+                        for c in cols))
+        tables.append(t)
+    emit(r, False, tables)
+
+
+def _print_distribution(r: dict) -> None:
+    rows = [("pair", f"{r['src'] or '?'} -> {r['dst'] or '?'}"),
+            ("P(failure)", "-" if r["p_fail"] is None else f"{r['p_fail']:.2%}"),
+            ("codes / probability sum", f"{r['codes']:,} / {r['probability_sum']:.6f}"),
+            ("mean ms", r["mean_ms"]), ("mean ms, central 90%", r["trimmed_mean_ms"]),
+            *[(f"{k.removesuffix('_ms')} ms", r[k]) for k in ("p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms")]]
+    emit(r, False, kv_table(f"RTT distribution: {r['path']}", rows))
 
 
 def _print_rows(r: dict) -> None:
