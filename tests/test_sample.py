@@ -125,6 +125,14 @@ def test_timestamped_generation_gives_every_measurement_a_time(model, pair, tmp_
     table, read = read_valid_rows([out], None)
     assert read["rows_rejected"] == 0 and table.num_rows == read["rows_read"] > 0
     assert table.column("event_time").null_count == 0
+    # --since/--until choose the period: every generated time lies in it, and the rows stay canonical
+    lo, hi = 1_622_505_600, 1_622_592_000  # 2021-06-01 .. 2021-06-02
+    r = runner.invoke(app, ["sample", str(model.run), "--n", "3", "--measurements", "4", "--since",
+                            "2021-06-01T00:00:00Z", "--until", str(hi), "-o", str(out), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["time_range"] == [lo, hi], r.output
+    table, read = read_valid_rows([out], None)
+    secs = table.column("event_time").cast(pa.int64()).to_numpy() // 10**6
+    assert read["rows_rejected"] == 0 and len(secs) > 0 and lo <= secs.min() and secs.max() <= hi
 
 
 @pytest.mark.parametrize("which", ["v4", "v6"])
@@ -226,6 +234,8 @@ def test_run_trained_without_timestamps_is_asked_without_them(tiny_run, synth_ro
     assert r.exit_code == 2 and "cannot generate them" in r.output, r.output
     r = runner.invoke(app, ["sample", str(run), "--n", "2", "--measurements", "2", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["timestamped"] is False, r.output
+    r = runner.invoke(app, ["sample", str(run), "--n", "2", "--since", "2021-01-01"])
+    assert r.exit_code == 2 and "--since/--until" in r.output and "no times to bound" in r.output, r.output
 
 
 def test_run_trained_with_the_result_last_refuses_rtt_first_questions(tiny_run, pair, tmp_path):
@@ -443,6 +453,11 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
         (["--src", v4, "--dst", v4b, "--seed", "3"], "--seed does not apply to an RTT distribution", 2),
         (["--src", v4, "--dst", "8.8.*.*", "--temperature", "0.5"], "--temperature does not apply to a compl", 2),
         (["--src", v4, "--rtt", "20", "--top-p", "0.9"], "--top-p does not apply to inverse search", 2),
+        (["--src", v4, "--dst", v4b, "--since", "2021-01-01"], "--since does not apply to an RTT distribution", 2),
+        (["--n", "2", "--since", "2021-01-02", "--until", "2021-01-01"], "is after --until", 2),
+        (["--n", "2", "--until", "1999-12-31"], "--until 1999-12-31 00:00:00: generated rows are canonical", 2),
+        (["--n", "2", "--since", "2999-01-01"], "shard would set this one aside", 2),
+        (["--n", "2", "--since", "soon"], "--since 'soon'", 2),
     ):
         r = runner.invoke(app, ["sample", run, *args])
         assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, (args, r.output)

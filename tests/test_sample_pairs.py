@@ -295,6 +295,7 @@ def test_pairs_refusals(tiny_run, pairs_file, tmp_path):
     for args, code, msg in (
         (["--pairs", f, "--src", src], 2, "--src: --pairs answers the pairs"),
         (["--pairs", f, "--time", "5", "--n", "3"], 2, "--time, --n: --pairs answers"),
+        (["--pairs", f, "--since", "2021-01-01"], 2, "--since: --pairs answers"),
         (["--src", src, "--dst", dsts[0], "--exact"], 2, "--exact is for --pairs"),
         (["--pairs", f, "-k", "3", "--seed", "1"], 2, "-k, --seed: --pairs computes each pair's RTT distribution"),
         (["--pairs", f, "--measurements", "3", "--temperature", "0.5", "--top-p", "0.9"], 2,

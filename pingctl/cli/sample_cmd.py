@@ -64,6 +64,11 @@ def sample(
         help="Generation: every measurement opens with its timestamp, so each generated row has an event_time "
              "(default for a run trained with timestamps); --no-timestamps lets the model choose, as in its "
              "partial and none training modes.")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Generation: the earliest time a generated measurement may have (ISO 8601 or Unix seconds; "
+             "default 2000-01-01).")] = None,
+    until: Annotated[str | None, typer.Option(
+        help="Generation: the latest time a generated measurement may have (default: now).")] = None,
     k: Annotated[int | None, typer.Option(
         "-k", min=1, help=f"Completions / inverse-search destinations to show [default: {_K}].")] = None,
     out: Annotated[Path | None, typer.Option(
@@ -91,6 +96,8 @@ def sample(
     Example: pingctl sample runs/demo/train --src 78.143.22.26 --dst 194.255.199.229 --plot rtt.png
 
     Many pairs at once: pingctl sample runs/demo/train --pairs pairs.csv -o predictions.parquet
+
+    Streams of one day: pingctl sample runs/demo/train --n 4 --since 2021-06-01 --until 2021-06-02 -o streams.parquet
     """
     import numpy as np
 
@@ -108,7 +115,8 @@ def sample(
         from pingctl.cli import sample_pairs
 
         given = [name for v, name in ((src, "--src"), (dst, "--dst"), (rtt, "--rtt"), (time, "--time"), (n, "--n"),
-                                      (plot, "--plot"), (timestamps, "--timestamps/--no-timestamps"))
+                                      (plot, "--plot"), (timestamps, "--timestamps/--no-timestamps"),
+                                      (since, "--since"), (until, "--until"))
                  if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)}: --pairs answers the pairs (and times) of its file; "
@@ -146,7 +154,8 @@ def sample(
                                # a distribution and a completion are computed exactly; only these two sample
                                (seed, "--seed", ("inverse", "generate")),
                                (temperature, "--temperature", ("inverse", "generate")),
-                               (top_p, "--top-p", ("generate",))):
+                               (top_p, "--top-p", ("generate",)),
+                               (since, "--since", ("generate",)), (until, "--until", ("generate",))):
         if given is not None and mode not in modes:
             raise UsageError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
                                + " and ".join(_MODE_NAMES[m] for m in modes))
@@ -156,6 +165,7 @@ def sample(
         src = src or Q.any_address(fam_dst)
         dst = dst or Q.any_address(fam_src)
     t_query = option_time(time)
+    period = _generation_period(since, until) if since is not None or until is not None else None
     _check_context_options(context, context_per_pair)
     k, measurements = k or _K, measurements or _MEASUREMENTS
     rtt_lo, rtt_hi = _rtt_range(rtt) if rtt is not None else (None, None)
@@ -172,11 +182,14 @@ def sample(
     if ctx is not None and src and not _is_pattern(src):
         ctx = _probe_context(ctx, ctx_read, context, src, t_query)
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
-    trained = run_config(run).loader if t_query is not None or rtt is not None or timestamps else None
+    trained = (run_config(run).loader if t_query is not None or rtt is not None or timestamps or period
+               else None)
     if t_query is not None and not trained_with_timestamps(trained.mode_weights):
         raise untimed_run("--time", run, "so it cannot condition on a time; ask without --time")
     if timestamps and not trained_with_timestamps(trained.mode_weights):
         raise untimed_run("--timestamps", run, "so it cannot generate them")
+    if period and not trained_with_timestamps(trained.mode_weights):
+        raise untimed_run("--since/--until", run, "so its streams have no times to bound")
     if rtt is not None and mode in ("complete", "inverse") and trained.result_last >= 1.0:
         # these prompts put the RTT before the addresses, an order such a run never saw
         raise UsageError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
@@ -230,8 +243,10 @@ def sample(
     # every generated row passes shard's time check
     streams = Q.generate(model, n or 4, measurements, rng, cfg.sample.temperature, cfg.sample.top_p,
                          context=ctx_tokens, src=src, timestamps=timed,
-                         time_range=generated_time_range() if model.scheme == "compact" else None)
+                         time_range=(period or generated_time_range()) if model.scheme == "compact" else None)
     result["timestamped"] = timed
+    if model.scheme == "compact":
+        result["time_range"] = list(period or generated_time_range())
     rows = []
     for i, d in enumerate(streams):
         m = d.measurements
@@ -249,6 +264,23 @@ def sample(
     if result["times_out_of_range"] and not as_json:
         err_console.print(f"[yellow]{result['times_out_of_range']} generated time(s) lie beyond a timestamp's "
                           f"+-292,000 years{'; their event_time is null in ' + str(out) if out else ''}[/]")
+
+
+def _generation_period(since: str | None, until: str | None) -> tuple[int, int]:
+    """--since/--until as the (lo, hi) Unix seconds generated times are drawn in; inside the
+    range a canonical row may hold, so every generated row stays one."""
+    from pingctl.schema import generated_time_range
+
+    lo_ok, hi_ok = generated_time_range()
+    lo = option_time(since, "--since") if since is not None else lo_ok
+    hi = option_time(until, "--until") if until is not None else hi_ok
+    for name, v in (("--since", lo), ("--until", hi)):
+        if not lo_ok <= v <= hi_ok:
+            raise UsageError(f"{name} {utc_text(v)}: generated rows are canonical rows, whose times lie in "
+                             f"{utc_text(lo_ok)} .. now ({utc_text(hi_ok)}); shard would set this one aside")
+    if lo > hi:
+        raise UsageError(f"--since {utc_text(lo)} is after --until {utc_text(hi)}")
+    return lo, hi
 
 
 def _check_context_options(context: Path | None, context_per_pair: int | None) -> None:
