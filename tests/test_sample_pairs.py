@@ -288,6 +288,24 @@ def test_repeated_pairs_are_asked_once(tiny_run, tmp_path):
     assert cols["p_fail"][0] != cols["p_fail"][1]  # a time changes the prompt, so it is its own question
 
 
+def test_a_timed_table_is_told_that_each_time_is_a_question(tiny_run, pairs_file, tmp_path, monkeypatch):
+    from pingctl.cli import sample_pairs
+
+    f, src, dsts = pairs_file
+    g = tmp_path / "timed.csv"
+    g.write_text("src,dst,time\n" + "".join(f"{src},{dsts[0]},{1704283200 + i}\n" for i in range(4))
+                 + f"{src},{dsts[1]},\n")
+    monkeypatch.setattr(sample_pairs, "TIMES_HINT", 4)
+    r = runner.invoke(app, ["sample", str(tiny_run), "--pairs", str(g)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "5 distinct (src, dst, time) questions of 2 pairs" in said, r.output
+    res = _json([tiny_run, "--pairs", g])
+    assert (res["distinct"], res["distinct_pairs"]) == (5, 2)
+    monkeypatch.setattr(sample_pairs, "TIMES_HINT", 6)  # below the threshold: no note
+    r = runner.invoke(app, ["sample", str(tiny_run), "--pairs", str(g)])
+    assert r.exit_code == 0 and "each time is its own question" not in " ".join(r.output.split())
+
+
 def test_pairs_refusals(tiny_run, pairs_file, tmp_path):
     f, src, dsts = pairs_file
     bad = tmp_path / "bad.csv"

@@ -11,6 +11,7 @@ from pingctl.infer.model import untimed_run
 from pingctl.schema import utc_text
 
 SHOWN = 20  # pairs printed in the terminal table; -o / --json hold them all
+TIMES_HINT = 1000  # distinct timed questions from which a note says that each time is its own question
 OUT_SUFFIXES = (".parquet", ".csv", ".json")
 
 
@@ -45,6 +46,12 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     if not pairs.src:
         raise PingctlError("\n".join([f"--pairs {pairs_path}: no valid pair among {pairs.rows_read:,} rows",
                                       *_reason_lines(summary, pairs.unit)]))
+    n_pairs = len(set(zip(pairs.src, pairs.dst)))
+    if pairs.distinct >= max(TIMES_HINT, 2 * n_pairs) and not as_json:
+        # a measurement table with its times is one question per packet: say so before the long part
+        say(f"--pairs {pairs_path}: {pairs.distinct:,} distinct (src, dst, time) questions of {n_pairs:,} pairs; "
+            "each time is its own question (the prompt's context and timestamp depend on it). To ask once "
+            "per pair, drop the time column or leave it empty.", err=True, label="note: ")
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, steps)
     per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
@@ -58,7 +65,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "pairs": str(pairs_path), "exact": exact}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
-              "distinct": pairs.distinct}
+              "distinct": pairs.distinct, "distinct_pairs": n_pairs}
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
