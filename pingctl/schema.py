@@ -486,7 +486,7 @@ def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4G
     step checks them. A command that only shows or prompts with rows (tokenize, sample
     --context) must not take as valid what build-rows would reject.
 
-    Returns (valid rows as an Arrow table of the seed columns in canonical types, the
+    Returns (valid rows as an Arrow table of the canonical columns and types, the
     rejected rows as `reject_counts` gives them, rows read).
     """
     import pyarrow as pa
@@ -505,7 +505,8 @@ def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4G
             # materialised once: the valid rows and the reject counts are both read from it
             con.execute("CREATE OR REPLACE TEMP TABLE canonical AS SELECT * FROM _checked")
             read += one(con, "SELECT count(*) FROM canonical")[0]
-            tables.append(con.sql(f"SELECT {', '.join(SEED_COLUMNS)} FROM canonical WHERE reject_reason IS NULL "
+            # prb_id too (null where a file has none): a question's probe is found through it
+            tables.append(con.sql(f"SELECT {', '.join(COLUMNS)} FROM canonical WHERE reject_reason IS NULL "
                                   "ORDER BY _row").to_arrow_table())
             for reason, e in reject_counts(con).items():  # an earlier file's first row stays first
                 rejected.setdefault(reason, {**e, "rows": 0})["rows"] += e["rows"]

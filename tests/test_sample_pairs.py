@@ -261,10 +261,45 @@ def test_a_single_query_picks_its_context_as_a_pairs_row_does(tiny_run, synth_ro
     pq.write_table(others, tmp_path / "others.parquet")
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dsts[0], "--context",
                             str(tmp_path / "others.parquet")])
-    assert r.exit_code == 0 and f"0 of its 20 valid rows are measurements from {src}" in " ".join(r.output.split())
+    assert r.exit_code == 0 and f"0 of its 20 valid rows are measurements of the probe with source {src}" in " ".join(r.output.split())
     plain = _json([tiny_run, "--src", src, "--dst", dsts[0]])
     alone = _json([tiny_run, "--src", src, "--dst", dsts[0], "--context", tmp_path / "others.parquet"])
     assert alone["context_tokens"] == 0 and alone["p_fail"] == plain["p_fail"]
+
+
+def test_a_dual_stack_probe_is_asked_with_both_families_of_its_past(tiny_run, synth_rows, tmp_path):
+    """Training rows are per probe (prb_id) and hold both families of a dual-stack probe, so a
+    question from one of its addresses gets the probe's whole past, as `pingctl eval` gives it."""
+    import duckdb
+
+    from pingctl.infer.pairs import probe_of
+
+    f = synth_rows / "synth" / "part-00000.parquet"
+    prb, v4, v6 = duckdb.sql(
+        f"SELECT prb_id, min(src_addr) FILTER (WHERE ip_version = 4), min(src_addr) FILTER (WHERE ip_version = 6) "
+        f"FROM '{f}' GROUP BY prb_id HAVING count(DISTINCT ip_version) = 2 ORDER BY prb_id LIMIT 1").fetchall()[0]
+    t = pq.read_table(f)
+    mine = t.filter(pc.equal(t.column("prb_id"), prb)).slice(0, 30)
+    others = t.filter(pc.not_equal(t.column("prb_id"), prb)).slice(0, 30)
+    fams = mine.column("ip_version").to_pylist()
+    assert 4 in fams and 6 in fams
+    ctx = tmp_path / "ctx.parquet"
+    pq.write_table(pa.concat_tables([others, mine]), ctx)
+    dst = mine.filter(pc.equal(mine.column("ip_version"), 4)).column("dst_addr")[0].as_py()
+    ask = [tiny_run, "--src", v4, "--dst", dst, "--context-per-pair", "0", "--context"]
+    both = _json([*ask, ctx])
+    assert both["context_rows"]["rows_used"] == 30  # its IPv6 rows too
+    g = tmp_path / "one.csv"
+    g.write_text(f"src,dst\n{v4},{dst}\n{v6},{dst}\n")  # (the second is a mixed-family row, set aside)
+    res = _json([tiny_run, "--pairs", g, "--context", ctx, "--context-per-pair", "0", "--exact"])
+    assert res["predictions"][0]["p_fail"] == pytest.approx(both["p_fail"], rel=1e-6)
+    # without prb_id in the file the address is all there is: its IPv4 rows only
+    pq.write_table(pa.concat_tables([others, mine]).drop_columns(["prb_id"]), tmp_path / "anon.parquet")
+    anon = _json([*ask, tmp_path / "anon.parquet"])
+    assert anon["context_rows"]["rows_used"] == fams.count(4) < 30
+    # an address two probes share names neither: matched by address
+    pool_src = np.array([v4, v4, v6, "9.9.9.9"], object)
+    assert probe_of(pool_src, np.array([1, 2, 1, -1]), [v4, v6, "9.9.9.9", "8.8.8.8"]).tolist() == [-1, 1, -1, -1]
 
 
 def test_repeated_pairs_are_asked_once(tiny_run, tmp_path):

@@ -129,8 +129,9 @@ def sample(
                              "(no sampling, no ranking), so this would change nothing; drop it")
         _check_context_options(context, context_per_pair)
         sample_pairs.check_options(out)
-        ctx, ctx_read = _read_context(context) if context is not None else (None, None)
-        sample_pairs.answer_pairs(run, pairs, ctx, ctx_read, context_per_pair, out, exact, parse_steps(step), as_json)
+        ctx, ctx_read, ctx_prb = _read_context(context) if context is not None else (None, None, None)
+        sample_pairs.answer_pairs(run, pairs, ctx, ctx_read, context_per_pair, out, exact, parse_steps(step), as_json,
+                                  ctx_prb)
         return
     if src and dst and not _is_pattern(src) and not _is_pattern(dst) and rtt is None:
         mode = "distribution"
@@ -178,9 +179,9 @@ def sample(
         if path is not None and (reason := unwritable_reason(path)):
             raise PingctlError(f"{name} {path}: cannot be written ({reason})")
     steps = parse_steps(step)
-    ctx, ctx_read = _read_context(context) if context is not None else (None, None)
+    ctx, ctx_read, ctx_prb = _read_context(context) if context is not None else (None, None, None)
     if ctx is not None and src and not _is_pattern(src):
-        ctx = _probe_context(ctx, ctx_read, context, src, t_query)
+        ctx = _probe_context(ctx, ctx_read, context, src, t_query, ctx_prb)
     # the run's config.yaml (cheap, no JAX) says which questions it was trained to answer
     trained = (run_config(run).loader if t_query is not None or rtt is not None or timestamps or period
                else None)
@@ -308,30 +309,36 @@ def _address_option(text: str | None, name: str) -> str | None:
 
 def _read_context(path: Path):
     """The context's measurements, checked as build-rows checks rows (a row it would reject is
-    skipped with a warning), and what became of the rest (for --json)."""
+    skipped with a warning), what became of the rest (for --json), and each row's prb_id (-1
+    where null: the probe a question's source address belongs to)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from pingctl.tokenizer import Measurements
 
     try:
         table, read = read_valid_rows([path], None, "--context")
-        return Measurements.from_arrow(table), read
+        prb = (pc.fill_null(table.column("prb_id").cast(pa.int64()), -1).to_numpy(zero_copy_only=False)
+               if "prb_id" in table.column_names else None)
+        return Measurements.from_arrow(table), read, prb
     except PingctlError as e:
         raise PingctlError(e if str(e).startswith("--context") else f"--context {path}: {e}") from None
 
 
-def _probe_context(ctx, read: dict, path: Path, src: str, t_query: int | None):
-    """The file's measurements from `src` (before --time), as `--pairs` picks a row's: training
-    contexts hold one probe's past, so other sources' rows and later ones are left out, named."""
+def _probe_context(ctx, read: dict, path: Path, src: str, t_query: int | None, prb):
+    """The file's measurements of `src`'s probe (before --time), as `--pairs` picks a row's:
+    training contexts hold one probe's past, so other probes' and later rows are left out, named."""
     import ipaddress
 
     from pingctl.infer.pairs import context_of
 
-    picked = context_of(ctx, str(ipaddress.ip_address(src)), t_query)
+    picked = context_of(ctx, str(ipaddress.ip_address(src)), t_query, prb)
     read["rows_used"] = 0 if picked is None else len(picked)
     if read["rows_used"] < len(ctx):
         before = f" before --time {utc_text(t_query)}" if t_query is not None else ""
         err_console.print(f"[yellow]--context {path}: {read['rows_used']:,} of its {len(ctx):,} valid rows are "
-                          f"measurements from {src}{before}; the prompt holds only those (a probe's own past, as "
-                          f"in training)[/]")
+                          f"measurements of the probe with source {src}{before}; the prompt holds only those "
+                          f"(a probe's own past, as in training)[/]")
     return picked
 
 

@@ -34,7 +34,7 @@ def check_options(out: Path | None) -> None:
 
 
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
-                 out: Path | None, exact: bool, steps, as_json: bool) -> None:
+                 out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None) -> None:
     from pingctl.infer import pairs as P
     from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
 
@@ -59,7 +59,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     with progress(transient=True) as bar:
         task = bar.add_task("pairs", total=len(pairs.src))
         cols = P.answer(model, pairs, ctx, per_pair, exact=exact,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+                        progress=lambda done, total: bar.update(task, completed=done, total=total), prb=ctx_prb)
     elapsed = _time.perf_counter() - t0
     meta = {"run": str(run), "step": model.step, "steps": list(model.steps), "timestamps": model.timestamps,
             "pairs": str(pairs_path), "exact": exact}

@@ -248,34 +248,58 @@ def _parquet_times(col) -> list:
 # ----------------------------------------------------------------- answering
 
 
-def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_ROWS_MAX) -> list:
-    """Per pair `rows[k]`, the context's measurements from the pair's source (its address, as
-    a `--pairs` row has no probe id) strictly before the pair's time (all of them where the
-    row has no time), oldest first; `ctx` is a `Measurements` or None."""
+def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_ROWS_MAX,
+             prb: np.ndarray | None = None) -> list:
+    """Per pair `rows[k]`, the context's measurements of the pair's probe strictly before the
+    pair's time (all of them where the row has no time), oldest first; `ctx` is a
+    `Measurements` or None. A question names no probe, so its probe is the one whose rows in
+    the context have its source address (`prb`: the context's prb_id, -1 where null): then
+    all of that probe's rows count, both families of a dual-stack probe, as in the
+    probe-centric rows it was trained on. Where no single probe has that address, the rows
+    from the address itself."""
     if ctx is None or len(ctx) == 0:
         return [None] * len(rows)
     from pingctl.eval.model import context_indices
 
     pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
-            "event_time": ctx.time_s, "prb_id": np.full(len(ctx), -1, np.int64)}
+            "event_time": ctx.time_s,
+            "prb_id": np.full(len(ctx), -1, np.int64) if prb is None else np.asarray(prb, np.int64)}
     big = np.iinfo(np.int64).max
     query = {"src": np.array(pairs.src, object), "dst": np.array(pairs.dst, object),
              "event_time": np.array([big if t is None else t for t in pairs.time], np.int64),
-             "prb_id": np.full(len(pairs.src), -1, np.int64)}
-    idx = context_indices(pool, query, rows, per_source_max, "probe")
-    return [ctx.take(i) if len(i) else None for i in idx]
+             "prb_id": probe_of(pool["src"], pool["prb_id"], pairs.src)}
+    rows = np.asarray(rows, np.int64)
+    known = query["prb_id"][rows] >= 0
+    out: list = [None] * len(rows)
+    # by probe where the address names one; by address (every row keyed by its source) elsewhere
+    for sel, p in ((known, pool), (~known, {**pool, "prb_id": np.full(len(ctx), -1, np.int64)})):
+        q = query if p is pool else {**query, "prb_id": np.full(len(pairs.src), -1, np.int64)}
+        for k, i in zip(np.flatnonzero(sel), context_indices(p, q, rows[sel], per_source_max, "probe")):
+            out[k] = ctx.take(i) if len(i) else None
+    return out
 
 
-def context_of(ctx, src: str, time: int | None):
+def probe_of(pool_src: np.ndarray, pool_prb: np.ndarray, srcs: list[str]) -> np.ndarray:
+    """Per address in `srcs`, the one prb_id whose context rows have it as source; -1 where
+    there is none or more than one (an address two probes shared, e.g. behind one NAT)."""
+    have = pool_prb >= 0
+    found: dict[str, set] = {}
+    for a, p in set(zip(pool_src[have].tolist(), pool_prb[have].tolist())):
+        found.setdefault(a, set()).add(p)
+    one = {a: next(iter(ps)) for a, ps in found.items() if len(ps) == 1}
+    return np.array([one.get(a, -1) for a in srcs], np.int64)
+
+
+def context_of(ctx, src: str, time: int | None, prb: np.ndarray | None = None):
     """The context a single `--src/--dst [--time]` question is asked with, picked as for a
-    `--pairs` row: `src`'s measurements in `ctx` (`src` canonical text) before `time`; None
-    where there are none."""
+    `--pairs` row (`contexts`): the measurements of `src`'s probe in `ctx` (`src` canonical
+    text) before `time`; None where there are none."""
     one = Pairs(file="", unit="row", src=[src], dst=[""], family=[0], time=[time])
-    return contexts(one, ctx, np.zeros(1, np.int64))[0]
+    return contexts(one, ctx, np.zeros(1, np.int64), prb=prb)[0]
 
 
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
-           progress=lambda done, total: None) -> dict:
+           progress=lambda done, total: None, prb: np.ndarray | None = None) -> dict:
     """Column arrays of the predictions, one entry per valid pair, in file order. A row that
     repeats an earlier (src, dst, time) has the same prompt (its context depends on the source
     and time only), so it is answered once and copied: a measurement table given as pairs costs
@@ -287,7 +311,7 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     n = len(distinct)
     budget = model.seq_len - 64
     timed = model.timestamps
-    ctxs = contexts(pairs, ctx, distinct)
+    ctxs = contexts(pairs, ctx, distinct, prb=prb)
     cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "trimmed_mean_ms",
                                              *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))}
     n_ctx: list[int] = []
