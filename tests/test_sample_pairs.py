@@ -258,10 +258,13 @@ def test_a_single_query_picks_its_context_as_a_pairs_row_does(tiny_run, synth_ro
     for k in ("p_fail", "p50_ms", "mean_ms"):
         assert row[k] == pytest.approx(a[k], rel=1e-6), k
     # another source's history alone is no context for this one: the same answer as none, with a note
-    pq.write_table(others, tmp_path / "others.parquet")
+    pq.write_table(others, tmp_path / "o[red]x.parquet")  # the note prints the path as given, not as markup
     r = runner.invoke(app, ["sample", str(tiny_run), "--src", src, "--dst", dsts[0], "--context",
-                            str(tmp_path / "others.parquet")])
-    assert r.exit_code == 0 and f"0 of its 20 valid rows are measurements of the probe with source {src}" in " ".join(r.output.split())
+                            str(tmp_path / "o[red]x.parquet")])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "o[red]x.parquet: 0 of its 20 valid rows are measurements of the probe with source " \
+        f"{src}" in said, r.output
+    pq.write_table(others, tmp_path / "others.parquet")
     plain = _json([tiny_run, "--src", src, "--dst", dsts[0]])
     alone = _json([tiny_run, "--src", src, "--dst", dsts[0], "--context", tmp_path / "others.parquet"])
     assert alone["context_tokens"] == 0 and alone["p_fail"] == plain["p_fail"]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
-                                handle_errors, json_default, kv_table, load, option_time, read_valid_rows)
+                                handle_errors, json_default, kv_table, load, option_time, read_valid_rows, say)
 from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import utc_text
 
@@ -336,9 +336,10 @@ def _probe_context(ctx, read: dict, path: Path, src: str, t_query: int | None, p
     read["rows_used"] = 0 if picked is None else len(picked)
     if read["rows_used"] < len(ctx):
         before = f" before --time {utc_text(t_query)}" if t_query is not None else ""
-        err_console.print(f"[yellow]--context {path}: {read['rows_used']:,} of its {len(ctx):,} valid rows are "
-                          f"measurements of the probe with source {src}{before}; the prompt holds only those "
-                          f"(a probe's own past, as in training)[/]")
+        # say(): a path is printed as given, never read as Rich markup
+        say(f"--context {path}: {read['rows_used']:,} of its {len(ctx):,} valid rows are measurements of the "
+            f"probe with source {src}{before}; the prompt holds only those (a probe's own past, as in training)",
+            "yellow", err=True)
     return picked
 
 
