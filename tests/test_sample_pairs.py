@@ -54,6 +54,18 @@ def test_every_row_is_answered_or_set_aside_with_its_line_and_reason(tmp_path):
     assert sum(e["rows"] for e in summary.values()) == len(p.rejects)
 
 
+def test_each_distinct_address_is_checked_once(tmp_path):
+    """A table of packets repeats its addresses: checking each once keeps a 200k-row file at ~1 s
+    (6.6 s when the cache was lost to a decorator moved by a refactor)."""
+    from pingctl.infer.pairs import clean_address
+
+    f = tmp_path / "rep.csv"
+    f.write_text("src,dst\n" + "1.2.3.4,5.6.7.8\n" * 50)
+    clean_address.cache_clear()
+    assert len(read_pairs(f).src) == 50
+    assert clean_address.cache_info().misses == 2 and clean_address.cache_info().hits == 98
+
+
 def test_a_pairs_row_and_a_single_query_refuse_the_same_addresses_alike():
     """--src/--dst and --pairs share one check, so they cannot drift apart: the --src message is
     the --pairs row's detail after the option's name."""

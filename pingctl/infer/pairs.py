@@ -85,7 +85,6 @@ class Pairs:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]["rows"]))
 
 
-@functools.lru_cache(maxsize=1 << 16)  # a table of packets repeats its addresses many times
 def check_measurable(text: str) -> None:
     """Refuse (`AddressError`) what no measurement records, whole address or pattern alike:
     nothing, an IPv6 zone id (fe80::1%eth0 names a local interface) and an IPv4-mapped IPv6
@@ -108,6 +107,7 @@ def check_measurable(text: str) -> None:
                                           f"address itself: ask for {ask}")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a table of packets repeats its addresses many times
 def clean_address(text: str) -> tuple[str, int]:
     """A whole address as a measurement records it -> (canonical text, family); raises
     `AddressError` with a reason key of `REASONS`."""
