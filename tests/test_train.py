@@ -248,6 +248,19 @@ def test_log_parser_pairs_eval_with_its_train_step():
     ]
 
 
+def test_throughput_leaves_out_both_warm_up_steps():
+    # The shape of a 40-step H200 run: compilation in step 0, a slow step 1, then steady steps.
+    secs = [3.7, 2.7] + [0.16] * 38
+    recs = [{"kind": "train", "step": k, "step_seconds": s, "tokens_per_s_per_device": 65536 / s}
+            for k, s in enumerate(secs)]
+    tps, step_s = M.throughput(recs)
+    assert tps == pytest.approx(65536 / 0.16) and step_s == pytest.approx(0.16)
+    # Short runs fall back to what there is rather than reporting nothing.
+    assert M.throughput(recs[:2])[1] == pytest.approx(2.7)
+    assert M.throughput(recs[:1])[1] == pytest.approx(3.7)
+    assert M.throughput([]) == (0.0, None)
+
+
 def test_generalization_gap_compares_the_last_eval_with_the_steps_before_it():
     recs = [{"kind": "train", "step": k, "loss": 4.0 if k < 40 else 2.0} for k in range(100)]
     recs += [{"kind": "eval", "step": 50, "eval_loss": 3.0}, {"kind": "eval", "step": 99, "eval_loss": 2.9}]

@@ -217,7 +217,7 @@ def bench_train(
     rows: Annotated[Path | None, typer.Argument(help="Training rows (default: synthetic).")] = None,
     presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,small",
     steps: Annotated[int, typer.Option(
-        min=3, help="Steps per preset (the first, compilation, is not timed).")] = 20,
+        min=3, help="Steps per preset (the first two, warm-up, are not timed).")] = 20,
     seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
     batch_size: Annotated[int, typer.Option(min=1, help="Global batch size.")] = 8,
     hardware: Annotated[str, typer.Option(help="cpu | gpu.")] = "cpu",

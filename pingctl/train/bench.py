@@ -57,7 +57,7 @@ def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int,
         "device": kind,
         "config": {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "hardware": hardware},
         "notes": [
-            "tokens/s: time-weighted over all steps but the first (compilation); "
+            "tokens/s: time-weighted over all steps but the first two (compilation, warm-up); "
             "model TFLOP/s = 6 x parameters x tokens/s; MFU against dense bf16 peak on GPUs",
             "wall_s includes imports, compilation and checkpoint writing",
         ],

@@ -255,11 +255,7 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
     mine = parser.records or records
     train = [r for r in mine if r["kind"] == "train"]
     ev = [r for r in mine if r["kind"] == "eval"]
-    this = [r for r in parser.records if r["kind"] == "train"]
-    steady = this[1:] or this  # the first step includes compilation
-    busy = sum(r["step_seconds"] for r in steady)
-    # time-weighted: a mean of per-step rates would overweight the fast steps
-    tps = sum(r["tokens_per_s_per_device"] * r["step_seconds"] for r in steady) / busy if busy else 0.0
+    tps, step_s = M.throughput([r for r in parser.records if r["kind"] == "train"])
     n_params = parameters(cfg)
     gap = M.generalization_gap(records)
     warnings = []
@@ -286,7 +282,7 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
         "generalization_gap": gap,
         "warnings": warnings,
         "tokens_per_s_per_device": tps,
-        "step_seconds": sum(r["step_seconds"] for r in steady) / len(steady) if steady else None,
+        "step_seconds": step_s,
         "model_flops_per_token": 6 * n_params,
         "checkpoints": checkpoint_steps(run),
         "tensorboard": str(run / MAXTEXT_RUN_NAME / "tensorboard"),

@@ -144,6 +144,23 @@ def plot_loss(records: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+# The first two steps of every invocation are warm-up, not throughput: step 0 compiles, and step 1
+# was also slow on CPU and on an H200 (2.5-2.7 s, against 0.02-0.4 s for the steps after it).
+# Counting step 1 understated an H200's rate by 18-29% in a 40-step benchmark.
+WARMUP_STEPS = 2
+
+
+def throughput(train: list[dict]) -> tuple[float, float | None]:
+    """(tokens/s per device, mean seconds per step) of one invocation's train records after warm-up.
+
+    Time-weighted: a mean of per-step rates would overweight the fast steps. Too short a run
+    for that falls back to all but the first step, then to what there is."""
+    steady = train[WARMUP_STEPS:] or train[1:] or train
+    busy = sum(r["step_seconds"] for r in steady)
+    tps = sum(r["tokens_per_s_per_device"] * r["step_seconds"] for r in steady) / busy if busy else 0.0
+    return tps, (busy / len(steady) if steady else None)
+
+
 GAP_WARN_NATS = 0.5
 
 
