@@ -460,3 +460,25 @@ def test_ctrl_c_keeps_the_metrics_of_the_steps_already_run(rows, tmp_path):
         f.write('{"kind": "train", "step": 3, "lo')
     r = runner.invoke(app, ["inspect", str(run)])
     assert r.exit_code == 1 and "metrics.jsonl, line" in r.output
+
+
+def test_multi_node_workers_join_the_job_before_counting_its_devices(tmp_path):
+    # Two "nodes" on this machine, with the variables the sbatch script exports: each worker
+    # must see both processes' devices, so the per-device batch is the global batch / 2.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "from pingctl.train.worker import _job_devices; import jax; "
+        "n, platform = _job_devices(); print(n, platform, jax.process_count(), jax.distributed.is_initialized())"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COORDINATOR_IP": "127.0.0.1",
+           "JAX_COORDINATOR_PORT": str(port), "NNODES": "2"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**env, "NODE_RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert out.split() == ["2", "cpu", "2", "True"], out

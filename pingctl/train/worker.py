@@ -24,6 +24,24 @@ def _env_before_jax(hardware: str) -> None:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def _job_devices() -> tuple[int, str]:
+    """(devices of the whole job, their platform), joining the JAX distributed system first.
+
+    The sbatch script exports JAX_COORDINATOR_IP/PORT, NNODES and NODE_RANK for MaxText, which
+    joins the nodes inside its `main`. But the batch size MaxText takes is per device, and
+    counting the devices initialises JAX's backends, after which `jax.distributed.initialize`
+    refuses to run: every multi-node job failed so. Joined here with MaxText's own helper, MaxText
+    finds the system initialised and goes on.
+    """
+    import jax
+
+    if os.environ.get("JAX_COORDINATOR_IP") and not jax.distributed.is_initialized():
+        from maxtext.utils.max_utils import initialize_jax_for_gpu
+
+        initialize_jax_for_gpu({"jax_distributed_initialization_timeout": 300})  # MaxText's default
+    return jax.device_count(), jax.devices()[0].platform
+
+
 def _time_bounded(base: type, run: Path, deadline: float, minutes: float) -> type:
     """A MaxText data iterator that ends training at the first checkpoint committed after `deadline`.
 
@@ -105,8 +123,8 @@ def main(run_dir: str) -> None:
     minutes = cfg.train.max_minutes
     bound = (run, time.time() + 60.0 * minutes, minutes) if minutes else None
     _env_before_jax(cfg.train.hardware)
+    devices, platform = _job_devices()  # before MaxText's imports, in case one touches a backend
 
-    import jax
     from absl import app
     from maxtext.input_pipeline import input_pipeline_interface as ipi
     from maxtext.trainers.pre_train import train
@@ -116,7 +134,6 @@ def main(run_dir: str) -> None:
     eval_rows = cfg.train.eval_rows or cfg.train.train_rows
     ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None)
 
-    devices = jax.device_count()
     if cfg.loader.batch_size % devices:
         sys.exit(f"loader.batch_size={cfg.loader.batch_size} is not divisible by the {devices} devices")
     argv = [
