@@ -243,7 +243,9 @@ class TrainConfig(Section):
     train_rows: str = Field("", description="build-rows output of the training split")
     eval_rows: str | None = Field(None, description="build-rows output of the validation split")
     hardware: Literal["cpu", "gpu", "tpu"] = Field("cpu", description="MaxText hardware")
-    attention: str = Field("dot_product", description="MaxText attention kernel (cudnn_flash_te on GPU)")
+    attention: str = Field(
+        "auto", description="MaxText attention kernel; auto: flash on a job of one GPU, dot_product otherwise"
+    )
     steps: int = Field(200, ge=1, description="training steps")
     learning_rate: float = Field(3e-3, gt=0, description="peak learning rate (cosine schedule)")
     warmup_fraction: float = Field(0.05, ge=0, lt=1, description="share of steps spent warming up")

@@ -593,3 +593,22 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     # averaged weights have no single checkpoint for the engine: whole sequences, same numbers
     avg = LoadedModel.load(tiny_run, [cached.step, cached.step])
     assert avg._items is None and Q.rtt_distributions(avg, prompts[:1])[0].quantile(0.5) == want[0].quantile(0.5)
+
+
+def test_a_run_trained_with_gpu_flash_attention_is_asked_on_this_cpu(model, tiny_run, pair, tmp_path):
+    # `train.attention: auto` trains one GPU with MaxText's flash kernel, which on a CPU names TPU
+    # kernels; the weights are the same whatever the kernel, so inference always uses dot_product.
+    import shutil
+
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+
+    run = tmp_path / "gpu-flash"
+    shutil.copytree(tiny_run, run)
+    yml = (run / "maxtext.yml").read_text()
+    assert 'attention: "dot_product"' in yml
+    (run / "maxtext.yml").write_text(yml.replace('attention: "dot_product"', 'attention: "flash"'))
+    prefix = Q.query_prefix(*pair, None, np.zeros(0, np.int32), None)
+    want, got = Q.rtt_distribution(model, prefix), Q.rtt_distribution(LoadedModel.load(run), prefix)
+    assert got.p_fail == pytest.approx(want.p_fail, abs=1e-6)
+    np.testing.assert_allclose(got.probs, want.probs, atol=1e-6)

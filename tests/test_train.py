@@ -124,6 +124,8 @@ def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("config.yaml", "maxtext.yml", "train.log", "metrics.jsonl", "summary.json"):
         assert (run / name).exists(), name
+    assert 'attention: "dot_product"' in (run / "maxtext.yml").read_text()  # what `auto` renders
+    assert "pingctl: train.attention=auto -> dot_product (1 cpu device(s))" in (run / "train.log").read_text()
     second = _train([*common, "--steps", "60"])
     assert second.returncode == 0, second.stderr[-3000:]
     s2 = json.loads(second.stdout)
@@ -246,6 +248,20 @@ def test_log_parser_pairs_eval_with_its_train_step():
         {"kind": "train", "step": 10, "loss": 4.239, "step_seconds": 0.087, "tokens_per_s_per_device": 11768.897,
          "tflops_per_device": 0.01, "target_tokens": 955.0},
     ]
+
+
+@pytest.mark.parametrize("requested, platform, devices, kernel", [
+    ("auto", "gpu", 1, "flash"),            # segment-masked Pallas-Triton: 2x dot_product on an H200
+    ("auto", "gpu", 8, "dot_product"),      # MaxText calls the flash kernel without a sharding rule
+    ("auto", "cpu", 1, "dot_product"),      # on CPU MaxText's flash means TPU kernels
+    ("auto", "tpu", 4, "dot_product"),
+    ("cudnn_flash_te", "gpu", 8, "cudnn_flash_te"),  # an explicit choice is kept
+    ("dot_product", "gpu", 1, "dot_product"),
+])
+def test_auto_attention_is_flash_only_on_a_job_of_one_gpu(requested, platform, devices, kernel):
+    from pingctl.train.render import attention_kernel
+
+    assert attention_kernel(requested, platform, devices) == kernel
 
 
 def test_throughput_leaves_out_both_warm_up_steps():

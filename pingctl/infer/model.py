@@ -201,7 +201,9 @@ class LoadedModel:
             mt = pyconfig.initialize([
                 "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hw}",
                 "skip_jax_distributed_system=true", "enable_checkpointing=false", "per_device_batch_size=1",
-                "enable_tensorboard=false",
+                # the kernel does not change the weights: a run trained with flash on a GPU is
+                # asked on a CPU too, where MaxText's flash means TPU kernels
+                "enable_tensorboard=false", "attention=dot_product",
             ])
             model, mesh = model_creation_utils.from_pretrained(mt)
             return mt, mesh, *nnx.split(model)

@@ -141,6 +141,12 @@ def main(run_dir: str) -> None:
         str(run / "maxtext.yml"),
         f"per_device_batch_size={cfg.loader.batch_size / devices}",
     ]
+    if cfg.train.attention == "auto":
+        from pingctl.train.render import attention_kernel
+
+        kernel = attention_kernel("auto", platform, devices)
+        print(f"pingctl: train.attention=auto -> {kernel} ({devices} {platform} device(s))", flush=True)
+        argv.append(f"attention={kernel}")
     app.run(train.main, argv=argv)
 
 
