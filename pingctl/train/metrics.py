@@ -145,8 +145,9 @@ def plot_loss(records: list[dict], path: Path, title: str) -> None:
 
 
 # The first two steps of every invocation are warm-up, not throughput: step 0 compiles, and step 1
-# was also slow on CPU and on an H200 (2.5-2.7 s, against 0.02-0.4 s for the steps after it).
-# Counting step 1 understated an H200's rate by 18-29% in a 40-step benchmark.
+# was slow too, on CPU and on an H200 (`base` there: 2.7-3.1 s against 0.16-0.31 s for the steps
+# after it; `small` on a 2-core CPU: 34 s against ~25 s). Counting step 1 understated the H200's
+# rate by 18-29% in a 40-step benchmark.
 WARMUP_STEPS = 2
 
 
