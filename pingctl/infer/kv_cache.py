@@ -43,7 +43,7 @@ class SecondBytes:
     """Scores candidate second bytes after prompts that end with RttStart, sharing each prompt's cache."""
 
     def __init__(self, run: Path, items: Path, hardware: str, seq_len: int, byte0: int):
-        from maxtext.configs import pyconfig
+        from pingctl.infer.model import inference_config
 
         self.seq_len, self.byte0 = seq_len, byte0
         # its import and restore print notes ("jetstream: dependency missing", Orbax metadata):
@@ -52,12 +52,8 @@ class SecondBytes:
             from maxtext.inference.maxengine import maxengine as me
 
             _register_result_tokens(me.engine_api)
-            cfg = pyconfig.initialize([
-                "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hardware}",
-                "skip_jax_distributed_system=true", "enable_checkpointing=false", f"per_device_batch_size={SLOTS}",
-                "enable_tensorboard=false", f"max_prefill_predict_length={seq_len}",
-                f"max_target_length={seq_len + 8}", "attention=dot_product", "return_log_prob=false",
-            ])
+            cfg = inference_config(run, items, hardware, SLOTS, f"max_prefill_predict_length={seq_len}",
+                                   f"max_target_length={seq_len + 8}", "return_log_prob=false")
             self.engine = me.MaxEngine(cfg)
             self.params = self.engine.load_params()
 

@@ -41,6 +41,20 @@ def _env(hardware: str) -> None:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def inference_config(run: Path, items: Path, hardware: str, batch: int, *extra: str):
+    """The MaxText config every inference path builds from a run's `maxtext.yml` (plain forward
+    passes and the key-value-cache engine), plus `extra` key=value overrides."""
+    from maxtext.configs import pyconfig
+
+    return pyconfig.initialize([
+        "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hardware}",
+        "skip_jax_distributed_system=true", "enable_checkpointing=false", f"per_device_batch_size={batch}",
+        # the kernel does not change the weights: a run trained with flash on a GPU is asked on
+        # a CPU too, where MaxText's flash means TPU kernels
+        "enable_tensorboard=false", "attention=dot_product", *extra,
+    ])
+
+
 def trained_with_timestamps(mode_weights) -> bool:
     """False only for a run whose loader never timestamped a measurement (mode `none` alone):
     its prompts must then carry no timestamps either, or they are out of its distribution."""
@@ -180,7 +194,6 @@ class LoadedModel:
         jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         from flax import nnx
-        from maxtext.configs import pyconfig
         from maxtext.utils import model_creation_utils
 
         def restore(items: Path):
@@ -198,13 +211,7 @@ class LoadedModel:
                 ) from e
 
         def _restore(items: Path):
-            mt = pyconfig.initialize([
-                "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hw}",
-                "skip_jax_distributed_system=true", "enable_checkpointing=false", "per_device_batch_size=1",
-                # the kernel does not change the weights: a run trained with flash on a GPU is
-                # asked on a CPU too, where MaxText's flash means TPU kernels
-                "enable_tensorboard=false", "attention=dot_product",
-            ])
+            mt = inference_config(run, items, hw, batch=1)
             model, mesh = model_creation_utils.from_pretrained(mt)
             return mt, mesh, *nnx.split(model)
 

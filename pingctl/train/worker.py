@@ -30,7 +30,7 @@ def _job_devices() -> tuple[int, str]:
     The sbatch script exports JAX_COORDINATOR_IP/PORT, NNODES and NODE_RANK for MaxText, which
     joins the nodes inside its `main`. But the batch size MaxText takes is per device, and
     counting the devices initialises JAX's backends, after which `jax.distributed.initialize`
-    refuses to run: every multi-node job failed so. Joined here with MaxText's own helper, MaxText
+    refuses to run, so every multi-node job would fail. Joined here with MaxText's own helper, MaxText
     finds the system initialised and goes on.
     """
     import jax
