@@ -33,6 +33,7 @@ def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp
     assert {"model", "global_median", "pair_median", "prefix_median", "vivaldi", "context_median"} <= set(rep["predictors"])
     assert rep["predictors"]["model"]["info"]["context_policy"] == "probe"
     assert rep["predictors"]["model"]["info"]["context_per_pair"] == 0  # as the run was trained
+    assert rep["predictors"]["model"]["info"]["device"] == "cpu"
     m = rep["predictors"]["model"]
     assert m["slices"]["all"]["n"] > 0 and np.isfinite(m["slices"]["all"]["median_rel_err"])
     assert 0 <= m["failure"]["brier"] <= 1 if m.get("failure") else True
@@ -241,6 +242,7 @@ def test_eval_refuses_bad_splits_and_seeds_before_the_model_loads(tiny_run, tmp_
         (["--test", str(tmp_path / "negrtt.parquet")], "through `pingctl shard`", 1),
         (["--test", str(tmp_path / "train.parquet"), "--seed", "-1"], "--seed", 2),
         (["--test", str(tmp_path / "train.parquet"), "--set", "eval.seed=-1"], "eval.seed = -1", 2),
+        (["--test", str(tmp_path / "train.parquet"), "--hardware", "tpu"], "--hardware 'tpu': expected one of", 2),
     ):
         r = runner.invoke(app, [*base, *args])
         text = " ".join(r.output.split())  # the message may wrap

@@ -262,6 +262,7 @@ def test_cli_queries_and_validation(tiny_run, synth_rows, pair, tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["mode"] == "distribution" and res["p5_ms"] <= res["p50_ms"] <= res["p95_ms"]
+    assert res["device"] == "cpu"  # the fixture trained for the CPU, and is asked there
     assert (tmp_path / "d.png").read_bytes()[:4] == b"\x89PNG"
     # the exact distribution itself, for the user's own analysis
     for name in ("dist.parquet", "dist.json"):
@@ -458,6 +459,8 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
         (["--n", "2", "--until", "1999-12-31"], "--until 1999-12-31 00:00:00: generated rows are canonical", 2),
         (["--n", "2", "--since", "2999-01-01"], "shard would set this one aside", 2),
         (["--n", "2", "--since", "soon"], "--since 'soon'", 2),
+        (["--src", v4, "--dst", v4b, "--hardware", "tpu"], "--hardware 'tpu': expected one of cpu, gpu", 2),
+        (["--pairs", str(tmp_path / "afile"), "--hardware", "cuda"], "--hardware 'cuda'", 2),
     ):
         r = runner.invoke(app, ["sample", run, *args])
         assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, (args, r.output)
@@ -612,3 +615,31 @@ def test_a_run_trained_with_gpu_flash_attention_is_asked_on_this_cpu(model, tiny
     want, got = Q.rtt_distribution(model, prefix), Q.rtt_distribution(LoadedModel.load(run), prefix)
     assert got.p_fail == pytest.approx(want.p_fail, abs=1e-6)
     np.testing.assert_allclose(got.probs, want.probs, atol=1e-6)
+
+
+def test_hardware_option_picks_where_the_model_runs(model, tiny_run, pair, tmp_path):
+    """A run trained for a GPU is asked on this CPU by default (JAX finds no GPU), and with
+    --hardware cpu MaxText is told so; an explicit --hardware gpu here is refused, named,
+    rather than run quietly on the CPU."""
+    import shutil
+
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+
+    run = tmp_path / "gpu-run"
+    shutil.copytree(tiny_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["train"]["hardware"] = "gpu"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    prefix = Q.query_prefix(*pair, None, np.zeros(0, np.int32), None)
+    want = Q.rtt_distribution(model, prefix)
+    default, cpu = LoadedModel.load(run), LoadedModel.load(run, hardware="cpu")
+    assert (default._hardware, default.device) == ("gpu", "cpu")
+    assert (cpu._hardware, cpu.device) == ("cpu", "cpu")
+    for m in (default, cpu):
+        np.testing.assert_allclose(Q.rtt_distribution(m, prefix).probs, want.probs, atol=1e-6)
+    r = runner.invoke(app, ["sample", str(run), "--src", pair[0], "--dst", pair[1], "--hardware", "gpu"])
+    assert r.exit_code == 1 and "--hardware gpu: JAX finds no GPU on this machine (devices: cpu)" in r.output, r.output
+    assert "Traceback" not in r.output
+    r = runner.invoke(app, ["bench", "sample", str(run), "--hardware", "gpu", "--queries", "1"])
+    assert r.exit_code == 1 and "JAX finds no GPU" in r.output, r.output

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
+from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
                                 say)
 from pingctl.errors import PingctlError, UsageError
 
@@ -245,6 +245,7 @@ def bench_sample(
         min=0, help="Of those, how many to time with every code computed (0: skip).")] = 4,
     streams: Annotated[int, typer.Option(min=0, help="Streams of 4 measurements to generate (0: skip).")] = 8,
     step: StepOpt = None,
+    hardware: HardwareOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -254,12 +255,13 @@ def bench_sample(
     """
     from pingctl.cli.common import step_progress
     from pingctl.infer.bench import bench_sample as run_bench
-    from pingctl.infer.model import LoadedModel, parse_steps
+    from pingctl.infer.model import LoadedModel, check_hardware, parse_steps
 
+    check_hardware(hardware)
     sizes = _counts(context, "--context", 0)
     steps = parse_steps(step)
     _check_out(out)
-    model = LoadedModel.load(run, steps)
+    model = LoadedModel.load(run, steps, hardware)
     with step_progress("bench sample") as bar:
         result = run_bench(model, queries, sizes, exact_queries, streams, progress=lambda what: bar(what, 0, None))
     report(result, as_json, out)

@@ -30,6 +30,9 @@ SetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")]
 MemoryLimitOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e.g. 4GB (larger inputs spill).")]
+HardwareOpt = Annotated[str | None, typer.Option(
+    help="Run the model on cpu or gpu (default: as the run was trained, its train.hardware; a run "
+         "trained for a GPU is then asked on the CPU where JAX finds none).")]
 StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]

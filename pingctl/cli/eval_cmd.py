@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
+from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
                                 step_progress)
 
 
@@ -31,6 +31,7 @@ def evaluate(
     seed: Annotated[int | None, typer.Option(
         min=0, help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
     step: StepOpt = None,
+    hardware: HardwareOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -42,9 +43,10 @@ def evaluate(
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
     """
     from pingctl.eval.run import evaluate as run_eval
-    from pingctl.infer.model import parse_steps
+    from pingctl.infer.model import check_hardware, parse_steps
 
     steps = parse_steps(step)
+    check_hardware(hardware)
     cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
                                 "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair}).eval
     queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
@@ -52,7 +54,7 @@ def evaluate(
 
     with step_progress("eval") as report_progress:
         report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
-                          per_pair=context_per_pair, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                          per_pair=context_per_pair, hardware=hardware, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
+from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
                                 handle_errors, json_default, kv_table, load, option_time, read_valid_rows, say)
 from pingctl.errors import PingctlError, UsageError
 from pingctl.schema import utc_text
@@ -83,6 +83,7 @@ def sample(
         "--exact", help="--pairs: compute all 65,536 codes per pair, as a single query does (the means "
                         "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
     step: StepOpt = None,
+    hardware: HardwareOpt = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed (inverse search, generation).")] = None,
     temperature: Annotated[float | None, typer.Option(
         help="Sampling temperature (inverse search, generation).")] = None,
@@ -103,8 +104,10 @@ def sample(
 
     from pingctl.atomic import unwritable_reason
     from pingctl.infer import queries as Q
-    from pingctl.infer.model import LoadedModel, parse_steps, run_config, trained_with_timestamps, untimed_run
+    from pingctl.infer.model import (LoadedModel, check_hardware, parse_steps, run_config, trained_with_timestamps,
+                                     untimed_run)
 
+    check_hardware(hardware)
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     rng = np.random.default_rng(cfg.sample.seed)
     # the prompt builder takes the bare address: strip here, and pass the stripped text on
@@ -131,7 +134,7 @@ def sample(
         sample_pairs.check_options(out)
         ctx, ctx_read, ctx_prb = _read_context(context) if context is not None else (None, None, None)
         sample_pairs.answer_pairs(run, pairs, ctx, ctx_read, context_per_pair, out, exact, parse_steps(step), as_json,
-                                  ctx_prb)
+                                  ctx_prb, hardware)
         return
     if src and dst and not _is_pattern(src) and not _is_pattern(dst) and rtt is None:
         mode = "distribution"
@@ -197,9 +200,9 @@ def sample(
                            "addresses), so it cannot answer from an RTT to addresses; ask a run trained with "
                            "result_last < 1, or ask this one for the RTT distribution of candidate pairs")
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps)
+        model = LoadedModel.load(run, steps, hardware)
     result: dict = {"mode": mode, "run": str(run), "step": model.step, "steps": list(model.steps),
-                    "timestamps": model.timestamps}
+                    "timestamps": model.timestamps, "device": model.device}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     if ctx is not None:
         per_pair = model.max_per_pair if context_per_pair is None else context_per_pair

@@ -34,7 +34,8 @@ def check_options(out: Path | None) -> None:
 
 
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
-                 out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None) -> None:
+                 out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
+                 hardware: str | None = None) -> None:
     from pingctl.infer import pairs as P
     from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
 
@@ -53,7 +54,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "each time is its own question (the prompt's context and timestamp depend on it). To ask once "
             "per pair, drop the time column or leave it empty.", err=True, label="note: ")
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps)
+        model = LoadedModel.load(run, steps, hardware)
     per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
@@ -65,7 +66,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "pairs": str(pairs_path), "exact": exact}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
-              "distinct": pairs.distinct, "distinct_pairs": n_pairs}
+              "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": model.device}
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
@@ -91,7 +92,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         ("distinct (src, dst, time) asked", result["distinct"]),
         ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
-        ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
+        ("device", model.device), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
         *([("rejects", str(rejects_path(out)))] if out is not None else []),
     ])])

@@ -16,18 +16,21 @@ from pingctl.eval.report import (add_predictor, baseline_table, compare, is_plot
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
              queries: int = 300, context: int = 16, seed: int = 0, step: int | list[int] | None = None,
              vivaldi_rounds: int = 2000, policy: str = "probe", per_pair: int | None = None,
+             hardware: str | None = None,
              progress=lambda _step, _done=0, _total=None: None) -> dict:
     """Model and baselines on the same `queries` test packets; writes report.json and plots.
 
     `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none;
-    `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained).
+    `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained);
+    `hardware` (cpu | gpu) runs the model there (None: as the run was trained).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     from pingctl.eval.model import check_policy, predict
-    from pingctl.infer.model import LoadedModel, run_config
+    from pingctl.infer.model import LoadedModel, check_hardware, run_config
     from pingctl.infer.queries import check_per_pair
     from pingctl.synth.truth import load_truth
 
     check_policy(policy)  # before the splits and the model are loaded
+    check_hardware(hardware)
     check_per_pair(per_pair)
     if queries < 1 or context < 0:
         raise UsageError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
@@ -54,7 +57,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     progress("fitting baselines")
     report = baseline_table(train, sub, truth=str(truth) if truth else None, vivaldi_rounds=vivaldi_rounds, seed=seed)
     progress(f"loading the model from {run}")
-    model = LoadedModel.load(run, step)
+    model = LoadedModel.load(run, step, hardware)
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
     per_pair = model.max_per_pair if per_pair is None else per_pair
@@ -65,7 +68,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
                   pit=pred["pit"], p_fail=pred["p_fail"],
                   info={"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
-                        "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
+                        "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "device": model.device, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
     if policy == "probe":
         _add_context_median(report, pred["context_median"])
     # show the model first

@@ -96,6 +96,7 @@ def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, s
         "table": table,
         "run": str(model.run),
         "step": model.step,
+        "device": model.device,
         "seq_len": model.seq_len,
         "batch": model.batch,
         "notes": [

@@ -22,7 +22,17 @@ LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_BATCHES = (8,)
 
 
-def _env(hardware: str) -> None:
+HARDWARE = ("cpu", "gpu")
+
+
+def check_hardware(hardware: str | None) -> str | None:
+    """`--hardware` as typed (None: as the run was trained), checked before anything slow."""
+    if hardware is not None and hardware not in HARDWARE:
+        raise UsageError(f"--hardware {hardware!r}: expected one of {', '.join(HARDWARE)}")
+    return hardware
+
+
+def _env(hardware: str, forced: bool = False) -> None:
     from pingctl.train.xla import set_xla_flags
 
     set_xla_flags(hardware)
@@ -38,7 +48,23 @@ def _env(hardware: str) -> None:
     logging.getLogger().setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     if hardware == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        # asked for by name, the CPU wins over a JAX_PLATFORMS the shell exported
+        if forced:
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        else:
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def _require_gpu(jax) -> None:
+    """`--hardware gpu` on a machine without one: JAX would quietly run on the CPU instead,
+    tens of times slower than the user planned for."""
+    try:
+        platforms = sorted({d.platform for d in jax.devices()})
+    except RuntimeError as e:  # e.g. JAX_PLATFORMS=cuda without a working CUDA plugin
+        raise PingctlError(f"--hardware gpu: JAX cannot start a GPU backend here ({str(e).splitlines()[0][:200]})") from None
+    if "gpu" not in platforms:
+        raise PingctlError(f"--hardware gpu: JAX finds no GPU on this machine (devices: {', '.join(platforms)}); "
+                           "install a CUDA-enabled jax, or ask on the CPU with --hardware cpu")
 
 
 def inference_config(run: Path, items: Path, hardware: str, batch: int, *extra: str):
@@ -174,21 +200,27 @@ class LoadedModel:
     steps: tuple[int, ...] = ()  # the checkpoints whose weights were averaged (one: `step` itself)
     _items: Path | None = None  # the one checkpoint's Orbax items (None for averaged weights)
     _hardware: str = "cpu"
+    device: str = "cpu"  # the JAX platform the forward passes run on (cpu, gpu, tpu)
     _kv: object = None  # kv_cache.SecondBytes once built; False when it cannot be
 
     @classmethod
     def load(cls, run_dir: Path | str, step: int | Sequence[int] | None = None, hardware: str | None = None,
              batch: int = 32):
-        """`step`: one checkpoint (default: the latest) or several, whose weights are averaged."""
+        """`step`: one checkpoint (default: the latest) or several, whose weights are averaged.
+        `hardware`: cpu | gpu (None: the run's train.hardware; a run trained for a GPU is then
+        asked on the CPU where JAX finds none, while an explicit gpu insists on one)."""
         from pingctl.train.render import MAXTEXT_RUN_NAME
 
         run = Path(run_dir).resolve()
         cfg = run_config(run)
         steps = _steps(run, step)
         paths = [run / MAXTEXT_RUN_NAME / "checkpoints" / str(s) / "items" for s in steps]
-        hw = hardware or ("cpu" if cfg.train.hardware == "cpu" else cfg.train.hardware)
-        _env(hw)
+        hw = check_hardware(hardware) or cfg.train.hardware
+        _env(hw, forced=hardware is not None)
         import jax
+
+        if hardware == "gpu":
+            _require_gpu(jax)
 
         # Reuse compiled forward shapes across invocations (the same cache training uses).
         jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
@@ -235,7 +267,7 @@ class LoadedModel:
 
         return cls(run, steps[-1], cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward,
                    state, cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps),
-                   paths[0] if len(paths) == 1 else None, hw)
+                   paths[0] if len(paths) == 1 else None, hw, jax.devices()[0].platform)
 
     @property
     def label(self) -> str:
