@@ -7,6 +7,17 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    """A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits
+    SIGINT ignored, and Python then never raises KeyboardInterrupt, in this process or in the
+    `pingctl` children it starts: the Ctrl-C tests would fail for the launch, not the code.
+    Give Ctrl-C its usual meaning here; exec resets a handled signal to default in children."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 SHARED = REPO.parent / "shared"
 RIPE_DIR = SHARED / "data" / "ripe-atlas"
 
