@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+RIPE_DIR = SHARED / "data" / "ripe-atlas"
 
 
 def pytest_configure(config):
@@ -18,8 +20,6 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-SHARED = REPO.parent / "shared"
-RIPE_DIR = SHARED / "data" / "ripe-atlas"
 
 
 @pytest.fixture

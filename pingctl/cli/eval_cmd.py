@@ -43,10 +43,9 @@ def evaluate(
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
     """
     from pingctl.eval.run import evaluate as run_eval
-    from pingctl.infer.model import check_hardware, parse_steps
+    from pingctl.infer.model import parse_steps
 
     steps = parse_steps(step)
-    check_hardware(hardware)
     cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
                                 "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair}).eval
     queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
