@@ -13,7 +13,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -402,7 +402,7 @@ def test_json_array_layouts():
     assert lines[0] == 2 and lines == sorted(lines)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60)
 @given(
     values=st.lists(
         st.dictionaries(
@@ -630,7 +630,7 @@ def test_oversized_line_is_skipped():
     assert c["results_written"] == 2 and [(x["line"], x["reason"]) for x in rej.kept] == [(2, "too_large")]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.binary(max_size=3000), st.integers(1, 300))
 def test_random_bytes_never_raise(data, chunk):
     _, c, rej = ingest_bytes(data, chunk=chunk)
@@ -641,7 +641,7 @@ def test_random_bytes_never_raise(data, chunk):
 _VALID = jl(res(), res(af=6, dst_addr="2a00::1", src_addr="2a01::2", **{"from": "2a01::3"}), res(result=[{"x": "*"}, {"rtt": 1.0, "dup": 1}, {"error": "e"}]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.data())
 def test_mutated_results_never_raise(data):
     buf = bytearray(_VALID)
@@ -661,7 +661,7 @@ def test_mutated_results_never_raise(data):
     assert reconcile(c) == []
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.data())
 def test_field_type_swaps_never_raise(data):
     junk = st.none() | st.booleans() | st.integers() | st.integers(2**62, 2**64) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6) | st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)

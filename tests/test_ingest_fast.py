@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pingctl.ingest.core import ingest_bytes, ingest_file
@@ -243,7 +243,7 @@ _JUNK = (
 _PACKET = st.dictionaries(st.sampled_from(["rtt", "x", "error", "dup", "late", "ttl"]), _JUNK | st.floats(0, 1e4), max_size=3)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(st.data())
 def test_fast_path_matches_generic_property(data):
     lines = []
@@ -264,7 +264,7 @@ def test_fast_path_matches_generic_property(data):
     _both(b"\n".join(lines) + b"\n", **opts)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.one_of(
     st.floats(0, 1e6, allow_nan=False).map(repr),
     st.integers(0, 2**70).map(str),

@@ -111,7 +111,7 @@ def test_inspect_never_crashes_on_arbitrary_sample_outputs(tmp_path, suffix):
         st.fixed_dictionaries({k: st.lists(scalars, min_size=1, max_size=3) for k in ("code", "rtt_ms", "probability")}),
     ).map(json.dumps)
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(st.one_of(st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
                      tables if suffix == ".csv" else documents))
     def check(text):

@@ -135,7 +135,7 @@ FIELDS = st.sampled_from(["1.2.3.4", "5.6.7.8", "2001:db8::1", "::1", "::ffff:1.
                           "nan", "1e300", '"', ",", "\n", "ä"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.lists(st.lists(FIELDS, min_size=0, max_size=5), max_size=12))
 def test_fuzzed_pairs_files_reconcile_or_fail_with_a_named_error(tmp_path_factory, records):
     buf = io.StringIO()

@@ -7,7 +7,7 @@ import ipaddress
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -30,7 +30,7 @@ from pingctl.tokenizer.packing import pack_contexts
 from pingctl.tokenizer.rtt_codec import MAX_CODE, MAX_MS, MAX_US, decode_rtt, encode_rtt, error_bound_ms
 from tests.conftest import make_table
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60)
 I64 = np.iinfo(np.int64)
 
 # ---------------------------------------------------------------- strategies

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pingctl.tokenizer import (
@@ -23,7 +23,7 @@ from pingctl.tokenizer import (
 from pingctl.tokenizer.decode import ERROR_KINDS
 from tests.test_tokenizer import measurements
 
-SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=80)
 VOCAB = {"compact": COMPACT, "full": FULL}
 
 
@@ -49,7 +49,7 @@ def _stream(scheme, seed=0):
 # ---------------------------------------------------------------- grammar on valid streams
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40)
 @given(measurements(max_n=8), st.sampled_from(["compact", "full"]), st.integers(0, 1000))
 def test_grammar_accepts_every_encoded_stream_token_by_token(m, scheme, seed):
     tokens = encode(m, scheme, rng=np.random.default_rng(seed)).tokens.tolist()
