@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,17 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Fixtures that train a model (~30 s each, built once per session by whichever worker asks first).
+TRAINED = {"tiny_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that need a trained model go last: pytest-xdist hands each worker a contiguous part of
+    the list, so one worker trains while the other still has model-free tests to run, instead of
+    both reaching a model test at once and one waiting on the other's lock."""
+    items.sort(key=lambda item: bool(TRAINED & set(getattr(item, "fixturenames", ()))))
 
 
 @pytest.fixture
@@ -66,17 +79,41 @@ def make_table(n: int = 2000, probes: int = 20, targets: int = 5, seed: int = 0,
     return pa.table(cols)
 
 
+def shared_root(tmp_path_factory) -> Path:
+    """One folder for the whole test session: with pytest-xdist each worker has its own basetemp,
+    and their common parent is this session's; without it, the basetemp itself."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(path: Path, build) -> Path:
+    """`build(tmp)` once per session however many workers ask: the first builds under a file lock
+    into a temp sibling and renames it into place, the others wait and reuse it. A worker killed
+    mid-build leaves only the temp, which the next one clears."""
+    from filelock import FileLock
+
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            tmp = path.with_name(path.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp)
+            tmp.rename(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def synth_rows(tmp_path_factory):
-    """A small synthetic world -> rows (train split): shared by loader/train tests."""
+    """A small synthetic world -> rows (train split): shared by loader/train/sample/eval tests,
+    and read-only for them (each derived output has its own build_once)."""
     from pingctl.config import SynthConfig
     from pingctl.rows.build import build_rows
     from pingctl.synth.generate import generate
 
-    d = tmp_path_factory.mktemp("synthrows")
-    generate(SynthConfig(rows=60_000, probes=24, targets=12, targets_per_probe=6, step=600, seed=3), d / "synth")
-    build_rows([d / "synth"], d / "rows")
-    return d
+    def build(d: Path) -> None:
+        generate(SynthConfig(rows=60_000, probes=24, targets=12, targets_per_probe=6, step=600, seed=3), d / "synth")
+        build_rows([d / "synth"], d / "rows")
+
+    return build_once(shared_root(tmp_path_factory) / "synthrows", build)
 
 
 @pytest.fixture(scope="session")
@@ -86,8 +123,8 @@ def tiny_run(synth_rows):
     import sys
 
     pytest.importorskip("maxtext")
-    run = synth_rows / "tiny-run"
-    if not (run / "summary.json").exists():
+
+    def train(run: Path) -> None:
         proc = subprocess.run(
             [sys.executable, "-m", "pingctl", "train", str(synth_rows / "rows"), "--run-dir", str(run), "--steps", "60",
              "--set", "loader.seq_len=256", "--set", "loader.batch_size=8", "--set", "train.learning_rate=0.01",
@@ -95,4 +132,5 @@ def tiny_run(synth_rows):
             capture_output=True, text=True,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-    return run
+
+    return build_once(synth_rows / "tiny-run", train)

@@ -16,10 +16,9 @@ def splits(synth_rows):
     from pingctl.config import ShardConfig
     from pingctl.shard import shard
 
-    out = synth_rows / "evalsplit"
-    if not out.exists():
-        shard([synth_rows / "synth"], out, ShardConfig(strategy="time"))
-    return out
+    from tests.conftest import build_once
+
+    return build_once(synth_rows / "evalsplit", lambda out: shard([synth_rows / "synth"], out, ShardConfig(strategy="time")))
 
 
 def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp_path):

@@ -31,11 +31,14 @@ def rows(synth_rows):
     from pingctl.shard import shard
     from pingctl.config import ShardConfig
 
-    d = synth_rows
-    if not (d / "split").exists():
-        shard([d / "synth"], d / "split", ShardConfig(strategy="time"))
+    from tests.conftest import build_once
+
+    def build(d: Path) -> None:
+        shard([synth_rows / "synth"], d / "split", ShardConfig(strategy="time"))
         build_rows([d / "split" / "train"], d / "rtrain")
         build_rows([d / "split" / "val"], d / "rval")
+
+    d = build_once(synth_rows / "timesplit", build)
     return d / "rtrain", d / "rval"
 
 
