@@ -32,7 +32,7 @@ def pytest_configure(config):
 
 
 # Fixtures that train a model (~30 s each, built once per session by whichever worker asks first).
-TRAINED = {"tiny_run"}
+TRAINED = {"tiny_run", "first50"}
 
 
 def pytest_collection_modifyitems(config, items):

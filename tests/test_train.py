@@ -46,29 +46,38 @@ def _train(args, **kw):
     return subprocess.run([sys.executable, "-m", "pingctl", "train", *args, "--json"], capture_output=True, text=True, **kw)
 
 
-def _pyconfig(text: str, tmp_path: Path, *attrs: str) -> list[str]:
-    """The given attributes of the config MaxText's own pyconfig builds from `text`."""
-    path = tmp_path / "maxtext.yml"
-    path.write_text(text)
+def _pyconfig(texts: str | list[str], tmp_path: Path, *attrs: str) -> list:
+    """The given attributes of the config MaxText's own pyconfig builds from each text: a list of
+    values for one text, a list of such lists for several (one process: MaxText imports take ~6 s)."""
+    many = isinstance(texts, list)
+    paths = []
+    for i, text in enumerate(texts if many else [texts]):
+        paths.append(tmp_path / f"maxtext-{i}.yml")
+        paths[-1].write_text(text)
     code = (
-        "import sys; from maxtext.configs import pyconfig; "
-        "c = pyconfig.initialize(['', sys.argv[1], 'skip_jax_distributed_system=true']); "
-        "print(*(getattr(c, a) for a in sys.argv[2:]))"
+        "import sys; from maxtext.configs import pyconfig; n = int(sys.argv[1]); "
+        "configs = [pyconfig.initialize(['', f, 'skip_jax_distributed_system=true']) for f in sys.argv[2:2 + n]]; "
+        "[print('pyconfig:', *(getattr(c, a) for a in sys.argv[2 + n:])) for c in configs]"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path), *attrs], capture_output=True, text=True,
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run([sys.executable, "-c", code, str(len(paths)), *map(str, paths), *attrs], capture_output=True,
+                         text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.split()[-len(attrs):]
+    values = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("pyconfig: ")]
+    assert len(values) == len(paths) and all(len(v) == len(attrs) for v in values), out.stdout[-2000:]
+    return values if many else values[0]
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_renders_a_config_maxtext_accepts(preset, tmp_path, rows):
-    cfg = load_config(None, [f"model.preset={preset}", f"train.train_rows={rows[0]}", "train.steps=5"])
-    vocab, emb, layers, seq, dtype = _pyconfig(render_maxtext(cfg, tmp_path), tmp_path,
-                                               "vocab_size", "emb_dim", "num_decoder_layers", "max_target_length",
-                                               "dataset_type")
-    p = PRESETS[preset]
-    assert (int(vocab), int(emb), int(layers), int(seq), dtype) == (267, p["emb_dim"], p["layers"], 1024, "DatasetType.GRAIN")
+def test_every_preset_renders_a_config_maxtext_accepts(tmp_path, rows):
+    names = sorted(PRESETS)
+    texts = []
+    for preset in names:
+        cfg = load_config(None, [f"model.preset={preset}", f"train.train_rows={rows[0]}", "train.steps=5"])
+        texts.append(render_maxtext(cfg, tmp_path / preset))
+    got = _pyconfig(texts, tmp_path, "vocab_size", "emb_dim", "num_decoder_layers", "max_target_length", "dataset_type")
+    for preset, (vocab, emb, layers, seq, dtype) in zip(names, got, strict=True):
+        p = PRESETS[preset]
+        assert (int(vocab), int(emb), int(layers), int(seq), dtype) == (267, p["emb_dim"], p["layers"], 1024,
+                                                                        "DatasetType.GRAIN"), preset
 
 
 def test_overrides_replace_template_keys_and_reach_maxtext(tmp_path, rows):
@@ -111,28 +120,50 @@ def test_resume_allows_training_only_overrides_and_refuses_another_model(rows, t
             prepare_run(load_config(None, [*base, dropout, other]), run)
 
 
-def test_tiny_trains_checkpoints_and_resumes(rows, tmp_path):
-    run = tmp_path / "run"
-    common = [str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run), *TINY,
-              "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25"]
-    first = _train([*common, "--steps", "50"])
-    assert first.returncode == 0, first.stderr[-3000:]
-    s = json.loads(first.stdout)
+# The resume tests start from one 50-step run with evals, trained once per session.
+FIRST = [*TINY, "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25", "--steps", "50"]
+
+
+@pytest.fixture(scope="module")
+def first50(rows, synth_rows):
+    """(run, its --json summary): the directory is shared; a test that trains on copies it."""
+    from tests.conftest import build_once
+
+    def build(d: Path) -> None:
+        d.mkdir()
+        r = _train([str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(d / "run"), *FIRST])
+        assert r.returncode == 0, r.stderr[-3000:]
+        (d / "first.json").write_text(r.stdout)
+
+    d = build_once(synth_rows / "first50", build)
+    return d / "run", json.loads((d / "first.json").read_text())
+
+
+def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
+    import shutil
+
+    done, s = first50
     assert s["first_step_this_run"] == 0 and s["last_step"] == 49
     assert s["final_eval_loss"] < s["first_eval_loss"] - 1.0, s  # clearly learned something
     assert s["checkpoints"] == [0, 25, 49]
     assert s["generalization_gap"] is not None and isinstance(s["warnings"], list)
-    assert (run / "maxtext" / "checkpoints" / "49" / "iter").is_dir()  # Grain iterator state saved
-    assert list((run / "maxtext" / "tensorboard").rglob("events.out.tfevents.*"))
-    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (done / "maxtext" / "checkpoints" / "49" / "iter").is_dir()  # Grain iterator state saved
+    assert list((done / "maxtext" / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (done / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("config.yaml", "maxtext.yml", "train.log", "metrics.jsonl", "summary.json"):
-        assert (run / name).exists(), name
-    assert 'attention: "dot_product"' in (run / "maxtext.yml").read_text()  # what `auto` renders
-    assert "pingctl: train.attention=auto -> dot_product (1 cpu device(s))" in (run / "train.log").read_text()
+        assert (done / name).exists(), name
+    assert 'attention: "dot_product"' in (done / "maxtext.yml").read_text()  # what `auto` renders
+    assert "pingctl: train.attention=auto -> dot_product (1 cpu device(s))" in (done / "train.log").read_text()
+    run = tmp_path / "run"  # a moved run directory resumes where it is now
+    shutil.copytree(done, run)
+    common = [str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run), *TINY,
+              "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25"]
     second = _train([*common, "--steps", "60"])
     assert second.returncode == 0, second.stderr[-3000:]
     s2 = json.loads(second.stdout)
     assert s2["resumed_from_checkpoint"] == 49 and s2["first_step_this_run"] == 50 and s2["last_step"] == 59
+    rendered = (run / "maxtext.yml").read_text()
+    assert f'base_output_directory: "{run}"' in rendered and str(done) not in rendered
     loss = {r["step"]: r["loss"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
     assert sorted(loss) == list(range(60))  # one record per step across both runs
     assert (s2["first_loss"], s2["final_loss"]) == (loss[50], loss[59])  # this run's, not the directory's
@@ -165,16 +196,13 @@ def _losses(run: Path) -> dict[int, str]:
     return {int(a): b for a, b in re.findall(r"completed step: (\d+),.*? loss: ([\d.]+)", text)}
 
 
-def test_kill_9_then_rerun_continues_at_the_same_data_position(rows, tmp_path):
-    def cmd(run):
-        return [sys.executable, "-m", "pingctl", "train", str(rows[0]), "--run-dir", str(run), "--steps", "40",
-                *TINY, "--set", "train.checkpoint_period=10", "--json"]
-
-    ref = subprocess.run(cmd(tmp_path / "ref"), capture_output=True, text=True)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+def test_kill_9_then_rerun_continues_at_the_same_data_position(first50, rows, tmp_path):
+    ref, _ = first50  # the same command, never interrupted
     run = tmp_path / "killed"
-    proc = subprocess.Popen(cmd(run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = run / "maxtext" / "checkpoints" / "20" / "commit_success.txt"
+    cmd = [sys.executable, "-m", "pingctl", "train", str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run),
+           *FIRST, "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = run / "maxtext" / "checkpoints" / "25" / "commit_success.txt"
     deadline = time.time() + 240
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -183,13 +211,13 @@ def test_kill_9_then_rerun_continues_at_the_same_data_position(rows, tmp_path):
     proc.wait()
     time.sleep(1)
     assert subprocess.run(["pgrep", "-f", f"pingctl.train.worker {run}"], capture_output=True).returncode == 1
-    again = subprocess.run(cmd(run), capture_output=True, text=True)
+    again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     s = json.loads(again.stdout)
-    assert s["resumed_from_checkpoint"] >= 20 and s["last_step"] == 39
-    want, got = _losses(tmp_path / "ref"), _losses(run)
-    resumed = range(s["first_step_this_run"], 40)
-    assert [got[k] for k in resumed] == [want[k] for k in resumed]  # same batches, same updates
+    assert s["resumed_from_checkpoint"] >= 25 and s["last_step"] == 49
+    want, got = _losses(ref), _losses(run)
+    resumed = range(s["first_step_this_run"], 50)
+    assert len(resumed) >= 5 and [got[k] for k in resumed] == [want[k] for k in resumed]  # same batches, same updates
 
 
 def test_slurm_scripts_render_and_parse(rows, tmp_path):
