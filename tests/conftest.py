@@ -134,3 +134,12 @@ def tiny_run(synth_rows):
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return build_once(synth_rows / "tiny-run", train)
+
+
+@pytest.fixture(scope="session")
+def time_split(synth_rows):
+    """The synthetic world split by time (train/val/test): for the eval tests and the train tests' rows."""
+    from pingctl.config import ShardConfig
+    from pingctl.shard import shard
+
+    return build_once(synth_rows / "timesplit", lambda d: shard([synth_rows / "synth"], d, ShardConfig(strategy="time")))

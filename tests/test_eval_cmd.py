@@ -11,19 +11,9 @@ from pingctl.cli.app import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def splits(synth_rows):
-    from pingctl.config import ShardConfig
-    from pingctl.shard import shard
-
-    from tests.conftest import build_once
-
-    return build_once(synth_rows / "evalsplit", lambda out: shard([synth_rows / "synth"], out, ShardConfig(strategy="time")))
-
-
-def test_eval_reports_model_and_every_baseline(tiny_run, splits, synth_rows, tmp_path):
+def test_eval_reports_model_and_every_baseline(tiny_run, time_split, synth_rows, tmp_path):
     r = runner.invoke(app, [
-        "eval", str(tiny_run), "--train", str(splits / "train"), "--test", str(splits / "test"),
+        "eval", str(tiny_run), "--train", str(time_split / "train"), "--test", str(time_split / "test"),
         "--truth", str(synth_rows / "synth"), "--queries", "12", "--context", "4", "-o", str(tmp_path), "--json",
     ])
     assert r.exit_code == 0, r.output
@@ -100,18 +90,18 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     assert bad_step.exit_code != 0 and "--step 'best'" in bad_step.output and "Traceback" not in bad_step.output
 
 
-def test_eval_bad_inputs_are_clear(tiny_run, splits, tmp_path):
+def test_eval_bad_inputs_are_clear(tiny_run, time_split, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     r = runner.invoke(app, ["eval", str(tmp_path), "--train", str(tmp_path), "--test", str(tmp_path)])
     assert r.exit_code != 0 and "Traceback" not in r.output
-    t = pq.read_table(next((splits / "test").glob("*.parquet")))
+    t = pq.read_table(next((time_split / "test").glob("*.parquet")))
     pq.write_table(t.slice(0, 0), tmp_path / "empty.parquet")
     nulls = t.slice(0, 5).set_column(t.schema.get_field_index("rtt"), "rtt", pa.nulls(5, pa.float64()))
     pq.write_table(nulls, tmp_path / "nulls.parquet")
     (tmp_path / "afile").write_text("x")
-    train, test = str(splits / "train"), str(splits / "test")
+    train, test = str(time_split / "train"), str(time_split / "test")
     for args, msg in (
         (["--train", str(tmp_path / "empty.parquet"), "--test", test], "no train rows"),
         (["--train", train, "--test", str(tmp_path / "empty.parquet")], "no test rows"),
@@ -126,14 +116,14 @@ def test_eval_bad_inputs_are_clear(tiny_run, splits, tmp_path):
         assert not (tmp_path / "ev").exists()  # a failed eval leaves no report directory
 
 
-def test_teacher_forced_pass_equals_separate_passes(tiny_run, splits):
+def test_teacher_forced_pass_equals_separate_passes(tiny_run, time_split):
     from pingctl.eval.model import context_indices, context_pool, prompts, teacher_forced
     from pingctl.eval.report import load_split
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
 
     model = LoadedModel.load(tiny_run)
-    test = load_split(splits / "test")
+    test = load_split(time_split / "test")
     rtt = np.asarray(test["rtt"])
     idx = np.concatenate([np.flatnonzero(rtt >= 0)[:5], np.flatnonzero(rtt < 0)[:2]])
     pool = context_pool(test, None, "probe")
@@ -271,8 +261,8 @@ def test_plots_without_data_draw_no_empty_legend(tmp_path):
     assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_eval_checks_the_run_and_the_truth_up_front(tiny_run, splits, tmp_path):
-    train, test = str(splits / "train"), str(splits / "test")
+def test_eval_checks_the_run_and_the_truth_up_front(tiny_run, time_split, tmp_path):
+    train, test = str(time_split / "train"), str(time_split / "test")
     r = runner.invoke(app, ["eval", str(tmp_path), "--train", train, "--test", test, "-o", str(tmp_path / "e1")])
     assert r.exit_code == 1 and "fitting baselines" not in r.output and "Traceback" not in r.output
     other = tmp_path / "other"

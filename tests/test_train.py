@@ -26,19 +26,15 @@ TINY = ["--set", "loader.seq_len=128", "--set", "loader.batch_size=8", "--set", 
 
 
 @pytest.fixture(scope="module")
-def rows(synth_rows):
+def rows(synth_rows, time_split):
     from pingctl.rows.build import build_rows
-    from pingctl.shard import shard
-    from pingctl.config import ShardConfig
-
     from tests.conftest import build_once
 
     def build(d: Path) -> None:
-        shard([synth_rows / "synth"], d / "split", ShardConfig(strategy="time"))
-        build_rows([d / "split" / "train"], d / "rtrain")
-        build_rows([d / "split" / "val"], d / "rval")
+        build_rows([time_split / "train"], d / "rtrain")
+        build_rows([time_split / "val"], d / "rval")
 
-    d = build_once(synth_rows / "timesplit", build)
+    d = build_once(synth_rows / "timerows", build)
     return d / "rtrain", d / "rval"
 
 
@@ -46,12 +42,11 @@ def _train(args, **kw):
     return subprocess.run([sys.executable, "-m", "pingctl", "train", *args, "--json"], capture_output=True, text=True, **kw)
 
 
-def _pyconfig(texts: str | list[str], tmp_path: Path, *attrs: str) -> list:
-    """The given attributes of the config MaxText's own pyconfig builds from each text: a list of
-    values for one text, a list of such lists for several (one process: MaxText imports take ~6 s)."""
-    many = isinstance(texts, list)
+def _pyconfig(texts: list[str], tmp_path: Path, *attrs: str) -> list[list[str]]:
+    """The given attributes of the config MaxText's own pyconfig builds from each text, all in one
+    process (MaxText imports take ~6 s)."""
     paths = []
-    for i, text in enumerate(texts if many else [texts]):
+    for i, text in enumerate(texts):
         paths.append(tmp_path / f"maxtext-{i}.yml")
         paths[-1].write_text(text)
     code = (
@@ -64,7 +59,7 @@ def _pyconfig(texts: str | list[str], tmp_path: Path, *attrs: str) -> list:
     assert out.returncode == 0, out.stderr[-2000:]
     values = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("pyconfig: ")]
     assert len(values) == len(paths) and all(len(v) == len(attrs) for v in values), out.stdout[-2000:]
-    return values if many else values[0]
+    return values
 
 
 def test_every_preset_renders_a_config_maxtext_accepts(tmp_path, rows):
@@ -88,7 +83,7 @@ def test_overrides_replace_template_keys_and_reach_maxtext(tmp_path, rows):
     text = render_maxtext(cfg, tmp_path)
     live = [ln.split(":")[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
     assert live.count("enable_dropout") == 1 and live.count("dtype") == 1 and live.count("remat_policy") == 1
-    assert _pyconfig(text, tmp_path, "enable_dropout", "dropout_rate", "dtype", "remat_policy") == [
+    assert _pyconfig([text], tmp_path, "enable_dropout", "dropout_rate", "dtype", "remat_policy")[0] == [
         "True", "0.1", "bfloat16", "full"]
 
 
@@ -120,8 +115,10 @@ def test_resume_allows_training_only_overrides_and_refuses_another_model(rows, t
             prepare_run(load_config(None, [*base, dropout, other]), run)
 
 
-# The resume tests start from one 50-step run with evals, trained once per session.
-FIRST = [*TINY, "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25", "--steps", "50"]
+# The resume tests start from one 50-step run with evals, trained once per session (first50).
+def _with_evals(rows, run: Path) -> list[str]:
+    return [str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run), *TINY,
+            "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25"]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +128,7 @@ def first50(rows, synth_rows):
 
     def build(d: Path) -> None:
         d.mkdir()
-        r = _train([str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(d / "run"), *FIRST])
+        r = _train([*_with_evals(rows, d / "run"), "--steps", "50"])
         assert r.returncode == 0, r.stderr[-3000:]
         (d / "first.json").write_text(r.stdout)
 
@@ -156,8 +153,7 @@ def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
     assert "pingctl: train.attention=auto -> dot_product (1 cpu device(s))" in (done / "train.log").read_text()
     run = tmp_path / "run"  # a moved run directory resumes where it is now
     shutil.copytree(done, run)
-    common = [str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run), *TINY,
-              "--set", "train.eval_interval=10", "--set", "train.checkpoint_period=25"]
+    common = _with_evals(rows, run)
     second = _train([*common, "--steps", "60"])
     assert second.returncode == 0, second.stderr[-3000:]
     s2 = json.loads(second.stdout)
@@ -199,8 +195,7 @@ def _losses(run: Path) -> dict[int, str]:
 def test_kill_9_then_rerun_continues_at_the_same_data_position(first50, rows, tmp_path):
     ref, _ = first50  # the same command, never interrupted
     run = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "pingctl", "train", str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run),
-           *FIRST, "--json"]
+    cmd = [sys.executable, "-m", "pingctl", "train", *_with_evals(rows, run), "--steps", "50", "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpt = run / "maxtext" / "checkpoints" / "25" / "commit_success.txt"
     deadline = time.time() + 240
