@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from pingctl.cli.app import app
 from pingctl.config import load_config
 from pingctl.train import metrics as M
-from pingctl.train.presets import PRESETS
-from pingctl.train.render import render_maxtext
+from pingctl.train.presets import PRESETS, architecture
+from pingctl.train.render import parameters, render_maxtext
 
 pytest.importorskip("maxtext")
 runner = CliRunner()
@@ -42,20 +42,34 @@ def _train(args, **kw):
     return subprocess.run([sys.executable, "-m", "pingctl", "train", *args, "--json"], capture_output=True, text=True, **kw)
 
 
+_PYCONFIG = """
+import sys
+import jax, numpy as np
+from flax import nnx
+from maxtext.configs import pyconfig
+from maxtext.utils import model_creation_utils
+
+def n_params(c):  # MaxText's own model, built abstractly (shapes only)
+    _, model = model_creation_utils.create_nnx_abstract_model(c)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+n = int(sys.argv[1])
+for f in sys.argv[2:2 + n]:
+    c = pyconfig.initialize(["", f, "skip_jax_distributed_system=true"])
+    print("pyconfig:", *(n_params(c) if a == "n_params" else getattr(c, a) for a in sys.argv[2 + n:]))
+"""
+
+
 def _pyconfig(texts: list[str], tmp_path: Path, *attrs: str) -> list[list[str]]:
-    """The given attributes of the config MaxText's own pyconfig builds from each text, all in one
-    process (MaxText imports take ~6 s)."""
+    """The given attributes of the config MaxText's own pyconfig builds from each text (`n_params`:
+    the parameter count of the model MaxText builds from it), all in one process (MaxText imports
+    take ~6 s)."""
     paths = []
     for i, text in enumerate(texts):
         paths.append(tmp_path / f"maxtext-{i}.yml")
         paths[-1].write_text(text)
-    code = (
-        "import sys; from maxtext.configs import pyconfig; n = int(sys.argv[1]); "
-        "configs = [pyconfig.initialize(['', f, 'skip_jax_distributed_system=true']) for f in sys.argv[2:2 + n]]; "
-        "[print('pyconfig:', *(getattr(c, a) for a in sys.argv[2 + n:])) for c in configs]"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(len(paths)), *map(str, paths), *attrs], capture_output=True,
-                         text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run([sys.executable, "-c", _PYCONFIG, str(len(paths)), *map(str, paths), *attrs],
+                         capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     values = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("pyconfig: ")]
     assert len(values) == len(paths) and all(len(v) == len(attrs) for v in values), out.stdout[-2000:]
@@ -63,16 +77,21 @@ def _pyconfig(texts: list[str], tmp_path: Path, *attrs: str) -> list[list[str]]:
 
 
 def test_every_preset_renders_a_config_maxtext_accepts(tmp_path, rows):
-    names = sorted(PRESETS)
-    texts = []
-    for preset in names:
-        cfg = load_config(None, [f"model.preset={preset}", f"train.train_rows={rows[0]}", "train.steps=5"])
-        texts.append(render_maxtext(cfg, tmp_path / preset))
-    got = _pyconfig(texts, tmp_path, "vocab_size", "emb_dim", "num_decoder_layers", "max_target_length", "dataset_type")
-    for preset, (vocab, emb, layers, seq, dtype) in zip(names, got, strict=True):
-        p = PRESETS[preset]
-        assert (int(vocab), int(emb), int(layers), int(seq), dtype) == (267, p["emb_dim"], p["layers"], 1024,
+    # The last config resizes `tiny` through model.overrides, with fewer key/value heads than query
+    # heads: the run summary's parameter count must follow the model MaxText really builds.
+    resized = ("model.overrides={base_emb_dim: 96, base_num_decoder_layers: 3, base_num_query_heads: 4, "
+               "base_num_kv_heads: 2, head_dim: 24, base_mlp_dim: 200}")
+    cases = [(p, [f"model.preset={p}"]) for p in sorted(PRESETS)] + [("tiny", ["model.preset=tiny", resized])]
+    cfgs = [load_config(None, [*o, f"train.train_rows={rows[0]}", "train.steps=5"]) for _, o in cases]
+    texts = [render_maxtext(cfg, tmp_path / str(i)) for i, cfg in enumerate(cfgs)]
+    got = _pyconfig(texts, tmp_path, "vocab_size", "emb_dim", "num_decoder_layers", "max_target_length", "dataset_type",
+                    "n_params")
+    for (preset, _), cfg, (vocab, emb, layers, seq, dtype, n) in zip(cases, cfgs, got, strict=True):
+        arch = architecture(preset, cfg.model.overrides)
+        assert (int(vocab), int(emb), int(layers), int(seq), dtype) == (267, arch["emb_dim"], arch["layers"], 1024,
                                                                         "DatasetType.GRAIN"), preset
+        assert int(n) == parameters(cfg), (preset, cfg.model.overrides)
+    assert architecture("tiny", cfgs[-1].model.overrides)["emb_dim"] == 96 != PRESETS["tiny"]["emb_dim"]
 
 
 def test_overrides_replace_template_keys_and_reach_maxtext(tmp_path, rows):

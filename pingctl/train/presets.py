@@ -12,10 +12,32 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# MaxText keys in `model.overrides` that change the architecture, by preset field.
+ARCH_KEYS = {
+    "base_emb_dim": "emb_dim",
+    "base_num_decoder_layers": "layers",
+    "base_num_query_heads": "heads",
+    "base_num_kv_heads": "kv_heads",
+    "head_dim": "head_dim",
+    "base_mlp_dim": "mlp_dim",
+    "mlp_activations": "mlp_activations",
+}
+
+
+def architecture(preset: str, overrides: dict | None = None) -> dict:
+    """The preset with `model.overrides` applied, so that a resized model reports its own size."""
+    arch = dict(PRESETS[preset])
+    for key, field in ARCH_KEYS.items():
+        if overrides and key in overrides:
+            arch[field] = overrides[key]
+    return arch
+
+
 def param_count(preset: dict, vocab_size: int) -> int:
     """Weights of the rendered architecture (attention, MLP, norms, untied embeddings)."""
     d, layers, f = preset["emb_dim"], preset["layers"], preset["mlp_dim"]
-    attn = d * preset["heads"] * preset["head_dim"] * 4
+    q, kv = preset["heads"], preset.get("kv_heads", preset["heads"])
+    attn = d * preset["head_dim"] * (2 * q + 2 * kv)  # query and output projections, key and value
     mlp = d * f * (len(preset["mlp_activations"]) + 1)
     norms = 2 * d
     return layers * (attn + mlp + norms) + 2 * vocab_size * d + d

@@ -9,7 +9,7 @@ import yaml
 from pingctl import __version__
 from pingctl.config import Config
 from pingctl.errors import PingctlError
-from pingctl.train.presets import PRESETS, param_count
+from pingctl.train.presets import PRESETS, architecture, param_count
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 TEMPLATES = PROJECT_DIR / "templates"
@@ -153,4 +153,4 @@ def render_maxtext(cfg: Config, run_dir: Path) -> str:
 
 
 def parameters(cfg: Config) -> int:
-    return param_count(PRESETS[cfg.model.preset], vocab_size(cfg))
+    return param_count(architecture(cfg.model.preset, cfg.model.overrides), vocab_size(cfg))
