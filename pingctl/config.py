@@ -210,7 +210,7 @@ class LoaderConfig(Section):
 
 
 class ModelConfig(Section):
-    preset: Literal["tiny", "small", "base"] = Field("tiny", description="MaxText model preset")
+    preset: Literal["tiny", "mini", "small", "base"] = Field("tiny", description="MaxText model preset")
     overrides: dict[str, Any] = Field(default_factory=dict, description="extra MaxText keys")
 
 

@@ -16,7 +16,7 @@ def train(
     rows: Annotated[Path | None, typer.Argument(help="Training rows (`pingctl build-rows` output).")] = None,
     eval_rows: Annotated[Path | None, typer.Option("--eval", help="Validation rows for eval loss.")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Run directory.")] = None,
-    preset: Annotated[str | None, typer.Option(help="Model preset: tiny | small | base.")] = None,
+    preset: Annotated[str | None, typer.Option(help="Model preset: tiny | mini | small | base.")] = None,
     steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
     max_minutes: Annotated[float | None, typer.Option(
         "--max-minutes", help="Time bound: stop at the first checkpoint committed after this many minutes.")] = None,
