@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,8 +157,6 @@ def first50(rows, synth_rows):
 
 
 def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
-    import shutil
-
     done, s = first50
     assert s["first_step_this_run"] == 0 and s["last_step"] == 49
     assert s["final_eval_loss"] < s["first_eval_loss"] - 1.0, s  # clearly learned something

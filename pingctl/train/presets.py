@@ -29,11 +29,8 @@ ARCH_KEYS = {
 
 def architecture(preset: str, overrides: dict | None = None) -> dict:
     """The preset with `model.overrides` applied, so that a resized model reports its own size."""
-    arch = dict(PRESETS[preset])
-    for key, field in ARCH_KEYS.items():
-        if overrides and key in overrides:
-            arch[field] = overrides[key]
-    return arch
+    overrides = overrides or {}
+    return {**PRESETS[preset], **{field: overrides[key] for key, field in ARCH_KEYS.items() if key in overrides}}
 
 
 def param_count(preset: dict, vocab_size: int) -> int:
