@@ -81,6 +81,12 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
                                  "not of one pair's RTT distribution")
             return inspect_outputs.describe_distribution(Path(path), table, meta)
         return inspect_outputs.describe_predictions(Path(path), table, meta, sample)
+    from pingctl.infer import calibration as CAL
+
+    if CAL.is_calibration_file(path):
+        if sample:
+            raise UsageError(f"{path}: --sample shows rows of a table, probe rows or predictions, not of a calibration")
+        return CAL.describe(CAL.load(path, option=""))
     kind = detect(path)
     if kind == "run":
         from pingctl.train.describe import describe_run

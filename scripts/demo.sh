@@ -35,9 +35,14 @@ $PINGCTL train "$OUT/rows/train" --eval "$OUT/rows/val" --run-dir "$OUT/train" -
   --set loader.seq_len=512 --set loader.batch_size=8 --set train.eval_interval=50 --set train.checkpoint_period=100
 echo "loss curve: $OUT/train/loss.png   TensorBoard: tensorboard --logdir $OUT/train/maxtext/tensorboard"
 
+step "pingctl eval on val: fits the recalibration of the model's intervals (calibration.json)"
+$PINGCTL eval "$OUT/train" --train "$OUT/splits/train" --test "$OUT/splits/val" \
+  --queries "${PINGCTL_DEMO_QUERIES:-48}" -o "$OUT/eval-val" --json >/dev/null
+echo "calibration: $OUT/eval-val/calibration.json (pingctl inspect it)"
+
 step "pingctl eval: the model against global/pair/prefix medians and Vivaldi on held-out packets"
 $PINGCTL eval "$OUT/train" --train "$OUT/splits/train" --test "$OUT/splits/test" --truth "$OUT/synth" \
-  --queries "${PINGCTL_DEMO_QUERIES:-48}" -o "$OUT/eval"
+  --queries "${PINGCTL_DEMO_QUERIES:-48}" -o "$OUT/eval" --calibration "$OUT/eval-val/calibration.json"
 
 step "pingctl sample: the RTT distribution between two addresses of the test split"
 read -r SRC DST < <(.venv/bin/python - "$OUT/splits/test" <<'PY'

@@ -137,6 +137,16 @@ def tiny_run(synth_rows):
 
 
 @pytest.fixture(scope="session")
+def pair(synth_rows):
+    """One IPv4 (src, dst) pair of the synthetic world, to ask the tiny model about."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(synth_rows / "synth" / "part-00000.parquet", columns=["src_addr", "dst_addr", "ip_version"])
+    row = t.filter(t.column("ip_version").to_numpy() == 4).slice(0, 1).to_pylist()[0]
+    return row["src_addr"], row["dst_addr"]
+
+
+@pytest.fixture(scope="session")
 def time_split(synth_rows):
     """The synthetic world split by time (train/val/test): for the eval tests and the train tests' rows."""
     from pingctl.config import ShardConfig

@@ -27,13 +27,6 @@ def model(tiny_run):
     return LoadedModel.load(tiny_run)
 
 
-@pytest.fixture(scope="module")
-def pair(synth_rows):
-    t = pq.read_table(synth_rows / "synth" / "part-00000.parquet", columns=["src_addr", "dst_addr", "ip_version"])
-    row = t.filter(t.column("ip_version").to_numpy() == 4).slice(0, 1).to_pylist()[0]
-    return row["src_addr"], row["dst_addr"]
-
-
 def test_rtt_distribution_is_exact_and_matches_sampling(model, pair):
     from pingctl.infer import queries as Q
 

@@ -30,6 +30,10 @@ def evaluate(
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int | None, typer.Option(
         min=0, help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        help="A calibration.json that an eval of this run on other packets (the val split) wrote: adds "
+             "model_calibrated, the model's distributions recalibrated so their quantiles cover as "
+             "they did there.")] = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
     config: ConfigOpt = None,
@@ -41,6 +45,9 @@ def evaluate(
     Example: pingctl eval runs/demo/train --train runs/demo/splits/train --test runs/demo/splits/test --truth runs/demo/synth
 
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
+
+    Calibrated intervals: every eval writes OUT/calibration.json, fitted on its packets. Evaluate
+    on val first, then on test with --calibration VAL_OUT/calibration.json.
     """
     from pingctl.eval.run import evaluate as run_eval
     from pingctl.infer.model import parse_steps
@@ -53,7 +60,7 @@ def evaluate(
 
     with step_progress("eval") as report_progress:
         report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
-                          per_pair=context_per_pair, hardware=hardware, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                          per_pair=context_per_pair, hardware=hardware, calibration=calibration, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return
@@ -75,6 +82,12 @@ def print_report(report: dict, path) -> None:
         fields = sorted(n["bits_per_field"].items(), key=lambda kv: _rank(["time", "src", "dst", "result"], kv[0]))
         console.print("  of which " + ", ".join(f"{k} {v:.1f}" for k, v in fields),
                       highlight=False)
+    cal = report.get("calibration") or {}
+    if cal.get("fitted"):
+        console.print(f"calibration fitted on these {cal['packets']} packets: {cal['fitted']} "
+                      "(for --calibration on other packets)", highlight=False)
+    elif cal.get("reason"):
+        console.print(f"no calibration written: {cal['reason']}", highlight=False)
     console.print(f"report: {path}   plots: {', '.join(report.get('plots', {}).values())}", highlight=False)
 
 

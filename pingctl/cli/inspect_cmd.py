@@ -78,6 +78,9 @@ def inspect(
     if result["kind"] in ("predictions", "distribution"):
         (_print_predictions if result["kind"] == "predictions" else _print_distribution)(result)
         return
+    if result["kind"] == "calibration":
+        _print_calibration(result)
+        return
     if result["kind"] == "eval":
         from pingctl.cli.eval_cmd import print_report
         from pingctl.errors import PingctlError
@@ -195,6 +198,18 @@ def _print_predictions(r: dict) -> None:
                         for c in cols))
         tables.append(t)
     emit(r, False, tables)
+
+
+def _print_calibration(r: dict) -> None:
+    cov = r["raw_coverage"]
+    rows = [("run", r.get("run")), ("step(s)", r.get("steps")), ("fitted on", r.get("fitted_on")),
+            ("successful packets", r.get("packets")), ("context policy", r.get("context_policy")),
+            ("context measurements", r.get("context_measurements")), ("per pair", r.get("context_per_pair")),
+            ("raw model: central 50% covered", f"{cov['cov50']:.1%}"),
+            ("raw model: central 90% covered", f"{cov['cov90']:.1%}"),
+            ("raw model: actual below its median", f"{cov['below_median']:.1%}")]
+    rows += [(f"calibrated {k} = the model's quantile at", f"{v:.3f}") for k, v in r["read_at"].items()]
+    emit(r, False, kv_table(f"calibration: {r['path']}", rows))
 
 
 def _print_distribution(r: dict) -> None:

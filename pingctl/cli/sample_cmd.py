@@ -79,6 +79,9 @@ def sample(
         help="CSV (with a header) or Parquet of pairs, columns src, dst [, time]: the RTT distribution of "
              "every row, one model load; rows that fail the --src/--dst/--time checks are set aside "
              "(-o P.parquet|.csv|.json writes the predictions and P.rejects.jsonl).")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        help="RTT distributions (a pair, --pairs): recalibrate with the calibration.json that `pingctl eval` "
+             "of this run and step wrote on val packets, so the quantiles cover as they did there.")] = None,
     exact: Annotated[bool, typer.Option(
         "--exact", help="--pairs: compute all 65,536 codes per pair, as a single query does (the means "
                         "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
@@ -99,6 +102,8 @@ def sample(
     Many pairs at once: pingctl sample runs/demo/train --pairs pairs.csv -o predictions.parquet
 
     Streams of one day: pingctl sample runs/demo/train --n 4 --since 2021-06-01 --until 2021-06-02 -o streams.parquet
+
+    Calibrated quantiles: pingctl sample runs/demo/train --src A --dst B --calibration runs/demo/eval-val/calibration.json
     """
     import numpy as np
 
@@ -114,6 +119,14 @@ def sample(
     src, dst = (_address_option(v, name) for v, name in ((src, "--src"), (dst, "--dst")))
     if exact and pairs is None:
         raise UsageError("--exact is for --pairs; a single --src/--dst distribution is always computed for every code")
+    cal = None
+    if calibration is not None:
+        from pingctl.infer import calibration as CAL
+
+        cal = CAL.load(calibration)
+        CAL.check_fits(cal, run, cal.meta.get("steps") or [])  # the run now; the checkpoint once it is loaded
+        if why := CAL.prompt_mismatch(cal, context is not None):
+            say(why, err=True, label="note: ")
     if pairs is not None:
         from pingctl.cli import sample_pairs
 
@@ -134,7 +147,7 @@ def sample(
         sample_pairs.check_options(out)
         ctx, ctx_read, ctx_prb = _read_context(context) if context is not None else (None, None, None)
         sample_pairs.answer_pairs(run, pairs, ctx, ctx_read, context_per_pair, out, exact, parse_steps(step), as_json,
-                                  ctx_prb, hardware)
+                                  ctx_prb, hardware, cal)
         return
     if src and dst and not _is_pattern(src) and not _is_pattern(dst) and rtt is None:
         mode = "distribution"
@@ -159,7 +172,8 @@ def sample(
                                (seed, "--seed", ("inverse", "generate")),
                                (temperature, "--temperature", ("inverse", "generate")),
                                (top_p, "--top-p", ("generate",)),
-                               (since, "--since", ("generate",)), (until, "--until", ("generate",))):
+                               (since, "--since", ("generate",)), (until, "--until", ("generate",)),
+                               (calibration, "--calibration", ("distribution",))):
         if given is not None and mode not in modes:
             raise UsageError(f"{name} does not apply to {_MODE_NAMES[mode]}; it is for "
                                + " and ".join(_MODE_NAMES[m] for m in modes))
@@ -201,6 +215,8 @@ def sample(
                            "result_last < 1, or ask this one for the RTT distribution of candidate pairs")
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, steps, hardware)
+    if cal is not None:
+        CAL.check_fits(cal, run, model.steps)
     result: dict = {"mode": mode, "run": str(run), "step": model.step, "steps": list(model.steps),
                     "timestamps": model.timestamps, "device": model.device}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
@@ -212,6 +228,9 @@ def sample(
     result["context_tokens"] = int(len(ctx_tokens))
     if mode == "distribution":
         d = Q.rtt_distribution(model, Q.query_prefix(src, dst, t_query, ctx_tokens, last_t))
+        if cal is not None:
+            d = cal.apply(d)
+            result["calibration"] = {"path": cal.path, **{k: cal.meta.get(k) for k in ("fitted_on", "packets")}}
         result.update({"src": src, "dst": dst, "time": t_query, **d.summary()})
         if plot:
             _plot(d, plot, f"{src} -> {dst}")
@@ -225,6 +244,10 @@ def sample(
         rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", result["mean_ms"]),
                 (f"mean ms, central {1 - 2 * Q.TRIM:.0%}", result["trimmed_mean_ms"])]
         rows += [(f"p{round(q * 100)} ms", result[f"p{round(q * 100)}_ms"]) for q in Q.QUANTILES]
+        if cal is not None:
+            from pingctl.cli.sample_pairs import calibration_label
+
+            rows.append(("calibration", calibration_label(cal)))
         emit(result, False, kv_table(f"RTT {src} -> {dst} ({model.label})", rows))
         _histogram(d)
         for what, path in (("plot", plot), ("distribution", out)):

@@ -33,9 +33,16 @@ def check_options(out: Path | None) -> None:
             raise PingctlError(f"--out {path}: cannot be written ({reason})")
 
 
+def calibration_label(cal) -> str:
+    """Which map recalibrated the quantiles: its file, and the packets and prompt it was fitted on."""
+    m = cal.meta
+    return (f"{cal.path} (fitted on {m.get('packets')} packets of {m.get('fitted_on')}, "
+            f"context policy {m.get('context_policy')})")
+
+
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
                  out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
-                 hardware: str | None = None) -> None:
+                 hardware: str | None = None, calibration=None) -> None:
     from pingctl.infer import pairs as P
     from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
 
@@ -55,15 +62,20 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "per pair, drop the time column or leave it empty.", err=True, label="note: ")
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, steps, hardware)
+    if calibration is not None:
+        from pingctl.infer.calibration import check_fits
+
+        check_fits(calibration, run, model.steps)
     per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
         task = bar.add_task("pairs", total=len(pairs.src))
         cols = P.answer(model, pairs, ctx, per_pair, exact=exact,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total), prb=ctx_prb)
+                        progress=lambda done, total: bar.update(task, completed=done, total=total), prb=ctx_prb,
+                        calibration=calibration)
     elapsed = _time.perf_counter() - t0
     meta = {"run": str(run), "step": model.step, "steps": list(model.steps), "timestamps": model.timestamps,
-            "pairs": str(pairs_path), "exact": exact}
+            "pairs": str(pairs_path), "exact": exact, "calibration": calibration.path if calibration else None}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
               "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": model.device}
@@ -91,6 +103,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         ("pairs read", pairs.rows_read), ("answered", len(pairs.src)), ("set aside", len(pairs.rejects)),
         ("distinct (src, dst, time) asked", result["distinct"]),
         ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
+        *([("calibration", calibration_label(calibration))] if calibration is not None else []),
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
         ("device", model.device), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),

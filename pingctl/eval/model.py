@@ -147,9 +147,13 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
 
 def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
             train: dict | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
-            progress=lambda done, total: None) -> dict:
+            calibration=None, progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
-    `idx` of `test`; `progress(done, total)` after every `chunk` packets."""
+    `idx` of `test`; `progress(done, total)` after every `chunk` packets. With a
+    `calibration` (pingctl/infer/calibration.py) also the same read from the recalibrated
+    distributions, under "calibrated" (no extra model passes: only more refined reads)."""
+    levels = (0.5, *QS)
+    reads = levels if calibration is None else (*levels, *calibration.raw_level(np.array(levels)))
     pool = context_pool(test, train, policy)
     contexts = context_indices(pool, test, idx, context, policy, per_pair)
     ps, fulls = prompts(model, test, idx, pool, contexts)
@@ -161,19 +165,26 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
         first, known, sc = teacher_forced(model, ps[a : a + chunk], fulls[a : a + chunk])
         scores += sc
         # exact where read: at the quantiles below and at the actual RTT (for the PIT)
-        dists += Q.rtt_distributions_at(model, ps[a : a + chunk], quantiles=(0.5, *QS),
+        dists += Q.rtt_distributions_at(model, ps[a : a + chunk], quantiles=reads,
                                         points=actual[a : a + chunk], eps=eps, first=first, known=known)
         progress(len(dists), len(idx))
-    median = np.array([d.quantile(0.5) for d in dists])
-    quantiles = np.array([[d.quantile(q) for q in QS] for d in dists])
-    pit = np.array([d.cdf(a) if a >= 0 else np.nan for d, a in zip(dists, actual)])
-    p_fail = np.array([d.p_fail for d in dists])
     nll = nll_from_scores(fulls, scores, np.asarray(test["ip_version"])[idx])
     n_ctx = np.array([len(c) for c in contexts])
-    return {"median": median, "quantiles": quantiles, "pit": pit, "p_fail": p_fail, "nll": nll,
-            "context_median": context_median(pool, test, idx, contexts),
-            "context_sizes": {"mean": float(n_ctx.mean()) if len(n_ctx) else 0.0,
-                              "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0}}
+    out = {**_reads(dists, actual), "nll": nll, "context_median": context_median(pool, test, idx, contexts),
+           "context_sizes": {"mean": float(n_ctx.mean()) if len(n_ctx) else 0.0,
+                             "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0}}
+    if calibration is not None:
+        out["calibrated"] = _reads([calibration.apply(d) for d in dists], actual)
+    return out
+
+
+def _reads(dists: list, actual: np.ndarray) -> dict:
+    """What the report takes from each packet's distribution: median, the QS quantiles, the
+    PIT of the actual RTT (NaN for a failed packet) and P(failure)."""
+    return {"median": np.array([d.quantile(0.5) for d in dists]),
+            "quantiles": np.array([[d.quantile(q) for q in QS] for d in dists]).reshape(len(dists), len(QS)),
+            "pit": np.array([d.cdf(a) if a >= 0 else np.nan for d, a in zip(dists, actual)]),
+            "p_fail": np.array([d.p_fail for d in dists])}
 
 
 def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):

@@ -16,15 +16,19 @@ from pingctl.eval.report import (add_predictor, baseline_table, compare, is_plot
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
              queries: int = 300, context: int = 16, seed: int = 0, step: int | list[int] | None = None,
              vivaldi_rounds: int = 2000, policy: str = "probe", per_pair: int | None = None,
-             hardware: str | None = None,
+             hardware: str | None = None, calibration: Path | None = None,
              progress=lambda _step, _done=0, _total=None: None) -> dict:
     """Model and baselines on the same `queries` test packets; writes report.json and plots.
 
     `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none;
     `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained);
     `hardware` (cpu | gpu) runs the model there (None: as the run was trained).
+    `calibration`: a calibration.json fitted by an eval of the same run on other packets (val);
+    adds the predictor model_calibrated. Every eval writes the map fitted on its own packets to
+    `out`/calibration.json (pingctl/infer/calibration.py).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     from pingctl.eval.model import check_policy, predict
+    from pingctl.infer import calibration as CAL
     from pingctl.infer.model import LoadedModel, check_hardware, run_config
     from pingctl.infer.queries import check_per_pair
     from pingctl.synth.truth import load_truth
@@ -43,6 +47,10 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     run_config(run)
     if truth is not None:
         load_truth(truth)
+    cal = CAL.load(calibration) if calibration is not None else None
+    if cal is not None:  # the cheap part of its check; the checkpoint's is after the load
+        CAL.check_fits(cal, run, cal.meta.get("steps") or [],
+                       {"context_policy": policy, "context_measurements": context}, scored=test_path)
     t0 = time.perf_counter()
     progress("loading splits")
     train = load_split(train_path, split_hint="train")
@@ -61,23 +69,43 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
     per_pair = model.max_per_pair if per_pair is None else per_pair
+    prompt = {"context_policy": policy, "context_measurements": context, "context_per_pair": per_pair}
+    if cal is not None:
+        CAL.check_fits(cal, run, model.steps, prompt)
     pred = predict(model, test, idx, context=context, train=train, policy=policy, per_pair=per_pair,
-                   progress=lambda done, total: progress("model predictions", done, total))
+                   calibration=cal, progress=lambda done, total: progress("model predictions", done, total))
     model_s = time.perf_counter() - t1
     q = pred["quantiles"]
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
                   pit=pred["pit"], p_fail=pred["p_fail"],
                   info={"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
                         "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "device": model.device, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
+    if cal is not None:
+        c = pred["calibrated"]
+        cq = c["quantiles"]
+        add_predictor(report, "model_calibrated", c["median"],
+                      quantiles={0.05: cq[:, 0], 0.25: cq[:, 1], 0.75: cq[:, 2], 0.95: cq[:, 3]},
+                      pit=c["pit"], p_fail=c["p_fail"],
+                      info={"calibration": cal.path, "fitted_on": cal.meta.get("fitted_on"),
+                            "packets": cal.meta.get("packets")})
     if policy == "probe":
         _add_context_median(report, pred["context_median"])
     # show the model first
-    report["order"] = ["model"] + [n for n in report["order"] if n != "model"]
+    first = ["model", "model_calibrated"]
+    report["order"] = [n for n in first if n in report["order"]] + [n for n in report["order"] if n not in first]
     report["comparisons"] = {"model": compare(report, "model", seed=seed)}
+    if cal is not None:
+        # each against the baselines, not against the other: one model read two ways is not a rival
+        report["comparisons"]["model"].pop("model_calibrated")
+        report["comparisons"]["model_calibrated"] = compare(report, "model_calibrated", seed=seed)
+        report["comparisons"]["model_calibrated"].pop("model")
     report["nll"] = pred["nll"]
     report["queries"] = int(len(idx))
     report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
     out.mkdir(parents=True, exist_ok=True)
+    report["calibration"] = _fit_calibration(pred["pit"], out, {
+        "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(Path(test_path).resolve()),
+        "seed": seed, **prompt}) | {"applied": cal.path if cal is not None else None}
     progress("writing plots")
     plots = write_plots(report, out)
     _drop_stale_plots(out, plots.values())
@@ -86,6 +114,21 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     report["elapsed_s"] = time.perf_counter() - t0
     write_json(out / "report.json", dict(report))
     return report
+
+
+def _fit_calibration(pit, out: Path, meta: dict) -> dict:
+    """The recalibration map of these packets into out/calibration.json, for use on others;
+    too few successful packets: no map (and none left from an earlier eval here)."""
+    from pingctl.infer import calibration as CAL
+
+    path = out / "calibration.json"
+    try:
+        cal = CAL.fit(pit, meta)
+    except UsageError as e:
+        path.unlink(missing_ok=True)
+        return {"fitted": None, "reason": str(e)}
+    CAL.save(cal, path)
+    return {"fitted": str(path), "packets": cal.meta["packets"]}
 
 
 def _drop_stale_plots(out: Path, written) -> None:

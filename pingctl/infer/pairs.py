@@ -299,12 +299,15 @@ def context_of(ctx, src: str, time: int | None, prb: np.ndarray | None = None):
 
 
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
-           progress=lambda done, total: None, prb: np.ndarray | None = None) -> dict:
+           progress=lambda done, total: None, prb: np.ndarray | None = None, calibration=None) -> dict:
     """Column arrays of the predictions, one entry per valid pair, in file order. A row that
     repeats an earlier (src, dst, time) has the same prompt (its context depends on the source
     and time only), so it is answered once and copied: a measurement table given as pairs costs
-    its distinct pairs, not its rows."""
+    its distinct pairs, not its rows. A `calibration` recalibrates every distribution (its
+    quantiles are then read exactly where the recalibrated ones fall)."""
     from pingctl.infer import queries as Q
+
+    reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
 
     slot = pairs.slots
     distinct = np.unique(slot, return_index=True)[1]  # the first row of each distinct question, in file order
@@ -322,7 +325,9 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
             tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
             n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
             prompts.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
-        dists = Q.rtt_distributions(model, prompts) if exact else Q.rtt_distributions_at(model, prompts)
+        dists = Q.rtt_distributions(model, prompts) if exact else Q.rtt_distributions_at(model, prompts, reads)
+        if calibration is not None:
+            dists = [calibration.apply(d) for d in dists]
         for d in dists:
             for k, v in d.summary().items():
                 cols[k].append(v)
