@@ -151,6 +151,10 @@ def test_eval_fits_on_val_and_applies_on_test_and_sample_uses_it(tiny_run, time_
     assert set(rep["comparisons"]["model_calibrated"]) == set(rep["comparisons"]["model"]) == \
         set(rep["order"]) - {"model", "model_calibrated"}
     assert rep["calibration"]["applied"] == str(cal_path)
+    # the table's verdicts: each reading of the model against the baselines, neither against the other
+    shown = runner.invoke(app, ["inspect", str(test_out)]).output
+    assert "model minus each predictor" in shown and "verdict: the model beats" in shown
+    assert "model_calibrated minus each predictor" in shown and "verdict: the model_calibrated beats" in shown
     # the same packets: the raw model's numbers do not depend on the map
     plain = runner.invoke(app, ["eval", str(tiny_run), *common, "--test", str(time_split / "test"), "--queries",
                                 "40", "-o", str(tmp_path / "plain")])

@@ -73,8 +73,10 @@ def print_report(report: dict, path) -> None:
     info = report["predictors"]["model"]["info"]
     emit(dict(report), False, results_table(report, report["inputs"]["test"], info.get("context_policy", "?")))
     # report.json is written with sorted keys: restore the table's order
-    comp = report["comparisons"].get("model", {})
-    _print_comparisons({k: comp[k] for k in sorted(comp, key=lambda k: _rank(report.get("order", []), k))})
+    # model_calibrated (eval --calibration) is judged against the baselines like the model
+    for who in sorted(report["comparisons"], key=lambda k: _rank(report.get("order", []), k)):
+        comp = report["comparisons"][who]
+        _print_comparisons({k: comp[k] for k in sorted(comp, key=lambda k: _rank(report.get("order", []), k))}, who)
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
                   f"{n['bits_per_measurement']:.1f} bits per measurement", highlight=False)
@@ -108,7 +110,7 @@ def results_table(report: dict, test, context_policy: str):
     return t
 
 
-def _print_comparisons(comp: dict) -> None:
+def _print_comparisons(comp: dict, who: str = "model") -> None:
     if not comp:
         return
     if all(c.get("verdict") is None for c in comp.values()):
@@ -118,20 +120,20 @@ def _print_comparisons(comp: dict) -> None:
                       "so no relative error)", highlight=False, soft_wrap=True)
         return
     any_c = next(c for c in comp.values() if c.get("verdict") is not None)
-    console.print(f"model minus each predictor, median rel err in points, {any_c['level']:.0%} interval from "
+    console.print(f"{who} minus each predictor, median rel err in points, {any_c['level']:.0%} interval from "
                   f"{any_c['n_boot']} resamples of the {any_c['groups']} (src, dst) pairs:", highlight=False)
     for name, c in comp.items():
         if c["diff"] is None:
             continue
         console.print(f"  {name:<16} {100 * c['diff']:+6.1f} [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}]"
-                      f"  model better in {c['share_a_better']:.0%} of resamples", highlight=False)
+                      f"  better in {c['share_a_better']:.0%} of resamples", highlight=False)
     by = {v: [n for n, c in comp.items() if c.get("verdict") == v] for v in ("better", "tie", "worse")}
     parts = [f"beats {', '.join(by['better'])}" if by["better"] else "beats none",
              *([f"ties {', '.join(by['tie'])} (the interval holds 0)"] if by["tie"] else []),
              *([f"loses to {', '.join(by['worse'])}"] if by["worse"] else []),
              *([f"not compared with {', '.join(n for n, c in comp.items() if c.get('verdict') is None)}"]
                if any(c.get("verdict") is None for c in comp.values()) else [])]
-    console.print("verdict: the model " + "; ".join(parts), highlight=False, soft_wrap=True)
+    console.print(f"verdict: the {who} " + "; ".join(parts), highlight=False, soft_wrap=True)
 
 
 def _ms(v) -> str:
