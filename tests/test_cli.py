@@ -265,3 +265,33 @@ def test_an_output_the_command_may_not_replace_is_a_usage_error(tmp_path):
         err = json.loads(r.stdout)["error"]
         assert r.exit_code == 2 and err["kind"] == "usage" and needle in err["message"], r.output
     assert (tmp_path / "mine" / "notes.txt").read_text() == (tmp_path / "afile").read_text() == "keep"
+
+
+def _noisy_app():
+    """A command that prints to stdout the way MaxText's import does ("[NO-OP] gcs_storage ...")."""
+    from pingctl.cli.common import JsonOpt, emit, handle_errors
+    from pingctl.errors import UsageError
+
+    noisy = typer.Typer()
+
+    @noisy.command()
+    @handle_errors
+    def go(fail: bool = False, as_json: JsonOpt = False) -> None:
+        print("[NO-OP] gcs_storage dependency missing; using stubs.")
+        if fail:
+            raise UsageError("bad input in row 3")
+        emit({"ok": 1}, as_json)
+
+    return noisy
+
+
+def test_json_stdout_is_one_document_even_when_a_library_prints():
+    r = runner.invoke(_noisy_app(), ["--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"ok": 1}
+    assert "gcs_storage" in r.stderr  # moved, not swallowed
+    r = runner.invoke(_noisy_app(), ["--fail", "--json"])
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"]["message"] == "bad input in row 3"
+    # without --json the print stays where it was: stdout is for people then
+    r = runner.invoke(_noisy_app(), [])
+    assert r.exit_code == 0 and "gcs_storage" in r.stdout

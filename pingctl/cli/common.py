@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import json
 import os
@@ -45,6 +46,14 @@ def load(config: Path | None, overrides: list[str] | None, **cli_values: Any):
     return load_config(config, overrides, cli_values)
 
 
+_JSON_OUT: contextvars.ContextVar = contextvars.ContextVar("pingctl_json_stdout", default=None)
+
+
+def _stdout():
+    """Where machine output goes: the real stdout, also while a --json command's prints are sent to stderr."""
+    return _JSON_OUT.get() or sys.stdout
+
+
 def handle_errors(fn: Callable) -> Callable:
     """User errors become one red message and a non-zero exit, never a traceback; with --json
     the same error is also one JSON object on stdout, so a script reading stdout sees why."""
@@ -55,7 +64,17 @@ def handle_errors(fn: Callable) -> Callable:
 
         as_json = bool(kwargs.get("as_json"))
         try:
-            return fn(*args, **kwargs)
+            if not as_json:
+                return fn(*args, **kwargs)
+            # with --json stdout carries one JSON document: anything else printed there (MaxText's
+            # import prints "[NO-OP] gcs_storage dependency missing" where the GCS client is absent)
+            # would make it unparseable, so it goes to stderr and only emit() writes to stdout
+            token = _JSON_OUT.set(sys.stdout)
+            try:
+                with contextlib.redirect_stdout(sys.stderr):
+                    return fn(*args, **kwargs)
+            finally:
+                _JSON_OUT.reset(token)
         except PingctlError as e:
             _fail(as_json, e.kind, str(e), e.exit_code)
         except KeyboardInterrupt:
@@ -88,7 +107,7 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
     err_console.print(Text.assemble((label, style), message, "\n" + hint if hint else ""),
                       highlight=False, soft_wrap=True)
     if as_json:
-        sys.stdout.write(json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}},
+        _stdout().write(json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}},
                                     indent=2, sort_keys=True) + "\n")
     raise typer.Exit(code) from None
 
@@ -116,7 +135,7 @@ def _damaged_input(e: Exception) -> bool:
 def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) -> None:
     """Machine output (--json) is the only thing on stdout; otherwise Rich tables."""
     if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=json_default) + "\n")
+        _stdout().write(json.dumps(result, indent=2, sort_keys=True, default=json_default) + "\n")
         return
     for t in table if isinstance(table, list) else [table] if table is not None else []:
         console.print(t)
