@@ -215,7 +215,7 @@ def bench_loader(
 @handle_errors
 def bench_train(
     rows: Annotated[Path | None, typer.Argument(help="Training rows (default: synthetic).")] = None,
-    presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,small",
+    presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,mini,small",
     steps: Annotated[int, typer.Option(
         min=3, help="Steps per preset (the first two, warm-up, are not timed).")] = 20,
     seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
