@@ -54,6 +54,19 @@ def _stdout():
     return _JSON_OUT.get() or sys.stdout
 
 
+@contextlib.contextmanager
+def _machine_stdout():
+    """With --json stdout carries one JSON document: anything else printed there (MaxText's import
+    prints "[NO-OP] gcs_storage dependency missing" where the GCS client is absent) would make it
+    unparseable, so prints go to stderr and only emit()/_fail() write to the real stdout."""
+    token = _JSON_OUT.set(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_OUT.reset(token)
+
+
 def handle_errors(fn: Callable) -> Callable:
     """User errors become one red message and a non-zero exit, never a traceback; with --json
     the same error is also one JSON object on stdout, so a script reading stdout sees why."""
@@ -64,17 +77,8 @@ def handle_errors(fn: Callable) -> Callable:
 
         as_json = bool(kwargs.get("as_json"))
         try:
-            if not as_json:
+            with _machine_stdout() if as_json else contextlib.nullcontext():
                 return fn(*args, **kwargs)
-            # with --json stdout carries one JSON document: anything else printed there (MaxText's
-            # import prints "[NO-OP] gcs_storage dependency missing" where the GCS client is absent)
-            # would make it unparseable, so it goes to stderr and only emit() writes to stdout
-            token = _JSON_OUT.set(sys.stdout)
-            try:
-                with contextlib.redirect_stdout(sys.stderr):
-                    return fn(*args, **kwargs)
-            finally:
-                _JSON_OUT.reset(token)
         except PingctlError as e:
             _fail(as_json, e.kind, str(e), e.exit_code)
         except KeyboardInterrupt:

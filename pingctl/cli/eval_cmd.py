@@ -72,11 +72,14 @@ def print_report(report: dict, path) -> None:
     `pingctl inspect EVAL_DIR` prints from a saved report.json."""
     info = report["predictors"]["model"]["info"]
     emit(dict(report), False, results_table(report, report["inputs"]["test"], info.get("context_policy", "?")))
-    # report.json is written with sorted keys: restore the table's order
-    # model_calibrated (eval --calibration) is judged against the baselines like the model
-    for who in sorted(report["comparisons"], key=lambda k: _rank(report.get("order", []), k)):
+    # report.json is written with sorted keys: restore the table's order; model_calibrated
+    # (eval --calibration) is judged against the baselines like the model
+    def in_order(keys):
+        return sorted(keys, key=lambda k: _rank(report.get("order", []), k))
+
+    for who in in_order(report["comparisons"]):
         comp = report["comparisons"][who]
-        _print_comparisons({k: comp[k] for k in sorted(comp, key=lambda k: _rank(report.get("order", []), k))}, who)
+        _print_comparisons({k: comp[k] for k in in_order(comp)}, who)
     n = report["nll"]
     console.print(f"model NLL {n['nats_per_token']:.3f} nats/token = {n['bits_per_token']:.3f} bits/token; "
                   f"{n['bits_per_measurement']:.1f} bits per measurement", highlight=False)
