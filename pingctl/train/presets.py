@@ -6,7 +6,8 @@ PRESETS: dict[str, dict] = {
     # CPU smoke test: trains in seconds.
     "tiny": dict(emb_dim=64, layers=2, heads=4, head_dim=16, mlp_dim=256, mlp_activations=["gelu"], dtype="float32"),
     # ~3.3M parameters: the one to train on a laptop CPU; small enough not to memorise its training
-    # pairs before it learns where addresses are (it beat Vivaldi in 83 CPU minutes: docs/eval.md, run 17).
+    # pairs before it learns where addresses are (on a dense mesh it beat Vivaldi in 83 CPU minutes,
+    # docs/eval.md run 17; on the sparse demo world it ties, run 19).
     "mini": dict(emb_dim=256, layers=4, heads=4, head_dim=64, mlp_dim=1024, mlp_activations=["gelu"], dtype="float32"),
     # ~20M parameters: trains on a laptop CPU, but at ~400 tokens/s there it is a GPU model.
     "small": dict(emb_dim=512, layers=6, heads=8, head_dim=64, mlp_dim=2048, mlp_activations=["gelu"], dtype="float32"),
