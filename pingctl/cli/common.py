@@ -112,7 +112,7 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
                       highlight=False, soft_wrap=True)
     if as_json:
         _stdout().write(json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}},
-                                    indent=2, sort_keys=True) + "\n")
+                                   indent=2, sort_keys=True) + "\n")
     raise typer.Exit(code) from None
 
 
