@@ -7,7 +7,7 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(emb_dim=64, layers=2, heads=4, head_dim=16, mlp_dim=256, mlp_activations=["gelu"], dtype="float32"),
     # ~3.3M parameters: the one to train on a laptop CPU; small enough not to memorise its training
     # pairs before it learns where addresses are (on a dense mesh it beat Vivaldi in 83 CPU minutes,
-    # docs/eval.md run 17; on the sparse demo world it ties, run 19).
+    # docs/eval.md run 17; it ties on the sparse demo world, run 19, and on a 128 x 128 mesh, run 20).
     "mini": dict(emb_dim=256, layers=4, heads=4, head_dim=64, mlp_dim=1024, mlp_activations=["gelu"], dtype="float32"),
     # ~20M parameters: memorises a 64 x 64 mesh's training pairs on a laptop CPU; with weight decay
     # 1.0 on a 128 x 128 mesh it beat Vivaldi in 71 CPU minutes (docs/eval.md run 20).
