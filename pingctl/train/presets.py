@@ -5,7 +5,7 @@ from __future__ import annotations
 PRESETS: dict[str, dict] = {
     # CPU smoke test: trains in seconds.
     "tiny": dict(emb_dim=64, layers=2, heads=4, head_dim=16, mlp_dim=256, mlp_activations=["gelu"], dtype="float32"),
-    # ~3.3M parameters: the one to train on a laptop CPU; small enough not to memorise its training
+    # ~3.3M parameters: trains on a laptop CPU in half an hour; small enough not to memorise its training
     # pairs before it learns where addresses are (on a dense mesh it beat Vivaldi in 83 CPU minutes,
     # docs/eval.md run 17; it ties on the sparse demo world, run 19, and on a 128 x 128 mesh, run 20).
     "mini": dict(emb_dim=256, layers=4, heads=4, head_dim=64, mlp_dim=1024, mlp_activations=["gelu"], dtype="float32"),
