@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import resource
+import sys
 import time
 from contextlib import contextmanager
+
+from pingctl.errors import PingctlError
+from pingctl.processes import die_with_us
 
 
 def peak_rss_mb(children: bool = False) -> float:
@@ -31,16 +36,15 @@ def run_measured(args: list[str]) -> tuple[dict, float, float]:
     on the child can never block on a full pipe.
     """
     import json
-    import os
     import subprocess
-    import sys
     import tempfile
-
-    from pingctl.errors import PingctlError
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "pingctl", *args, "--json"], stdout=out, stderr=err)
+        # the measured command dies with the bench (kill -9 included): it holds the memory
+        # of a whole pipeline step, and an orphan would go on computing for nobody
+        proc = subprocess.Popen([sys.executable, "-m", "pingctl", *args, "--json"], stdout=out, stderr=err,
+                                preexec_fn=die_with_us())
         _, status, usage = os.wait4(proc.pid, 0)
         elapsed = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)

@@ -16,7 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pingctl.errors import ConfigError
+from pingctl.errors import ConfigError, PingctlError
+from pingctl.schema.times import parse_when
 
 
 class Section(BaseModel):
@@ -81,9 +82,6 @@ class IngestConfig(Section):
     def _time_parses(cls, v):
         # checked here so `config check` catches what ingest would refuse at run time
         if v is not None:
-            from pingctl.errors import PingctlError
-            from pingctl.schema import parse_when
-
             try:
                 parse_when(v, "time")
             except PingctlError as e:
@@ -92,8 +90,6 @@ class IngestConfig(Section):
 
     @model_validator(mode="after")
     def _since_before_until(self):
-        from pingctl.schema import parse_when
-
         since, until = parse_when(self.since, "since"), parse_when(self.until, "until")
         if since is not None and until is not None and since >= until:
             raise ValueError(f"since ({self.since}) must be before until ({self.until})")
@@ -257,7 +253,7 @@ class TrainConfig(Section):
         description="time bound of one invocation: stop at the first checkpoint committed after this many "
         "minutes (None = train all steps)",
     )
-    log_period: int = Field(10, ge=1, description="TensorBoard flush period in steps")
+    log_period: int = Field(10, ge=1, description="MaxText's log period in steps (full metric lines; pingctl flushes TensorBoard events every step)")
     jax_cache_dir: str = Field("~/.cache/pingctl/jax", description="persistent XLA compilation cache")
     wandb: bool = Field(False, description="also log to Weights & Biases (WANDB_API_KEY from the environment)")
     wandb_project: str = Field("pingctl", description="W&B project")
@@ -337,7 +333,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r}: bad key {key!r}")
     try:
-        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
+        value = yaml.load(raw, Loader=UniqueKeyLoader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -354,7 +350,7 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one:
     a setting silently overridden further down the file)."""
 
@@ -374,7 +370,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 # Times stay text: the fields that hold one parse it themselves (with a message naming the
 # field), where PyYAML's own timestamp constructor raised a bare ValueError on 2024-13-01.
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
 
 
 def load_config(
@@ -392,7 +388,7 @@ def load_config(
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
         except UnicodeDecodeError as e:
             raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config file is YAML") from None
         except yaml.YAMLError as e:

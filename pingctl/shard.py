@@ -21,39 +21,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from pingctl import __version__
+from pingctl.artifacts.table import SPLITS, refuse_whole_shard_output, resolve_inputs
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
+from pingctl.benchutil import run_measured
 from pingctl.config import ShardConfig
-from pingctl.errors import ConfigError, PingctlError, UsageError
-from pingctl.schema import COLUMNS, all_rejected, canonical_query, connect, one, resolve_inputs
-
-SPLITS = ("train", "val", "test")
-
-
-def refuse_whole_shard_output(items, split: str = "train") -> None:
-    """A `pingctl shard` output given, or lying inside a directory given, where one split
-    belongs: its files are train, val and test together, and reading them as one table leaks
-    the held-out splits into training rows, baselines or a new split. `split` is the one to
-    suggest."""
-    import json
-
-    def is_shard_output(d: Path) -> bool:
-        try:
-            return json.loads((d / MANIFEST).read_text()).get("command") == "shard"
-        except (OSError, ValueError, AttributeError):
-            return False
-
-    for item in items:
-        d = Path(item)
-        if not d.is_dir():
-            continue
-        # a split inside a shard output (splits/train) holds no manifest of its own: fine
-        found = d if is_shard_output(d) else next(
-            (m.parent for m in sorted(d.rglob(MANIFEST)) if is_shard_output(m.parent)), None)
-        if found is not None:
-            where = "" if found == d else f" (inside {d})"
-            raise UsageError(f"{found} is a `pingctl shard` output holding train, val and test{where}; give "
-                             f"one split, e.g. {found / split}")
-
+from pingctl.errors import ConfigError, PingctlError
+from pingctl.schema.columns import COLUMNS
+from pingctl.schema.duck import all_rejected, canonical_query, connect, one
+from pingctl.schema.parquet import write_canonical
 
 Progress = Callable[[str, int, int], None]
 
@@ -186,9 +162,6 @@ def shard(
     """Split canonical Parquet `inputs` into `out/{train,val,test}/part-NNNNN.parquet`."""
     import pyarrow.parquet as pq
 
-    from pingctl import __version__
-    from pingctl.parquet_io import write_canonical
-
     t0 = time.perf_counter()
     refuse_whole_shard_output(inputs)
     files = resolve_inputs(inputs)
@@ -287,8 +260,6 @@ def shard(
 def bench_shard(rows: int, strategies: list[str], memory_limit: str) -> dict:
     """Time `pingctl shard` per strategy on `rows` synthetic rows, each in a child process."""
     import tempfile
-
-    from pingctl.benchutil import run_measured
 
     valid = {"time", "probe", "pair", "random"}
     bad = [s for s in strategies if s not in valid]

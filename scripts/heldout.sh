@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The held-out-pairs experiment of docs/eval.md (run 20): a 128 x 128 synthetic full mesh split by
+# The held-out-pairs experiment (docs/eval.md, "Held-out pairs: the recipe"): a 128 x 128 synthetic full mesh split by
 # (src, dst) pair, the `small` preset with weight decay 1.0 trained on this CPU (~71 minutes on 2
 # cores), then its last step evaluated once on 1,000 test packets of pairs it never saw, against
 # the global/prefix/pair medians, Vivaldi and the noise floor.
@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PINGCTL="${PINGCTL_BIN:-.venv/bin/pingctl}"
 PYTHON="${PINGCTL_PYTHON:-.venv/bin/python}"
-# The defaults are run 20's; the suite shrinks them to a smoke test.
+# The defaults are the recipe's (its measured result: docs/experiments.md); the suite shrinks them
+# to a smoke test.
 OUT="${PINGCTL_HELDOUT_DIR:-runs/heldout}"
 MESH="${PINGCTL_HELDOUT_MESH:-128}"
 ROWS="${PINGCTL_HELDOUT_ROWS:-3000000}"
@@ -47,7 +48,7 @@ PY
 
 if ! trained; then
   step "pingctl train: $PRESET, weight decay 1.0, $STEPS steps (resumes if interrupted)"
-  # Run 11's settings for RTT questions: no timestamps, the result last, one measurement per pair.
+  # The recipe's settings for RTT questions: no timestamps, the result last, one measurement per pair.
   $PINGCTL train "$OUT/rows/train" --eval "$OUT/rows/val" --preset "$PRESET" --steps "$STEPS" \
     -o "$OUT/train" --max-minutes "$MINUTES" \
     --set loader.seq_len=512 --set train.learning_rate=0.001 \

@@ -106,7 +106,7 @@ def synth_rows(tmp_path_factory):
     """A small synthetic world -> rows (train split): shared by loader/train/sample/eval tests,
     and read-only for them (each derived output has its own build_once)."""
     from pingctl.config import SynthConfig
-    from pingctl.rows.build import build_rows
+    from pingctl.records.build import build_rows
     from pingctl.synth.generate import generate
 
     def build(d: Path) -> None:

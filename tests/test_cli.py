@@ -295,3 +295,66 @@ def test_json_stdout_is_one_document_even_when_a_library_prints():
     # without --json the print stays where it was: stdout is for people then
     r = runner.invoke(_noisy_app(), [])
     assert r.exit_code == 0 and "gcs_storage" in r.stdout
+
+
+# Every size a user can type is bounded, and checked before any work: the value just past each
+# bound is a usage error naming the option (sample's bounds: pingctl/infer/questions.py; eval,
+# bench and tokenize: the constants blocks of their CLI modules). No run, no data: fast.
+def _past_bounds():
+    from pingctl.cli import bench_cmd as B, eval_cmd as E, tokenize_cmd as T
+    from pingctl.infer import questions as QS
+
+    fields = ["--src", "1.2.3.4", "--dst", "5.6.7.8", "--rtt", "3"]
+    return [
+        (["sample", "no-run", "--n", str(QS.MAX_STREAMS + 1)], "--n"),
+        (["sample", "no-run", "--src", "1.2.3.4", "--n", str(QS.MAX_STREAMS + 1)], "--n"),
+        (["sample", "no-run", "--n", "1", "--measurements", str(QS.MAX_MEASUREMENTS + 1)], "--measurements"),
+        (["sample", "no-run", "--n", str(QS.MAX_GENERATED // QS.MAX_MEASUREMENTS + 1),
+          "--measurements", str(QS.MAX_MEASUREMENTS)], "--measurements"),
+        (["sample", "no-run", "--src", "1.2.3.4", "--rtt", "10-30", "--n", str(QS.MAX_SAMPLES + 1)], "--n"),
+        (["sample", "no-run", "--src", "1.2.3.4", "--rtt", "10-30", "-k", str(QS.MAX_K + 1)], "-k"),
+        (["sample", "no-run", "--src", "1.2.3.4", "--dst", "8.8.*.*", "-k", str(QS.COMPLETE_BEAM + 1)], "-k"),
+        (["eval", "run", "--train", "a", "--test", "b", "--queries", str(E.MAX_QUERIES + 1)], "--queries"),
+        (["eval", "run", "--train", "a", "--test", "b", "--context", str(E.MAX_CONTEXT + 1)], "--context"),
+        (["eval", "run", "--train", "a", "--test", "b", "--set", f"eval.queries={E.MAX_QUERIES + 1}"],
+         "eval.queries"),
+        (["tokenize", "in.parquet", "-n", str(T.MAX_SHOW + 1)], "-n"),
+        (["tokenize", "in.parquet", "--stats", "--max-rows", str(T.MAX_STATS_ROWS + 1)], "--max-rows"),
+        (["tokenize", *fields, "-n", str(T.MAX_SHOW + 1)], "-n"),
+        (["bench", "ingest", "--limit", str(B.MAX_SAGAN + 1)], "--limit"),
+        (["bench", "ingest", "--workers", f"1,{B.MAX_WORKERS + 1}"], "--workers"),
+        (["bench", "synth", "--rows", str(B.MAX_ROWS + 1)], "--rows"),
+        (["bench", "shard", "--rows", str(B.MAX_ROWS + 1)], "--rows"),
+        (["bench", "build-rows", "--rows", str(B.MAX_ROWS + 1)], "--rows"),
+        (["bench", "tokenize", "--n", str(B.MAX_TOKENIZE + 1)], "--n"),
+        (["bench", "loader", "--seq-len", str(B.MAX_SEQ_LEN + 1)], "--seq-len"),
+        (["bench", "loader", "--batch-size", str(B.MAX_BATCH + 1)], "--batch-size"),
+        (["bench", "loader", "--batches", str(B.MAX_BATCHES + 1)], "--batches"),
+        (["bench", "loader", "--workers", f"0,{B.MAX_WORKERS + 1}"], "--workers"),
+        (["bench", "train", "--steps", str(B.MAX_STEPS + 1)], "--steps"),
+        (["bench", "train", "--seq-len", str(B.MAX_SEQ_LEN + 1)], "--seq-len"),
+        (["bench", "train", "--batch-size", str(B.MAX_BATCH + 1)], "--batch-size"),
+        (["bench", "sample", "no-run", "--queries", str(B.MAX_QUERIES + 1)], "--queries"),
+        (["bench", "sample", "no-run", "--exact-queries", str(B.MAX_QUERIES + 1)], "--exact-queries"),
+        (["bench", "sample", "no-run", "--streams", str(B.MAX_STREAMS + 1)], "--streams"),
+        (["bench", "sample", "no-run", "--context", f"0,{B.MAX_CONTEXT + 1}"], "--context"),
+    ]
+
+
+@pytest.mark.parametrize("args, option", _past_bounds(), ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_a_size_just_past_its_bound_is_a_usage_error_naming_the_option(args, option):
+    r = runner.invoke(app, args, terminal_width=200)
+    assert r.exit_code == 2 and option in r.output and "Traceback" not in r.output, r.output
+    assert any(w in r.output for w in ("bound", "at most", "less than or equal", "<=")), r.output
+
+
+@pytest.mark.parametrize("args", [[], ["--src", "1.2.3.4", "--rtt", "10-30"]], ids=["generation", "inverse"])
+def test_a_trillion_samples_is_refused_at_once(args):
+    # it once grew to 22 GB until killed (generation), or asked NumPy for 7.28 TiB (inverse search)
+    import time
+
+    t0 = time.perf_counter()
+    r = runner.invoke(app, ["sample", "no-run", *args, "--n", "1000000000000", "--json"])
+    assert r.exit_code == 2 and time.perf_counter() - t0 < 10, r.output
+    err = json.loads(r.stdout)["error"]
+    assert err["kind"] == "usage" and "--n 1,000,000,000,000 is beyond the bound of" in err["message"]

@@ -54,7 +54,7 @@ def test_eval_reports_model_and_every_baseline(tiny_run, time_split, synth_rows,
 def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
     from pingctl.config import ShardConfig
     from pingctl.shard import shard
-    from pingctl.train.local import checkpoint_steps
+    from pingctl.artifacts.run import checkpoint_steps
 
     pairs = tmp_path / "pairsplit"
     shard([synth_rows / "synth"], pairs, ShardConfig(strategy="pair"))
@@ -120,7 +120,8 @@ def test_eval_bad_inputs_are_clear(tiny_run, time_split, tmp_path):
 
 
 def test_teacher_forced_pass_equals_separate_passes(tiny_run, time_split):
-    from pingctl.eval.model import context_indices, context_pool, prompts, teacher_forced
+    from pingctl.context import context_indices, context_pool
+    from pingctl.eval.model import prompts, teacher_forced
     from pingctl.eval.report import load_split
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel

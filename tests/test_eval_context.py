@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from pingctl.errors import PingctlError
-from pingctl.eval.model import context_indices, context_median, context_pool
+from pingctl.context import context_indices, context_pool
+from pingctl.eval.model import context_median
 
 
 def _split(rows):

@@ -23,7 +23,7 @@ from pingctl.errors import PingctlError
 from pingctl.ingest.core import ingest, ingest_bytes, resolve
 from pingctl.ingest.parse import Options, parse_when, reconcile, sample_keep
 from pingctl.ingest.reader import iter_records
-from pingctl.schema import arrow_schema
+from pingctl.schema.columns import arrow_schema
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
 VARIANTS = FIXTURES / "firmware-variants.jsonl"

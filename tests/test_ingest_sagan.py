@@ -31,7 +31,7 @@ def test_rtts_equal_sagan_on_every_result(tmp_path):
     sagan = pytest.importorskip("ripe.atlas.sagan")
     from pingctl.config import IngestConfig
     from pingctl.ingest.core import ingest
-    from pingctl.schema import is_public, parse_address
+    from pingctl.schema.addresses import is_public, parse_address
 
     t0 = time.perf_counter()
     out = tmp_path / "out"

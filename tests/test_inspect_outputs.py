@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pingctl.cli.app import app
-from pingctl.infer.pairs import write_predictions
+from pingctl.artifacts.sample_output import write_predictions
 
 runner = CliRunner()
 
@@ -73,7 +73,7 @@ def test_a_damaged_output_is_named_not_misread(tmp_path):
 
 
 def test_a_distribution_reads_back_its_quantiles(tmp_path):
-    from pingctl.cli.sample_cmd import _write_distribution
+    from pingctl.artifacts.sample_output import write_distribution
     from pingctl.infer.queries import RttDistribution
 
     rng = np.random.default_rng(1)
@@ -82,7 +82,7 @@ def test_a_distribution_reads_back_its_quantiles(tmp_path):
     d = RttDistribution(0.125, np.arange(500, dtype=np.uint16), vals, probs)
     for suffix in (".parquet", ".json"):
         out = tmp_path / f"d{suffix}"
-        _write_distribution(d, out, "1.2.3.4", "8.8.8.8")
+        write_distribution(d, out, "1.2.3.4", "8.8.8.8")
         code, got = _inspect(out)
         assert code == 0, got
         assert got["kind"] == "distribution" and (got["src"], got["dst"], got["codes"]) == ("1.2.3.4", "8.8.8.8", 500)

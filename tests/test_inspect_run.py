@@ -36,3 +36,18 @@ def test_inspect_describes_a_run_and_its_state(tiny_run, tmp_path):
     assert text.exit_code == 0 and "incomplete" in text.output and f"uncommitted, ignored: {last}" in text.output
     bad = runner.invoke(app, ["inspect", str(run), "--sample", "3"])
     assert bad.exit_code == 2 and "not of a run directory" in bad.output
+
+
+def test_inspect_reads_the_metrics_from_the_tensorboard_events(tiny_run, tmp_path):
+    # the events are the source (also of SLURM and Modal runs, which have no train.log here):
+    # without metrics.jsonl and train.log, inspect describes the run as before
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = json.loads(runner.invoke(app, ["inspect", str(run), "--json"]).stdout)
+    (run / "metrics.jsonl").unlink()
+    (run / "train.log").unlink()
+    r = runner.invoke(app, ["inspect", str(run), "--json"])
+    assert r.exit_code == 0, r.output
+    after = json.loads(r.stdout)
+    assert after["last_step"] == before["last_step"] == 59 and after["complete"]
+    assert after["train_loss_last"] == before["train_loss_last"] is not None

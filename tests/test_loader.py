@@ -266,7 +266,7 @@ def test_shaping_puts_the_rtt_last_and_caps_each_pair_per_context(synth_rows):
 def test_first_per_pair_keeps_the_earliest_k_of_each_pair_in_time_order():
     from types import SimpleNamespace
 
-    from pingctl.loader.contexts import _first_per_pair
+    from pingctl.loader.sequences import _first_per_pair
 
     rec = SimpleNamespace(src_idx=np.array([0, 0, 1, 0, 0, 1, 0], np.uint32), dst_idx=np.array([5, 6, 5, 5, 5, 5, 6], np.uint32))
     idx = np.arange(1, 7)  # a window that skips position 0

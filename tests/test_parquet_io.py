@@ -32,7 +32,7 @@ def _pages_fail_their_checksum(path: Path) -> bool:
 def _outputs(tmp_path: Path, synth_dir: Path) -> dict[str, Path]:
     from pingctl.config import IngestConfig
     from pingctl.ingest.core import ingest
-    from pingctl.parquet_io import write_canonical
+    from pingctl.schema.parquet import write_canonical
 
     write_canonical([make_table(3000)], tmp_path / "canonical.parquet")  # shard's writer
     ripe = Path(__file__).parent / "fixtures" / "ingest" / "firmware-variants.jsonl"
@@ -56,7 +56,7 @@ def test_every_writer_puts_a_checksum_on_every_page(tmp_path, synth_rows):
 
 def test_readers_name_a_damaged_file_instead_of_reading_other_numbers(tmp_path):
     from pingctl.eval.report import load_split
-    from pingctl.parquet_io import write_canonical
+    from pingctl.schema.parquet import write_canonical
 
     f = tmp_path / "test.parquet"
     write_canonical([make_table(3000)], f)
@@ -89,7 +89,7 @@ def test_row_groups_are_whole_however_small_the_batches(tmp_path):
     # DuckDB hands shard 122,880 rows at a time: every batch became its own row group
     import pyarrow.parquet as pq
 
-    from pingctl.parquet_io import write_canonical
+    from pingctl.schema.parquet import write_canonical
     from tests.conftest import make_table
 
     t = make_table(95)

@@ -360,7 +360,7 @@ def test_averaged_checkpoints_hold_the_mean_of_their_weights(tiny_run, pair):
     import jax
 
     from pingctl.infer.model import LoadedModel
-    from pingctl.train.local import checkpoint_steps
+    from pingctl.artifacts.run import checkpoint_steps
 
     have = checkpoint_steps(tiny_run)
     first, last = have[0], have[-1]
@@ -387,7 +387,7 @@ def test_damaged_run_is_a_clear_error(tiny_run, pair, tmp_path):
     import subprocess
     import sys
 
-    from pingctl.train.local import checkpoint_steps
+    from pingctl.artifacts.run import checkpoint_steps
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
@@ -470,7 +470,7 @@ def test_cli_refuses_bad_options_before_the_model_loads(tmp_path):
 
 def test_option_parsers_take_what_the_prompt_builder_takes():
     from pingctl.cli.common import option_time as _parse_time
-    from pingctl.cli.sample_cmd import _address_option, _rtt_range
+    from pingctl.infer.questions import address_option as _address_option, rtt_range as _rtt_range
     from pingctl.errors import PingctlError
     from pingctl.infer import queries as Q
 

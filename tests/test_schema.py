@@ -8,16 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pingctl.errors import PingctlError
-from pingctl.schema import (
-    SEED_COLUMNS,
-    arrow_schema,
-    canonical_query,
-    check_rtt,
-    connect,
-    is_public,
-    parse_address,
-    resolve_inputs,
-)
+from pingctl.artifacts.table import resolve_inputs
+from pingctl.schema.addresses import is_public, parse_address
+from pingctl.schema.columns import SEED_COLUMNS, arrow_schema, check_rtt
+from pingctl.schema.duck import canonical_query, connect
 from tests.conftest import make_table
 
 
@@ -32,6 +26,10 @@ def test_schema_is_the_seed_schema_plus_prb_id():
 
 @given(st.ip_addresses())
 def test_parse_address_canonicalises_any_ip(ip):
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        # no measurement records an IPv4-mapped address: refused in every spelling (docs/data.md)
+        assert parse_address(ip.exploded) is None and parse_address(str(ip)) is None
+        return
     canon, version = parse_address(ip.exploded)
     assert version == ip.version and canon == str(ip)
 
@@ -123,7 +121,7 @@ def test_resolve_inputs_skips_hidden_temp_dirs(tmp_path):
 
 def test_zone_ids_are_not_addresses():
     # ipaddress accepts "fe80::1%eth0"; it passed ingest and shard, then stopped build-rows
-    from pingctl.schema import parse_address
+    from pingctl.schema.addresses import parse_address
 
     assert parse_address("2001:4860:4860::8888%eth0") is None and parse_address("fe80::1%1") is None
     assert parse_address("2001:4860:4860::8888") == ("2001:4860:4860::8888", 6)
@@ -131,7 +129,7 @@ def test_zone_ids_are_not_addresses():
 
 @given(st.integers(-10**14, 10**14), st.datetimes(min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30)))
 def test_one_time_parser_reads_seconds_and_iso_exactly(secs, when):
-    from pingctl.schema import parse_when
+    from pingctl.schema.times import parse_when
 
     assert parse_when(str(secs), "--time") == secs * 1_000_000
     utc = when.replace(tzinfo=dt.timezone.utc)
@@ -145,7 +143,7 @@ def test_time_options_refuse_what_is_not_ascii_seconds_or_iso_in_every_command()
 
     from pingctl.cli.app import app
     from pingctl.errors import UsageError
-    from pingctl.schema import parse_when
+    from pingctl.schema.times import parse_when
 
     for bad in ("²", "١٢", "1e16", "nan", "12 s", "+-nan", "--inf"):  # float() reads '١٢' as 12, isdigit() '²'
         with pytest.raises(UsageError, match="--time"):
@@ -197,7 +195,7 @@ def test_integer_columns_given_as_floats_must_be_integral_and_not_booleans(tmp_p
 
 
 def test_rtt_above_the_codecs_largest_value_is_bad_rtt(tmp_path):
-    from pingctl.schema import MAX_RTT_MS
+    from pingctl.schema.columns import MAX_RTT_MS
     from pingctl.tokenizer.rtt_codec import MAX_MS
 
     assert MAX_RTT_MS == MAX_MS

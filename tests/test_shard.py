@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from pingctl.cli.app import app
 from pingctl.config import ShardConfig
 from pingctl.errors import PingctlError
-from pingctl.schema import arrow_schema
+from pingctl.schema.columns import arrow_schema
 from pingctl.shard import shard
 from tests.conftest import make_table
 

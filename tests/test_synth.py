@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pingctl.config import SynthConfig
-from pingctl.schema import arrow_schema, is_public, parse_address
+from pingctl.schema.addresses import is_public, parse_address
+from pingctl.schema.columns import arrow_schema
 from pingctl.synth.generate import ROW_GROUP_ROWS, generate
 
 SMALL = dict(rows=300_000, probes=30, targets=12, targets_per_probe=6, step=600, seed=7)

@@ -28,7 +28,7 @@ TINY = ["--set", "loader.seq_len=128", "--set", "loader.batch_size=8", "--set", 
 
 @pytest.fixture(scope="module")
 def rows(synth_rows, time_split):
-    from pingctl.rows.build import build_rows
+    from pingctl.records.build import build_rows
     from tests.conftest import build_once
 
     def build(d: Path) -> None:
@@ -248,7 +248,7 @@ def test_slurm_scripts_render_and_parse(rows, tmp_path):
         for line in ("#SBATCH --partition=a100", "#SBATCH --account=proj", f"#SBATCH --nodes={nodes}",
                      "#SBATCH --gpus-per-node=4", "#SBATCH --time=02:00:00"):
             assert line in script.splitlines()
-        assert f"python -m pingctl.train.worker" in script and str(run) in script
+        assert "python -m pingctl.train.worker" in script and str(run) in script
         assert ("srun --nodes=3" in script and "JAX_COORDINATOR_IP" in script) == (nodes == 3)
         mt = yaml.safe_load((run / "maxtext.yml").read_text())
         assert mt["hardware"] == "gpu" and mt["skip_jax_distributed_system"] is False
@@ -542,3 +542,87 @@ def test_multi_node_workers_join_the_job_before_counting_its_devices(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
         assert out.split() == ["2", "cpu", "2", "True"], out
+
+
+def _events(path: Path, suffix: str, steps, loss, evals=()) -> None:
+    """An events file as MaxText writes one per invocation (the tags pingctl reads, and one it does not)."""
+    from tensorboardX import SummaryWriter
+
+    w = SummaryWriter(str(path), filename_suffix=suffix)
+    for step in steps:
+        for tag, v in (("learning/loss", loss(step)), ("learning/total_weights", 900.0), ("learning/perplexity", 9.0),
+                       ("perf/step_time_seconds", 0.5), ("learning/current_learning_rate", 0.01),
+                       ("perf/per_device_tflops_per_sec", 0.02), ("perf/per_device_tokens_per_sec", 2048.0)):
+            w.add_scalar(tag, v, step)
+        if step in evals:
+            w.add_scalar("eval/avg_loss", 3.0 + step / 100, step)
+    w.close()
+
+
+def test_event_files_give_each_step_once_the_later_invocation_winning(tmp_path):
+    tb = tmp_path / "maxtext" / "tensorboard" / "maxtext"
+    _events(tb, ".1", range(0, 13), lambda s: 5.0, evals=(0, 10))  # killed at 12, checkpoint 10
+    _events(tb, ".2", range(11, 15), lambda s: 4.0, evals=(12,))  # resumed from 10
+    recs = M.tensorboard_records(tmp_path / "maxtext" / "tensorboard")
+    train = [r for r in recs if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(15))
+    assert [r["loss"] for r in train] == [5.0] * 11 + [4.0] * 4  # the re-run steps replace the killed run's
+    assert train[0] == {"kind": "train", "step": 0, "loss": 5.0, "step_seconds": 0.5, "tokens_per_s_per_device": 2048.0,
+                        "tflops_per_device": 0.02, "target_tokens": 900.0, "learning_rate": 0.01}
+    assert [(r["step"], r["eval_loss"]) for r in recs if r["kind"] == "eval"] == [(0, 3.0), (10, 3.1), (12, 3.12)]
+    assert M.run_history(tmp_path) == recs
+    # a file whose writer was killed mid-record: what precedes the cut is read, the torn step is left out
+    late = next(tb.glob("*.2"))
+    late.write_bytes(late.read_bytes()[:-7])
+    steps = [r["step"] for r in M.tensorboard_records(tb) if r["kind"] == "train"]
+    assert steps == list(range(14))
+
+
+def test_kill_9_then_rerun_keeps_the_killed_invocations_metrics(rows, tmp_path):
+    # metrics.jsonl and loss.png must cover every step of a run across a kill -9 and a resume, not
+    # only the steps of the invocation that finished it.
+    from pingctl.inspect.run import describe_run
+
+    run, steps = tmp_path / "killed", 150
+    cmd = [sys.executable, "-m", "pingctl", "train", str(rows[0]), "--eval", str(rows[1]), "--run-dir", str(run),
+           "--steps", str(steps), *TINY, "--set", "train.checkpoint_period=20", "--set", "train.eval_interval=15",
+           "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = run / "maxtext" / "checkpoints" / "20" / "commit_success.txt"
+
+    def logged_past(step: int) -> bool:  # MaxText writes a step's metrics after the next step
+        log = run / "train.log"
+        return log.exists() and any(r["step"] > step for r in M.parse_log(log).records if r["kind"] == "train")
+
+    deadline = time.time() + 240
+    while not (ckpt.exists() and logged_past(21)) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert ckpt.exists() and proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1)
+    assert not (run / "metrics.jsonl").exists()
+    # the killed invocation's steps survive in its TensorBoard events, up to and past the checkpoint:
+    # `pingctl inspect` sees them without train.log (as for a SLURM or Modal run)
+    (run / "train.log").rename(run / "train.log.aside")
+    killed = describe_run(run)
+    (run / "train.log.aside").rename(run / "train.log")
+    assert killed["last_step"] >= 21 and killed["eval_step_last"] == 15 and not killed["complete"]
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    s = json.loads(again.stdout)
+    c = s["resumed_from_checkpoint"]
+    assert c >= 20 and s["first_step_this_run"] == c + 1 and s["last_step"] == steps - 1
+    records = M.read_jsonl(run / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(steps))  # every step exactly once, across the kill
+    evals = [r["step"] for r in records if r["kind"] == "eval"]
+    assert evals == list(range(0, steps, 15))
+    loss = {r["step"]: r["loss"] for r in train}
+    assert (s["first_loss"], s["final_loss"]) == (loss[c + 1], loss[steps - 1])  # this invocation's
+    log = _losses(run)  # the rerun's log lines agree with the records of the steps it re-ran
+    assert all(abs(float(log[k]) - loss[k]) < 1e-3 for k in range(c + 1, steps))
+    d = describe_run(run)
+    assert d["complete"] and d["last_step"] == steps - 1 and d["eval_step_last"] == evals[-1]
+    assert d["train_loss_last"] == pytest.approx(sum(loss[k] for k in range(steps - 20, steps)) / 20)
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -18,13 +18,28 @@ from pingctl.errors import PingctlError, UsageError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
+# Upper bounds of every size a bench takes (Typer's max=: a usage error, exit 2, naming the
+# option and the bound, before any work). A bench times the work at a size, so a size is
+# bounded by what one machine (this one: 2 cores, 23 GB) finishes in about an hour and holds:
+MAX_ROWS = 100_000_000  # synth/shard/build-rows: 10x the default; synth writes ~20 B/row to a temp dir
+MAX_TOKENIZE = 20_000_000  # bench tokenize --n: the rows, their Measurements and tokens all in memory (~5 GB)
+MAX_SAGAN = 1_000_000  # bench ingest --limit: results per file parsed by ripe.atlas.sagan (Python objects)
+MAX_WORKERS = 64  # --workers: processes started per case
+MAX_SEQ_LEN = 32_768  # --seq-len: a packed sequence (32x the default)
+MAX_BATCH = 1_024  # --batch-size: with MAX_SEQ_LEN, 32M tokens a batch
+MAX_BATCHES = 100_000  # bench loader --batches
+MAX_STEPS = 100_000  # bench train --steps
+MAX_QUERIES = 100_000  # bench sample --queries / --exact-queries: distributions per context case
+MAX_STREAMS = 10_000  # bench sample --streams: pingctl.infer.questions.MAX_STREAMS, generation's bound
+MAX_CONTEXT = 10_000  # bench sample --context: measurements in a prompt of at most seq_len tokens (>= 12 each)
+
 OutOpt = Annotated[
     Path | None, typer.Option("--out", help="Write the JSON report here (default runs/bench/NAME.json).")
 ]
 
 
-def _counts(text: str, option: str, lowest: int) -> list[int]:
-    """A comma-separated list of counts, each at least `lowest` (a usage error otherwise)."""
+def _counts(text: str, option: str, lowest: int, highest: int) -> list[int]:
+    """A comma-separated list of counts, each in [lowest, highest] (a usage error otherwise)."""
 
     try:
         values = [int(w) for w in text.split(",")]
@@ -32,6 +47,8 @@ def _counts(text: str, option: str, lowest: int) -> list[int]:
         raise UsageError(f"{option} {text!r}: give comma-separated whole numbers, like 0,1,2") from None
     if any(v < lowest for v in values):
         raise UsageError(f"{option} {text!r}: each count must be at least {lowest}")
+    if any(v > highest for v in values):
+        raise UsageError(f"{option} {text!r}: each count must be at most {highest:,}")
     return values
 
 
@@ -82,7 +99,7 @@ def bench_ingest(
     inputs: Annotated[list[Path], typer.Argument(help="RIPE Atlas result files (default: ../shared samples).")] = None,
     workers: Annotated[str, typer.Option(help="Comma-separated worker counts to measure.")] = "1,2",
     sagan: Annotated[bool, typer.Option(help="Also time ripe.atlas.sagan on the same input.")] = True,
-    limit: Annotated[int | None, typer.Option(min=1, help="Results per file for the sagan timing.")] = 20000,
+    limit: Annotated[int | None, typer.Option(min=1, max=MAX_SAGAN, help="Results per file for the sagan timing.")] = 20000,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
@@ -92,7 +109,7 @@ def bench_ingest(
     """
     from pingctl.ingest.bench import bench_ingest as run
 
-    counts = _counts(workers, "--workers", 1)
+    counts = _counts(workers, "--workers", 1, MAX_WORKERS)
     _check_out(out)
     report(run(inputs or [], counts, sagan, limit), as_json, out)
 
@@ -100,7 +117,7 @@ def bench_ingest(
 @app.command("synth")
 @handle_errors
 def bench_synth(
-    rows: Annotated[int, typer.Option(min=1, help="Rows to generate.")] = 10_000_000,
+    rows: Annotated[int, typer.Option(min=1, max=MAX_ROWS, help="Rows to generate.")] = 10_000_000,
     seed: Annotated[int, typer.Option(min=0, help="Seed.")] = 0,
     as_json: JsonOpt = False,
     out: OutOpt = None,
@@ -118,7 +135,7 @@ def bench_synth(
 @app.command("shard")
 @handle_errors
 def bench_shard(
-    rows: Annotated[int, typer.Option(min=1, help="Rows of synthetic input to split.")] = 10_000_000,
+    rows: Annotated[int, typer.Option(min=1, max=MAX_ROWS, help="Rows of synthetic input to split.")] = 10_000_000,
     strategy: Annotated[str, typer.Option(help="Comma-separated strategies to time.")] = "time,probe",
     memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit.")] = "4GB",
     as_json: JsonOpt = False,
@@ -142,7 +159,7 @@ def bench_shard(
 @app.command("tokenize")
 @handle_errors
 def bench_tokenize(
-    n: Annotated[int, typer.Option("--n", min=1000, help="Measurements to encode.")] = 1_000_000,
+    n: Annotated[int, typer.Option("--n", min=1000, max=MAX_TOKENIZE, help="Measurements to encode.")] = 1_000_000,
     scheme: Annotated[str, typer.Option(help="compact | full | both.")] = "both",
     as_json: JsonOpt = False,
     out: OutOpt = None,
@@ -162,7 +179,7 @@ def bench_tokenize(
 @app.command("build-rows")
 @handle_errors
 def bench_build_rows(
-    rows: Annotated[int, typer.Option(min=1, help="Rows of synthetic input.")] = 10_000_000,
+    rows: Annotated[int, typer.Option(min=1, max=MAX_ROWS, help="Rows of synthetic input.")] = 10_000_000,
     memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit.")] = "2GB",
     max_row_mb: Annotated[float, typer.Option(min=0.001, help="Record size cap.")] = 8.0,
     as_json: JsonOpt = False,
@@ -172,7 +189,7 @@ def bench_build_rows(
 
     Example: pingctl bench build-rows --rows 10000000
     """
-    from pingctl.rows.build import bench_build_rows as run
+    from pingctl.records.build import bench_build_rows as run
 
     _memory(memory_limit)
     _check_out(out)
@@ -184,10 +201,10 @@ def bench_build_rows(
 def bench_loader(
     rows: Annotated[Path | None, typer.Argument(help="A build-rows output (default: synthetic rows).")] = None,
     workers: Annotated[str, typer.Option(help="Comma-separated Grain worker counts.")] = "0,1,2",
-    seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch size.")] = 8,
+    seq_len: Annotated[int, typer.Option(min=32, max=MAX_SEQ_LEN, help="Sequence length.")] = 1024,
+    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Batch size.")] = 8,
     batches: Annotated[int, typer.Option(
-        min=50, help="Batches timed per case (after warm-up; fewer would time the prefetch buffer).")] = 600,
+        min=50, max=MAX_BATCHES, help="Batches timed per case (after warm-up; fewer would time the prefetch buffer).")] = 600,
     scheme: Annotated[str, typer.Option(help="compact | full.")] = "compact",
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -203,7 +220,7 @@ def bench_loader(
     from pingctl.loader.bench import bench_loader as run
 
     loader = load(config, overrides).loader
-    counts = _counts(workers, "--workers", 0)
+    counts = _counts(workers, "--workers", 0, MAX_WORKERS)
     if scheme not in ("compact", "full"):
         raise UsageError(f"--scheme {scheme!r}: compact or full")
     _check_out(out)
@@ -217,9 +234,9 @@ def bench_train(
     rows: Annotated[Path | None, typer.Argument(help="Training rows (default: synthetic).")] = None,
     presets: Annotated[str, typer.Option(help="Comma-separated presets.")] = "tiny,mini,small",
     steps: Annotated[int, typer.Option(
-        min=3, help="Steps per preset (the first two, warm-up, are not timed).")] = 20,
-    seq_len: Annotated[int, typer.Option(min=32, help="Sequence length.")] = 1024,
-    batch_size: Annotated[int, typer.Option(min=1, help="Global batch size.")] = 8,
+        min=3, max=MAX_STEPS, help="Steps per preset (the first two, warm-up, are not timed).")] = 20,
+    seq_len: Annotated[int, typer.Option(min=32, max=MAX_SEQ_LEN, help="Sequence length.")] = 1024,
+    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Global batch size.")] = 8,
     hardware: Annotated[str, typer.Option(help="cpu | gpu.")] = "cpu",
     as_json: JsonOpt = False,
     out: OutOpt = None,
@@ -238,12 +255,14 @@ def bench_train(
 @handle_errors
 def bench_sample(
     run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
-    queries: Annotated[int, typer.Option(min=1, help="RTT distributions per context case (read at the quantiles).")] = 64,
+    queries: Annotated[int, typer.Option(
+        min=1, max=MAX_QUERIES, help="RTT distributions per context case (read at the quantiles).")] = 64,
     context: Annotated[str, typer.Option(
         help="Comma-separated context sizes (measurements in the prompt) to time the distributions at.")] = "0,24",
     exact_queries: Annotated[int, typer.Option(
-        min=0, help="Of those, how many to time with every code computed (0: skip).")] = 4,
-    streams: Annotated[int, typer.Option(min=0, help="Streams of 4 measurements to generate (0: skip).")] = 8,
+        min=0, max=MAX_QUERIES, help="Of those, how many to time with every code computed (0: skip).")] = 4,
+    streams: Annotated[int, typer.Option(
+        min=0, max=MAX_STREAMS, help="Streams of 4 measurements to generate (0: skip).")] = 8,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
     as_json: JsonOpt = False,
@@ -255,10 +274,11 @@ def bench_sample(
     """
     from pingctl.cli.common import step_progress
     from pingctl.infer.bench import bench_sample as run_bench
-    from pingctl.infer.model import LoadedModel, check_hardware, parse_steps
+    from pingctl.artifacts.run import parse_steps
+    from pingctl.infer.model import LoadedModel, check_hardware
 
     check_hardware(hardware)
-    sizes = _counts(context, "--context", 0)
+    sizes = _counts(context, "--context", 0, MAX_CONTEXT)
     steps = parse_steps(step)
     _check_out(out)
     model = LoadedModel.load(run, steps, hardware)

@@ -25,7 +25,7 @@ def build_rows(
 
     Example: pingctl build-rows runs/demo/splits/train -o runs/demo/rows/train
     """
-    from pingctl.rows.build import build_rows as run
+    from pingctl.records.build import build_rows as run
 
     cfg = load(config, set_, **{"rows.max_row_mb": max_row_mb, "rows.memory_limit": memory_limit})
     with step_progress("build-rows") as report:

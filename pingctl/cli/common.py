@@ -92,6 +92,9 @@ def handle_errors(fn: Callable) -> Callable:
                 raise
             if _damaged_input(e):
                 _fail(as_json, "input", f"damaged input: {e}", 1)
+            full = _disk_full(e, kwargs)
+            if full:
+                _fail(as_json, "input", full, 1)
             if duckdb_out_of_memory(e):
                 _fail(as_json, "input", "DuckDB ran out of memory under its memory limit: raise it (--memory-limit, "
                       f"or data.shard.memory_limit / rows.memory_limit) or use fewer threads ({str(e).splitlines()[0]})",
@@ -134,6 +137,62 @@ def _damaged_input(e: Exception) -> bool:
     """DuckDB reading a file that is damaged past its footer (a bad page found mid-query): an
     input problem, and DuckDB's message names the file."""
     return type(e).__module__.lstrip("_").startswith("duckdb") and "Failed to read file" in str(e)
+
+
+# The output option of each command that writes one (train: --run-dir, None = from the config)
+_OUTPUT_KWARGS = ("out", "run_dir")
+
+
+def _disk_full(e: BaseException, kwargs: dict) -> str | None:
+    """A full disk or an exhausted quota (ENOSPC, EDQUOT), as an OSError from Python, pyarrow or
+    a worker process, or as the text of DuckDB's, ArrayRecord's or Orbax's own error types: an
+    environment problem, so the message names where it wrote and what is free there now; None
+    for any other error. Every output is written atomically, so nothing looks complete."""
+    import errno
+    import re
+    import shutil
+
+    names = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+    texts = {os.strerror(code): code for code in names}  # "No space left on device", "Disk quota exceeded"
+    code, culprit, seen, x = None, None, set(), e
+    while x is not None and id(x) not in seen and code is None:  # the error or what it was raised from
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in names:
+            code, culprit = x.errno, x
+        else:
+            code = next((c for t, c in texts.items() if t in str(x)), None)
+            culprit = x
+        x = x.__cause__ or x.__context__
+    if code is None:
+        return None
+    out = next((kwargs[k] for k in _OUTPUT_KWARGS if kwargs.get(k) is not None), None)
+    file = getattr(culprit, "filename", None)
+    if file is None:  # DuckDB and ArrayRecord name the file in their text
+        m = re.search(r'"(/[^"]+)"|writing (/\S+?);', str(culprit))
+        file = m and (m.group(1) or m.group(2))
+    where = out if out is not None else file
+    if where is None:
+        return f"{names[code]} ({str(culprit).splitlines()[0]}): free some space, or write the output elsewhere"
+    space = ""
+    probe = Path(os.path.abspath(where))
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+        space = f"; its file system ({probe}) has {_size(usage.free)} free of {_size(usage.total)} now"
+    except OSError:
+        pass
+    detail = str(culprit).splitlines()[0] if str(culprit) else type(culprit).__name__
+    return (f"{names[code]} writing {where}{space}: free some space or write the output elsewhere "
+            f"({type(culprit).__name__}: {detail})")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n} TB"
 
 
 def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) -> None:
@@ -230,7 +289,8 @@ def read_valid_rows(inputs: list[Path], limit: int | None, what: str = ""):
     is skipped with a warning naming reason, file and row: shown or used as a prompt, it would
     stand for something training never sees. `what` prefixes the messages (e.g. "--context")."""
     from pingctl.errors import PingctlError
-    from pingctl.schema import canonical_head, rejected_lines, resolve_inputs
+    from pingctl.artifacts.table import resolve_inputs
+    from pingctl.schema.duck import canonical_head, rejected_lines
 
     label = (what + " " if what else "") + ", ".join(map(str, inputs))
     table, rejected, read = canonical_head(resolve_inputs(inputs), limit)
@@ -252,7 +312,7 @@ def option_time(text: str | None, option: str = "--time") -> int | None:
     """A time option as users give it (ISO 8601 or Unix seconds) -> Unix seconds; None when
     the option is not given."""
     from pingctl.errors import UsageError
-    from pingctl.schema import parse_when
+    from pingctl.schema.times import parse_when
 
     if text is not None and not text.strip():  # parse_when reads "" as "no time" (an unset config key)
         raise UsageError(f"{option} is empty: give ISO 8601 or Unix seconds")

@@ -10,6 +10,16 @@ import typer
 from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
                                 step_progress)
 
+# Upper bounds of eval's counts, checked before any split is read or the model loads (a usage
+# error, exit 2, naming the option, or the config key where --set or --config gave it):
+# - queries: each test packet is one prompt through the model (a few forward passes at the
+#   quantiles) and a row of every baseline's arrays; 1,000,000 packets are hours on a GPU and
+#   more on this 2-core machine, and the report's per-packet arrays stay a few hundred MB.
+# - context: measurements of the probe in one prompt, which holds at most the run's seq_len
+#   tokens (>= 12 a measurement): 10,000 needs a 120,000-token context, beyond any run here.
+MAX_QUERIES = 1_000_000
+MAX_CONTEXT = 10_000
+
 
 def evaluate(
     run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
@@ -18,9 +28,9 @@ def evaluate(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.json and the plots go.")] = Path("runs/eval"),
     truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
     queries: Annotated[int | None, typer.Option(
-        min=1, help="Test packets evaluated (a seeded random subset). [default: eval.queries, 300]")] = None,
+        min=1, max=MAX_QUERIES, help="Test packets evaluated (a seeded random subset). [default: eval.queries, 300]")] = None,
     context: Annotated[int | None, typer.Option(
-        min=0, help="Preceding measurements of the probe in the prompt. [default: eval.context, 16]")] = None,
+        min=0, max=MAX_CONTEXT, help="Preceding measurements of the probe in the prompt. [default: eval.context, 16]")] = None,
     context_policy: Annotated[str | None, typer.Option(
         help="probe: the probe's preceding test packets, as in training (adds the context_median "
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "
@@ -49,12 +59,17 @@ def evaluate(
     Calibrated intervals: every eval writes OUT/calibration.json, fitted on its packets. Evaluate
     on val first, then on test with --calibration VAL_OUT/calibration.json.
     """
+    from pingctl.errors import UsageError
     from pingctl.eval.run import evaluate as run_eval
-    from pingctl.infer.model import parse_steps
+    from pingctl.artifacts.run import parse_steps
 
     steps = parse_steps(step)
     cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
                                 "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair}).eval
+    for key, value, most in (("queries", cfg.queries, MAX_QUERIES), ("context", cfg.context, MAX_CONTEXT)):
+        if value > most:  # the options are bounded by Typer; a --set or --config value here
+            raise UsageError(f"eval.{key} {value:,} is beyond the bound of {most:,} (see --{key} in "
+                             "`pingctl eval --help`)")
     queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
     context_per_pair = cfg.context_per_pair
 

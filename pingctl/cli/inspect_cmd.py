@@ -9,7 +9,7 @@ import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, kv_table,
                                 load, say)
-from pingctl.schema import utc_text
+from pingctl.schema.times import utc_text
 
 
 def _table_rows(d: dict) -> list[tuple[str, object]]:
@@ -58,7 +58,7 @@ def inspect(
     A sample output (pingctl inspect predictions.parquet): the run it came from, counts (and the
     rows set aside beside it), the spread of P(failure) and median RTT; or a pair's distribution.
     """
-    from pingctl.inspect_table import describe
+    from pingctl.inspect import describe
 
     cfg = load(config, set_)
     result = describe(path, sample, cfg.tokenizer.scheme)
@@ -125,7 +125,7 @@ def inspect(
     emit(result, False, tables)
     for name, d in parts.items():
         if d["invalid_rows"]:
-            from pingctl.schema import rejected_lines
+            from pingctl.schema.duck import rejected_lines
 
             say(f"{name}: {d['invalid_rows']:,} invalid rows, which shard and build-rows set aside:", "yellow")
             for line in rejected_lines(d["rejected"]):
@@ -159,6 +159,7 @@ def _print_run(r: dict) -> None:
         ("eval - train loss (last eval)", r["generalization_gap"]),
         ("step time s", r["step_seconds"]),
         ("checkpoints", ckpts),
+        ("temp checkpoint dirs", ", ".join(f"{t['name']} ({t['bytes'] / 1e6:,.1f} MB, a save in progress or cut short)" for t in r["temp_checkpoint_dirs"]) or "-"),
         ("loss curve", r["loss_png"]),
         ("TensorBoard", r["tensorboard"]),
     ]

@@ -6,31 +6,12 @@ import time as _time
 from pathlib import Path
 
 from pingctl.cli.common import emit, err_console, fmt, grid_table, kv_table, progress, say
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import PingctlError
 from pingctl.infer.model import untimed_run
-from pingctl.schema import utc_text
+from pingctl.schema.times import utc_text
 
 SHOWN = 20  # pairs printed in the terminal table; -o / --json hold them all
 TIMES_HINT = 1000  # distinct timed questions from which a note says that each time is its own question
-OUT_SUFFIXES = (".parquet", ".csv", ".json")
-
-
-def rejects_path(out: Path) -> Path:
-    """preds.parquet -> preds.rejects.jsonl, beside it."""
-    return out.with_name(out.stem + ".rejects.jsonl")
-
-
-def check_options(out: Path | None) -> None:
-    """What can be refused before the pairs file is read or the model loads."""
-    from pingctl.atomic import unwritable_reason
-
-    if out is None:
-        return
-    if out.suffix not in OUT_SUFFIXES:
-        raise UsageError(f"--out {out}: --pairs writes .parquet, .csv or .json")
-    for path in (out, rejects_path(out)):
-        if reason := unwritable_reason(path):
-            raise PingctlError(f"--out {path}: cannot be written ({reason})")
 
 
 def calibration_label(cal) -> str:
@@ -43,8 +24,10 @@ def calibration_label(cal) -> str:
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
                  out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
                  hardware: str | None = None, calibration=None) -> None:
+    from pingctl.artifacts import sample_output as SO
     from pingctl.infer import pairs as P
-    from pingctl.infer.model import LoadedModel, run_config, trained_with_timestamps
+    from pingctl.artifacts.run import run_config
+    from pingctl.infer.model import LoadedModel, trained_with_timestamps
 
     pairs = P.read_pairs(pairs_path)
     if pairs.has_times() and not trained_with_timestamps(run_config(run).loader.mode_weights):
@@ -83,12 +66,12 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
     if out is not None:
-        P.write_predictions(cols, out, meta)
-        P.write_rejects(pairs, rejects_path(out))
-        result.update(out=str(out), rejects_file=str(rejects_path(out)))
+        SO.write_predictions(cols, out, meta)
+        SO.write_rejects(pairs.rejects, SO.rejects_path(out))
+        result.update(out=str(out), rejects_file=str(SO.rejects_path(out)))
     if summary and not as_json:
         say(f"--pairs {pairs_path}: set aside {len(pairs.rejects):,} of {pairs.rows_read:,} rows"
-            + (f" (each in {rejects_path(out)})" if out is not None else ":"), err=True, label="warning: ")
+            + (f" (each in {SO.rejects_path(out)})" if out is not None else ":"), err=True, label="warning: ")
         for line in _reason_lines(summary, pairs.unit):
             say(line, err=True)
         if out is None:
@@ -107,7 +90,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
         ("device", model.device), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
-        *([("rejects", str(rejects_path(out)))] if out is not None else []),
+        *([("rejects", str(SO.rejects_path(out)))] if out is not None else []),
     ])])
 
 

@@ -25,12 +25,19 @@ STYLE = {
     "msm_id": "bright_black",
 }
 
+# Upper bounds of the row counts (Typer's max=: a usage error, exit 2, before any row is read).
+# The rows are read whole into memory (Arrow, then Measurements and their tokens, ~400 bytes a
+# row in all for --stats): 10,000,000 rows (10x the default) stay under ~5 GB. Every shown row
+# becomes a table of its tokens (or a JSON object of them): 100,000 is already pages of text.
+MAX_SHOW = 100_000
+MAX_STATS_ROWS = 10_000_000
+
 
 def tokenize(
     inputs: Annotated[
         list[Path] | None, typer.Argument(help="Canonical Parquet file(s) or directories to read rows from.")
     ] = None,
-    n: Annotated[int, typer.Option("--n", "-n", min=1, max=1_000_000_000, help="Rows to show from the input.")] = 5,
+    n: Annotated[int, typer.Option("--n", "-n", min=1, max=MAX_SHOW, help="Rows to show from the input.")] = 5,
     src: Annotated[str | None, typer.Option("--src", help="Source address of one measurement.")] = None,
     dst: Annotated[str | None, typer.Option("--dst", help="Destination address of one measurement.")] = None,
     rtt: Annotated[float | None, typer.Option("--rtt", help="RTT in ms.")] = None,
@@ -43,7 +50,8 @@ def tokenize(
         str | None, typer.Option("--decode", help='Token ids to decode: "0 1 204 ...", "-" = stdin, @FILE = a file.')
     ] = None,
     stats: Annotated[bool, typer.Option("--stats", help="Token statistics of the input instead of examples.")] = False,
-    max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows read for --stats.")] = 1_000_000,
+    max_rows: Annotated[int, typer.Option(
+        "--max-rows", min=1, max=MAX_STATS_ROWS, help="Rows read for --stats.")] = 1_000_000,
     scheme: Annotated[str | None, typer.Option(help="compact | full (overrides config tokenizer.scheme).")] = None,
     seed: Annotated[
         int | None, typer.Option(min=0, help="Shuffle field order with this seed (default: canonical order).")
@@ -106,9 +114,12 @@ def _from_fields(src, dst, rtt, time, failed, size, errors, msm_id):
 
     if rtt is not None and not rtt <= MAX_MS:  # also inf: the code would saturate silently
         raise UsageError(f"--rtt {rtt} ms is beyond the RTT code's largest value ({MAX_MS:,.0f} ms)")
-    from pingctl.schema import parse_address
+    from pingctl.schema.addresses import ipv4_mapped, parse_address
 
     for opt, value in (("--src", src), ("--dst", dst)):
+        if (v4 := ipv4_mapped(value)) is not None:
+            raise UsageError(f"{opt} {value!r} is an IPv4-mapped IPv6 address; measurements record the IPv4 "
+                             f"address itself: give {v4}")
         if parse_address(value) is None or "%" in value:
             raise UsageError(f"{opt} {value!r} is not an IPv4 or IPv6 address")
     t = option_time(time)

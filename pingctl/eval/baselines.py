@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from pingctl.context import codes_in, vocabulary
+
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 _ALIASES = {"src": ("src", "src_addr"), "dst": ("dst", "dst_addr")}
 _US_BITS = 37  # rtt in microseconds below 2**37 (~38 hours) inside the (group, rtt) search key
@@ -82,58 +84,6 @@ def _rtt(d: dict) -> np.ndarray:
 
 def _ipv(d: dict) -> np.ndarray:
     return np.asarray(column(d, "ip_version"), dtype=np.int64)
-
-
-def dict_encode(values):
-    """Arrow DictionaryArray of strings for NumPy/list/Arrow input (no copy when already encoded)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(values, pa.ChunkedArray):
-        if pa.types.is_dictionary(values.type):
-            values = values.unify_dictionaries()
-            if values.num_chunks == 0:
-                return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
-            dictionary = values.chunk(0).dictionary
-            indices = pa.concat_arrays([c.indices for c in values.chunks])
-            return pa.DictionaryArray.from_arrays(indices, dictionary)
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array):
-        if pa.types.is_dictionary(values.type):
-            return values
-        return pc.dictionary_encode(values.cast(pa.string()))
-    arr = np.asarray(values, dtype=object)
-    return pc.dictionary_encode(pa.array(arr, type=pa.string(), from_pandas=True))
-
-
-def codes_in(values, vocab, transform=None) -> np.ndarray:
-    """int64 code of each value in `vocab` (an Arrow string array), -1 where absent.
-
-    `transform` maps each *distinct* input string (e.g. to its prefix) before the lookup.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    enc = dict_encode(values)
-    dictionary = enc.dictionary
-    if transform is not None:
-        dictionary = pa.array([transform(s) for s in dictionary.to_pylist()], pa.string())
-    lut = pc.index_in(dictionary, value_set=vocab).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    lut = np.append(lut, -1)
-    idx = enc.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return lut[idx]
-
-
-def vocabulary(*columns, transform=None):
-    """Sorted Arrow string array of the distinct (transformed) values of the given columns."""
-    import pyarrow as pa
-
-    values: set = set()
-    for col in columns:
-        distinct = dict_encode(col).dictionary.to_pylist()
-        values.update(map(transform, distinct) if transform else distinct)
-    values.discard(None)
-    return pa.array(sorted(values), pa.string())
 
 
 @lru_cache(maxsize=1 << 20)
@@ -539,9 +489,6 @@ __all__ = [
     "Vivaldi",
     "default_baselines",
     "column",
-    "codes_in",
-    "dict_encode",
-    "vocabulary",
     "prefix_of",
     "group_quantile",
 ]

@@ -27,72 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pingctl.errors import UsageError
-from pingctl.eval.baselines import codes_in, vocabulary
+from pingctl.context import context_indices, context_pool
 from pingctl.infer import queries as Q
 from pingctl.tokenizer import C, Measurements, encode
 from pingctl.tokenizer.spec import get_spec
 
 QS = (0.05, 0.25, 0.75, 0.95)
-POLICIES = ("probe", "cold", "none")
-
-
-def _probe_keys(d: dict, sources) -> np.ndarray:
-    """int64 probe key: the prb_id, else -1 - the source's index in `sources` (a vocabulary)."""
-    prb = np.asarray(d["prb_id"], np.int64)
-    return np.where(prb >= 0, prb, -1 - codes_in(d["src"], sources))
-
-
-def check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise UsageError(f"context policy {policy!r} (--context-policy): expected one of {', '.join(POLICIES)}")
-
-
-def context_pool(test: dict, train: dict | None, policy: str) -> dict:
-    """The measurements contexts are drawn from: the test split, plus the train split for `cold`."""
-    check_policy(policy)
-    if policy != "cold" or train is None:
-        return test
-    keys = ("src", "dst", "rtt", "event_time", "prb_id", "ip_version")
-    return {k: np.concatenate([np.asarray(train[k]), np.asarray(test[k])]) for k in keys}
-
-
-def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, policy: str,
-                    per_pair: int = 0) -> list[np.ndarray]:
-    """Per query packet, indices into `pool` of its context measurements, oldest first: the
-    probe's last `context` measurements strictly before the packet's time (for `cold`, those
-    to other pairs only; with `per_pair`, at most that many of each pair)."""
-    if policy == "none" or context <= 0:
-        return [np.zeros(0, np.int64) for _ in idx]
-    sources = vocabulary(pool["src"], test["src"])
-    pk = _probe_keys(pool, sources)
-    pair = None
-    if per_pair:
-        from pingctl.loader.contexts import last_k_per_key
-
-        dsts = vocabulary(pool["dst"])
-        pair = codes_in(pool["src"], sources) * len(dsts) + codes_in(pool["dst"], dsts)
-    pt = np.asarray(pool["event_time"], np.int64)
-    order = np.lexsort((pt, pk))
-    sk, st = pk[order], pt[order]
-    qk = _probe_keys(test, sources)
-    qt = np.asarray(test["event_time"], np.int64)
-    psrc, pdst = np.asarray(pool["src"]), np.asarray(pool["dst"])
-    out = []
-    for i in idx:
-        lo = np.searchsorted(sk, qk[i], side="left")
-        end = np.searchsorted(sk, qk[i], side="right")
-        hi = lo + np.searchsorted(st[lo:end], qt[i], side="left")
-        if policy == "probe" and pair is None:
-            out.append(order[max(lo, hi - context) : hi])
-            continue
-        prev = order[lo:hi]
-        if policy == "cold":
-            prev = prev[(psrc[prev] != test["src"][i]) | (pdst[prev] != test["dst"][i])]
-        if pair is not None:
-            prev = prev[last_k_per_key(pair[prev], per_pair)]
-        out.append(prev[-context:])
-    return out
 
 
 def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray]

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.atomic import atomic_file
+from pingctl.eval.metrics import pit_histogram
+
 _MIN_REL = 1e-4  # relative errors below this are drawn at this value (log axis)
 _CDF_POINTS = 2000
 
@@ -24,8 +27,6 @@ def _plt():
 
 
 def _save(fig, path) -> Path:
-    from pingctl.atomic import atomic_file
-
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
     with atomic_file(path) as tmp:
@@ -76,8 +77,6 @@ def plot_calibration(pit: dict[str, object], coverage: dict[str, dict] | None, p
     """Left: PIT histograms (name -> PIT values, or a metrics.pit_histogram dict) against the
     flat line of a calibrated predictor. Right: coverage of the central 50% and 90% intervals
     (name -> metrics.coverage dict) against the nominal 0.5 and 0.9."""
-    from pingctl.eval.metrics import pit_histogram
-
     plt = _plt()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120)
     for name, v in pit.items():

@@ -20,9 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.table import refuse_whole_shard_output, resolve_inputs
+from pingctl.atomic import inside_pingctl_output
+from pingctl.context import codes_in, dict_encode, vocabulary
 from pingctl.errors import PingctlError
-from pingctl.eval import metrics as M
-from pingctl.eval.baselines import Prediction, codes_in, column, default_baselines, dict_encode, vocabulary
+from pingctl.eval import metrics as M, plots
+from pingctl.eval.baselines import Prediction, column, default_baselines
+from pingctl.schema.columns import COLUMNS
+from pingctl.schema.duck import refuse_rejects
+from pingctl.schema.parquet import check_parquet_columns, read_table
+from pingctl.synth.truth import truth_median_ms
+from pingctl.tokenizer.measurements import event_seconds, MeasurementError, parse_addresses
 
 NOISE_FLOOR = "noise_floor"
 
@@ -49,11 +57,6 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from pingctl.parquet_io import read_table
-    from pingctl.schema import COLUMNS, check_parquet_columns, resolve_inputs
-    from pingctl.shard import refuse_whole_shard_output
-    from pingctl.tokenizer.measurements import MeasurementError, event_seconds
 
     refuse_whole_shard_output([path], split=split_hint)
     files = resolve_inputs([path])
@@ -84,9 +87,6 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
                 parts[c].append(pc.fill_null(col.cast(pa.int64()), -1).to_numpy())
     # a table pingctl did not write may hold rows its pipeline rejects (a -5 ms RTT read as a
     # failure, 1e300 ms as an RTT, an IPv4 pair labelled 6): named here, not scored
-    from pingctl.atomic import inside_pingctl_output
-    from pingctl.schema import refuse_rejects
-
     if foreign := [f for f in files if not inside_pingctl_output(f)]:
         refuse_rejects(foreign, "eval scores canonical rows only: pass the table through `pingctl shard` "
                        "(which sets rejected rows aside in rejects.jsonl) and evaluate its splits")
@@ -129,8 +129,6 @@ def _check_addresses(path, name: str, col) -> None:
     columns load_split reads (each distinct string once per chunk)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from pingctl.tokenizer.measurements import parse_addresses
 
     try:
         for chunk in col.chunks:
@@ -238,8 +236,6 @@ def _prediction_arrays(median, quantiles=None, pit=None, p_fail=None) -> dict:
 
 def _truth_medians(truth, test: dict) -> np.ndarray:
     if isinstance(truth, (str, Path)) or type(truth).__name__ == "Truth":
-        from pingctl.synth.truth import truth_median_ms
-
         return truth_median_ms(truth, column(test, "src"), column(test, "dst"), column(test, "ip_version"),
                                np.asarray(column(test, "event_time")))
     return np.asarray(truth, dtype=np.float64)
@@ -404,8 +400,6 @@ def is_plot_name(name: str, fmt: str = "png") -> bool:
 
 def write_plots(report: Report, out_dir, names: list[str] | None = None, fmt: str = "png") -> dict[str, Path]:
     """error_cdf, calibration and scatter_<name> plots from the report's per-packet context."""
-    from pingctl.eval import plots
-
     ctx = getattr(report, "ctx", None)
     if not ctx:
         raise ValueError("write_plots needs a report returned by baseline_table (with .ctx)")

@@ -7,10 +7,19 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.atomic import write_json
+from pingctl.artifacts.eval_output import report_path
+from pingctl.artifacts.run import run_config
+from pingctl.atomic import unwritable_reason, write_json
+from pingctl.context import check_policy
 from pingctl.errors import PingctlError, UsageError
+from pingctl.eval.model import predict
 from pingctl.eval.report import (add_predictor, baseline_table, compare, is_plot_name, load_split, summary_rows,
                                  take, write_plots)
+from pingctl.infer import calibration as CAL
+from pingctl.infer.model import LoadedModel
+from pingctl.infer.runtime import check_hardware
+from pingctl.infer.queries import check_per_pair
+from pingctl.synth.truth import load_truth
 
 
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
@@ -27,12 +36,6 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     adds the predictor model_calibrated. Every eval writes the map fitted on its own packets to
     `out`/calibration.json (pingctl/infer/calibration.py).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
-    from pingctl.eval.model import check_policy, predict
-    from pingctl.infer import calibration as CAL
-    from pingctl.infer.model import LoadedModel, check_hardware, run_config
-    from pingctl.infer.queries import check_per_pair
-    from pingctl.synth.truth import load_truth
-
     check_policy(policy)  # before the splits and the model are loaded
     check_hardware(hardware)
     check_per_pair(per_pair)
@@ -112,15 +115,13 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     report["plots"] = {k: str(v) for k, v in plots.items()}
     report["rows"] = summary_rows(report)
     report["elapsed_s"] = time.perf_counter() - t0
-    write_json(out / "report.json", dict(report))
+    write_json(report_path(out), dict(report))
     return report
 
 
 def _fit_calibration(pit, out: Path, meta: dict) -> dict:
     """The recalibration map of these packets into out/calibration.json, for use on others;
     too few successful packets: no map (and none left from an earlier eval here)."""
-    from pingctl.infer import calibration as CAL
-
     path = out / "calibration.json"
     try:
         cal = CAL.fit(pit, meta)
@@ -143,9 +144,7 @@ def _drop_stale_plots(out: Path, written) -> None:
 
 def _check_out_dir(out: Path) -> None:
     """The report directory can be created (without creating it: a failed run leaves nothing)."""
-    from pingctl.atomic import unwritable_reason
-
-    if reason := unwritable_reason(out / "report.json"):
+    if reason := unwritable_reason(report_path(out)):
         raise PingctlError(f"--out {out}: cannot create the report directory ({reason})")
 
 

@@ -19,6 +19,8 @@ import time
 import numpy as np
 
 from pingctl.errors import UsageError
+from pingctl.infer import queries as Q
+from pingctl.tokenizer import Measurements
 
 
 def _pairs(n: int) -> list[tuple[str, str]]:
@@ -27,9 +29,6 @@ def _pairs(n: int) -> list[tuple[str, str]]:
 
 def _context(model, measurements: int):
     """Tokens of `measurements` synthetic context measurements (fewer if the prompt is full)."""
-    from pingctl.infer import queries as Q
-    from pingctl.tokenizer import Measurements
-
     if measurements == 0:
         return np.zeros(0, np.int32), None
     rng = np.random.default_rng(0)
@@ -55,8 +54,6 @@ def _timed(fn, min_s: float = 0.5) -> float:
 
 def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, streams: int,
                  progress=lambda what: None) -> dict:
-    from pingctl.infer import queries as Q
-
     if queries < 1 or exact_queries < 0 or streams < 0:
         raise UsageError("--queries must be >= 1, --exact-queries and --streams >= 0")
     table: list[dict] = []

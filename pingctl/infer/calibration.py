@@ -1,8 +1,8 @@
 """Recalibrating the model's RTT distributions from held-out PIT values.
 
 A model that has begun to memorise its training pairs puts too little mass in its tails: on
-held-out pairs the central 50% interval held ~39% of the actual RTTs and the 90% one ~74%
-(docs/eval.md, runs 11-17). Quantile recalibration (Kuleshov, Fenner & Ermon, ICML 2018)
+held-out pairs its central intervals can hold far fewer of the actual RTTs than they claim
+(docs/eval.md, "Recalibrated intervals"). Quantile recalibration (Kuleshov, Fenner & Ermon, ICML 2018)
 mends that after training without touching the model. Read the model's CDF F at the actual
 RTT of held-out packets (the PIT); a calibrated model's PITs are uniform. With H the
 empirical CDF of those PITs, H(F(x)) is calibrated on packets like them. H is monotone, so
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer.queries import RttDistribution
 
 GRID = np.linspace(0.0, 1.0, 101)  # H is stored at these levels: the PIT percentiles
 MIN_PACKETS = 30  # below this the percentiles are mostly noise
@@ -50,8 +52,6 @@ class Calibration:
 
     def apply(self, d):
         """The RttDistribution with CDF H∘F (same codes, same P(failure))."""
-        from pingctl.infer.queries import RttDistribution
-
         cdf = self.level(np.minimum(np.cumsum(d.probs), 1.0))
         probs = np.diff(cdf, prepend=0.0).clip(min=0.0)
         return RttDistribution(d.p_fail, d.codes, d.values_ms, probs / probs.sum())
@@ -79,8 +79,6 @@ def _strict(knots: np.ndarray) -> np.ndarray:
 
 
 def save(cal: Calibration, path: Path) -> Path:
-    from pingctl.atomic import write_json
-
     write_json(Path(path), cal.to_json())
     return Path(path)
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.infer.runtime import inference_config
+
 SLOTS = 32  # decode slots per step: candidate bytes (of one or several prompts) scored together
 MIN_TOKENS = 100_000  # below this many sequence tokens the uncached passes finish before the engine is built
 
@@ -43,8 +45,6 @@ class SecondBytes:
     """Scores candidate second bytes after prompts that end with RttStart, sharing each prompt's cache."""
 
     def __init__(self, run: Path, items: Path, hardware: str, seq_len: int, byte0: int):
-        from pingctl.infer.model import inference_config
-
         self.seq_len, self.byte0 = seq_len, byte0
         # its import and restore print notes ("jetstream: dependency missing", Orbax metadata):
         # not for users, and never on stdout, which --json owns; an error still raises

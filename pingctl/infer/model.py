@@ -16,69 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.run import checkpoint_items, checkpoint_steps, resolve_steps, run_config
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import kv_cache
+from pingctl.infer.runtime import check_hardware, inference_config, prepare_env, require_gpu
+from pingctl.tokenizer import C, GrammarState, decode, get_vocab
 
 LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_BATCHES = (8,)
-
-
-HARDWARE = ("cpu", "gpu")
-
-
-def check_hardware(hardware: str | None) -> str | None:
-    """`--hardware` as typed (None: as the run was trained), checked before anything slow."""
-    if hardware is not None and hardware not in HARDWARE:
-        raise UsageError(f"--hardware {hardware!r}: expected one of {', '.join(HARDWARE)}")
-    return hardware
-
-
-def _env(hardware: str, forced: bool = False) -> None:
-    from pingctl.train.xla import set_xla_flags
-
-    set_xla_flags(hardware)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import logging
-    import warnings
-
-    # MaxText logs its whole config at INFO; a query's output should be the answer.
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.ERROR)
-    logging.getLogger().setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    if hardware == "cpu":
-        # asked for by name, the CPU wins over a JAX_PLATFORMS the shell exported
-        if forced:
-            os.environ["JAX_PLATFORMS"] = "cpu"
-        else:
-            os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-
-def _require_gpu(jax) -> None:
-    """`--hardware gpu` on a machine without one: JAX would quietly run on the CPU instead,
-    tens of times slower than the user planned for."""
-    try:
-        platforms = sorted({d.platform for d in jax.devices()})
-    except RuntimeError as e:  # e.g. JAX_PLATFORMS=cuda without a working CUDA plugin
-        raise PingctlError(f"--hardware gpu: JAX cannot start a GPU backend here ({str(e).splitlines()[0][:200]})") from None
-    if "gpu" not in platforms:
-        raise PingctlError(f"--hardware gpu: JAX finds no GPU on this machine (devices: {', '.join(platforms)}); "
-                           "install a CUDA-enabled jax, or ask on the CPU with --hardware cpu")
-
-
-def inference_config(run: Path, items: Path, hardware: str, batch: int, *extra: str):
-    """The MaxText config every inference path builds from a run's `maxtext.yml` (plain forward
-    passes and the key-value-cache engine), plus `extra` key=value overrides."""
-    from maxtext.configs import pyconfig
-
-    return pyconfig.initialize([
-        "", str(run / "maxtext.yml"), f"load_parameters_path={items}", f"hardware={hardware}",
-        "skip_jax_distributed_system=true", "enable_checkpointing=false", f"per_device_batch_size={batch}",
-        # the kernel does not change the weights: a run trained with flash on a GPU is asked on
-        # a CPU too, where MaxText's flash means TPU kernels
-        "enable_tensorboard=false", "attention=dot_product", *extra,
-    ])
 
 
 def trained_with_timestamps(mode_weights) -> bool:
@@ -95,63 +40,11 @@ def untimed_run(what: str, run, consequence: str) -> UsageError:
                       f"{consequence}")
 
 
-def run_config(run_dir: Path | str):
-    """The resolved config a `pingctl train` run directory was trained with (cheap: no JAX)."""
-    import yaml
-
-    from pingctl.config import Config
-
-    run = Path(run_dir).resolve()
-    if not (run / "config.yaml").exists() or not (run / "maxtext.yml").exists():
-        raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
-    try:
-        return Config.model_validate(yaml.safe_load((run / "config.yaml").read_text()))
-    except (yaml.YAMLError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-        first = str(e).strip().splitlines()[0][:200]
-        raise PingctlError(f"{run / 'config.yaml'}: not the config `pingctl train` wrote ({first})") from None
-
-
-def latest_step(run: Path) -> int:
-    from pingctl.train.local import checkpoint_steps
-
-    steps = checkpoint_steps(run)
-    if not steps:
-        raise PingctlError(f"{run}: no checkpoints (train first: `pingctl train ... --run-dir {run}`)")
-    return steps[-1]
-
-
-def parse_steps(text: str | None) -> list[int] | None:
-    """`--step` as typed: one step, or several separated by commas (their weights are averaged)."""
-    if text is None or not text.strip():
-        return None
-    try:
-        steps = [int(t) for t in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--step {text!r}: expected a step or steps separated by commas, e.g. 1000,1100,1200") from None
-    if any(s < 0 for s in steps) or len(set(steps)) != len(steps):
-        raise UsageError(f"--step {text!r}: steps must be distinct and non-negative")
-    return steps
-
-
 def steps_label(steps: Sequence[int]) -> str:
     """How the checkpoint a model was loaded from is named in titles."""
     if len(steps) > 1:
         return f"mean of steps {', '.join(map(str, steps))}"
     return f"step {steps[0]}"
-
-
-def _steps(run: Path, step: int | Sequence[int] | None) -> list[int]:
-    from pingctl.train.local import checkpoint_steps
-
-    if step is None:
-        return [latest_step(run)]
-    steps = sorted([step] if isinstance(step, int) else step)
-    have = checkpoint_steps(run)
-    missing = [s for s in steps if s not in have]
-    if missing:
-        raise PingctlError(f"{run}: no checkpoint at step {', '.join(map(str, missing))} "
-                           f"(checkpoints: {', '.join(map(str, have)) or 'none'})")
-    return steps
 
 
 def _running_mean(mean, x, k: int):
@@ -209,18 +102,16 @@ class LoadedModel:
         """`step`: one checkpoint (default: the latest) or several, whose weights are averaged.
         `hardware`: cpu | gpu (None: the run's train.hardware; a run trained for a GPU is then
         asked on the CPU where JAX finds none, while an explicit gpu insists on one)."""
-        from pingctl.train.render import MAXTEXT_RUN_NAME
-
         run = Path(run_dir).resolve()
         cfg = run_config(run)
-        steps = _steps(run, step)
-        paths = [run / MAXTEXT_RUN_NAME / "checkpoints" / str(s) / "items" for s in steps]
+        steps = resolve_steps(run, step)
+        paths = [checkpoint_items(run, s) for s in steps]
         hw = check_hardware(hardware) or cfg.train.hardware
-        _env(hw, forced=hardware is not None)
+        prepare_env(hw, forced=hardware is not None)
         import jax
 
         if hardware == "gpu":
-            _require_gpu(jax)
+            require_gpu(jax)
 
         # Reuse compiled forward shapes across invocations (the same cache training uses).
         jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
@@ -233,8 +124,6 @@ class LoadedModel:
                 with _quiet_failed_restore():
                     return _restore(items)
             except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged checkpoint
-                from pingctl.train.local import checkpoint_steps
-
                 first = (str(e).strip().splitlines() or [""])[0][:300]
                 raise PingctlError(
                     f"{items.parent}: cannot restore this checkpoint ({type(e).__name__}: {first}); it may be "
@@ -317,8 +206,6 @@ class LoadedModel:
         byte b of each prompt (prompts ending with RttStart). A large batch shares each
         prompt's key-value cache (`kv_cache`); otherwise, or where the cache cannot be built
         (averaged weights, PINGCTL_KV_CACHE=0), whole sequences are run."""
-        from pingctl.tokenizer import get_vocab
-
         byte0 = get_vocab(self.scheme).byte_offset
         kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
         if kv is not None:
@@ -331,8 +218,6 @@ class LoadedModel:
         return np.split(flat, np.cumsum([len(c) for c in candidates])[:-1])
 
     def _kv_engine(self, tokens: int, byte0: int):
-        from pingctl.infer import kv_cache
-
         if self._kv is None and self._items is not None and tokens >= kv_cache.MIN_TOKENS \
                 and os.environ.get("PINGCTL_KV_CACHE", "1") != "0":
             try:
@@ -381,8 +266,6 @@ class LoadedModel:
         timestamps by their bytes, deltas by how far they may move the stream's clock), as the
         grammar keeps the structure legal: the model's distribution conditioned on a valid time.
         """
-        from pingctl.tokenizer import C, GrammarState
-
         time_only = None
         if timestamps:
             if self.scheme != "compact":
@@ -454,8 +337,6 @@ class _SourcePin:
     the other family would leave no legal source)."""
 
     def __init__(self, src: bytes):
-        from pingctl.tokenizer import C, get_vocab
-
         vocab = get_vocab("compact")
         self.n = len(src)
         self.role = C.SrcIPv4 if self.n == 4 else C.SrcIPv6
@@ -478,8 +359,6 @@ class _SourcePin:
 
 def _last_time(prefix: np.ndarray) -> int | None:
     """The stream clock at the end of a prompt: its last timestamped measurement's time."""
-    from pingctl.tokenizer import decode
-
     if not len(prefix):
         return None
     m = decode(np.asarray(prefix, np.int32), "compact").measurements
@@ -493,8 +372,6 @@ class _Clock:
     digit-by-digit bound: while the prefix equals the bound's, the next byte may not cross it)."""
 
     def __init__(self, time_range: tuple[int, int], last: int | None):
-        from pingctl.tokenizer import C, get_vocab
-
         self.lo, self.hi = time_range
         self.last = last
         self.byte0 = get_vocab("compact").byte_offset

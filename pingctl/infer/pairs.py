@@ -24,7 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.context import context_indices
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import queries as Q
+from pingctl.schema.times import parse_when
+from pingctl.tokenizer.measurements import event_seconds
 
 SRC_COLUMNS = ("src", "src_addr")
 DST_COLUMNS = ("dst", "dst_addr")
@@ -153,8 +157,6 @@ def read_pairs(path: Path) -> Pairs:
 
 
 def _check(pairs: Pairs, where: int, values: tuple) -> tuple[str, str] | None:
-    from pingctl.schema import parse_when
-
     src_text, dst_text, time_value = values
     try:
         src, fam_s = clean_address("" if src_text is None else str(src_text))
@@ -237,8 +239,6 @@ def _parquet_times(col) -> list:
     they are, for the row checks to name."""
     import pyarrow as pa
 
-    from pingctl.tokenizer.measurements import event_seconds
-
     if not pa.types.is_timestamp(col.type):
         return col.to_pylist()
     seconds, valid = event_seconds(col)
@@ -259,7 +259,6 @@ def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_
     from the address itself."""
     if ctx is None or len(ctx) == 0:
         return [None] * len(rows)
-    from pingctl.eval.model import context_indices
 
     pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
             "event_time": ctx.time_s,
@@ -305,8 +304,6 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     and time only), so it is answered once and copied: a measurement table given as pairs costs
     its distinct pairs, not its rows. A `calibration` recalibrates every distribution (its
     quantiles are then read exactly where the recalibrated ones fall)."""
-    from pingctl.infer import queries as Q
-
     reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
 
     slot = pairs.slots
@@ -335,38 +332,3 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     per_row = {k: [v[j] for j in slot] for k, v in {**cols, "context_measurements": n_ctx}.items()}
     return {pairs.unit: list(pairs.where), "src": list(pairs.src), "dst": list(pairs.dst),
             "ip_version": list(pairs.family), "time": list(pairs.time), **per_row}
-
-
-def write_predictions(columns: dict, out: Path, meta: dict) -> None:
-    """Parquet (run/step in the schema metadata, key `pingctl`), CSV or JSON by suffix; atomic."""
-    import json
-
-    import pyarrow as pa
-
-    from pingctl.atomic import atomic_file
-
-    table = pa.table({k: pa.array(v, pa.int64() if k in ("line", "row", "ip_version", "time", "context_measurements")
-                                  else None) for k, v in columns.items()})
-    with atomic_file(out) as tmp:
-        if out.suffix == ".json":
-            tmp.write_text(json.dumps({**meta, "predictions": table.to_pylist()}, indent=1))
-        elif out.suffix == ".csv":
-            import pyarrow.csv as pcsv
-
-            pcsv.write_csv(table, tmp)
-        else:
-            import pyarrow.parquet as pq
-
-            from pingctl.parquet_io import WRITE_OPTIONS
-
-            pq.write_table(table.replace_schema_metadata({"pingctl": json.dumps(meta)}), tmp, **WRITE_OPTIONS)
-
-
-def write_rejects(pairs: Pairs, path: Path) -> None:
-    """One JSON object per rejected row, as ingest's rejects.jsonl; atomic."""
-    import json
-
-    from pingctl.atomic import atomic_file
-
-    with atomic_file(path) as tmp:
-        tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in pairs.rejects))

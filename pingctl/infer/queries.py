@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pingctl.context import last_k_per_key
 from pingctl.errors import PingctlError, UsageError
 from pingctl.tokenizer import C, Measurements, decode, encode, get_vocab
+from pingctl.tokenizer.measurements import format_addresses
 from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
 
 V = get_vocab("compact")
@@ -51,8 +53,6 @@ def context_tokens(model, context: Measurements | None, budget: int, per_pair: i
         return np.zeros(0, np.int32), None
     order = np.argsort(context.time_s, kind="stable")
     if per_pair:
-        from pingctl.loader.contexts import last_k_per_key
-
         _, pair = np.unique(np.concatenate([context.src, context.dst], axis=1)[order], axis=0, return_inverse=True)
         order = order[last_k_per_key(pair.ravel(), per_pair)]
     m = context.take(order)
@@ -332,8 +332,6 @@ def complete(
 
 
 def _addresses(tokens: list[int], family: int) -> tuple[str, str]:
-    from pingctl.tokenizer.measurements import format_addresses
-
     n = 4 if family == 4 else 16
     starts = [i + 1 for i, t in enumerate(tokens) if t in (C.SrcIPv4, C.SrcIPv6, C.DstIPv4, C.DstIPv6)]
     raw = np.zeros((len(starts), 16), np.uint8)

@@ -7,7 +7,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from pingctl.benchutil import run_measured
 from pingctl.errors import PingctlError, UsageError
+from pingctl.ingest.core import resolve
+from pingctl.ingest.parse import Batch, Options, parse_records, Rejects
+from pingctl.ingest.reader import decoded_chunks, detect_codec, open_decoder, open_parallel_bz2, usable_cores
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "ripe-atlas"
 REPEAT = 3  # every timing is the best of this many runs (the range goes into the notes)
@@ -26,8 +30,6 @@ def default_inputs() -> list[Path]:
 def _decompress(files: list[Path]) -> tuple[float, int, int]:
     """Seconds to decompress every file in one thread with the standard library (the `bz2`
     module for .bz2, as sagan users do); decompressed bytes; lines."""
-    from pingctl.ingest.reader import decoded_chunks, detect_codec
-
     t0 = time.perf_counter()
     nbytes = lines = 0
     for f in files:
@@ -44,8 +46,6 @@ def _decompress(files: list[Path]) -> tuple[float, int, int]:
 def _decompress_parallel(files: list[Path], threads: int) -> tuple[float, float, int] | None:
     """(seconds, CPU seconds, lines) to decompress the .bz2 files with indexed_bzip2 as
     `ingest` does (`threads` blocks at once), or None when it is not used for them."""
-    from pingctl.ingest.reader import detect_codec, open_parallel_bz2
-
     t0 = time.perf_counter()
     c0 = time.process_time()
     lines = 0
@@ -65,8 +65,6 @@ def _decompress_parallel(files: list[Path], threads: int) -> tuple[float, float,
 
 
 def _head_lines(f: Path, limit: int | None) -> list[bytes]:
-    from pingctl.ingest.reader import detect_codec, open_decoder
-
     out: list[bytes] = []
     with open(f, "rb") as raw:
         stream = open_decoder(detect_codec(f, raw), raw)
@@ -99,8 +97,6 @@ def _time_parse(lines: list[bytes], fast: bool = True) -> tuple[float, int]:
     """pingctl's per-result rules + Arrow table building on the same in-memory lines
     (`fast=False`: orjson + the generic rules only, the path before msgspec)."""
     import gc
-
-    from pingctl.ingest.parse import Batch, Options, Rejects, parse_records
 
     opts = Options()
     batch = Batch()
@@ -137,10 +133,6 @@ def _row(case, results, seconds, rows, in_bytes, json_bytes, rss) -> dict:
 
 
 def bench_ingest(inputs: list[Path], workers: list[int], sagan: bool, limit: int | None) -> dict:
-    from pingctl.benchutil import run_measured
-    from pingctl.ingest.core import resolve
-    from pingctl.ingest.reader import usable_cores
-
     files = resolve(inputs) if inputs else default_inputs()
     in_bytes = sum(f.stat().st_size for f in files)
     cores = usable_cores()

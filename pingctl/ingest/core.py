@@ -27,8 +27,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from pingctl import __version__
+from pingctl.artifacts.table import resolve_inputs
+from pingctl.atomic import atomic_dir, check_replaceable, is_pingctl_output, MANIFEST, write_json
+from pingctl.processes import die_with_parent
 from pingctl.errors import PingctlError, UsageError
-from pingctl.ingest.parse import Batch, Options, Rejects, merge_counts, new_counts, parse_records, reconcile
+from pingctl.ingest.parse import Batch, EPOCH, merge_counts, new_counts, Options, parse_records, reconcile, Rejects
 from pingctl.ingest.reader import (
     INPUT_SUFFIXES,
     HashingReader,
@@ -41,7 +45,8 @@ from pingctl.ingest.reader import (
     parallel_bz2_chunks,
     usable_cores,
 )
-from pingctl.parquet_io import PartWriter
+from pingctl.schema.columns import arrow_schema, COLUMNS
+from pingctl.schema.parquet import PartWriter
 
 REJECTS = "rejects.jsonl"
 PARALLEL_BZ2_DEPTH = 16  # decompressed MiB queued ahead of the parser (indexed_bzip2 path)
@@ -80,9 +85,6 @@ def resolve(inputs: Iterable[str | Path], out: Path | None = None) -> list[Path]
 
 def _expand(item: str, out: Path | None, o: Path | None) -> list[Path]:
     """One command-line input -> its files (`o`: the resolved output directory or None)."""
-    from pingctl.atomic import MANIFEST, is_pingctl_output
-    from pingctl.schema import resolve_inputs
-
     p = Path(item)
     if p.is_dir():
         if _inside(p, o):
@@ -127,8 +129,6 @@ def _walk(root: Path, o: Path | None) -> Iterator[Path]:
 
 
 def _skip_dir(d: Path, o: Path | None) -> bool:
-    from pingctl.atomic import is_pingctl_output
-
     return d.name.startswith(".") or (o is not None and d.resolve() == o) or is_pingctl_output(d)
 
 
@@ -294,8 +294,6 @@ def ingest_bytes(
     """
     import pyarrow as pa
 
-    from pingctl.schema import arrow_schema
-
     opts = opts or Options()
     pos = 0
 
@@ -343,7 +341,11 @@ def run_files(
     sizes = {i: _size(f) for i, f in enumerate(files)}
     order = sorted(sizes, key=lambda i: (-sizes[i], i))  # largest first: better balance
     results: dict[int, dict] = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+    # Workers die with this process, kill -9 included (a worker left behind keeps its file's
+    # decoding, ~180 MB, and the pool's resource tracker alive for nothing); the tracker ends
+    # by itself once the last holder of its pipe, this process or a worker, is gone.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futs = {
             pool.submit(
                 _ingest_task, (i, str(files[i]), str(tmpdir) if tmpdir else None, opts, None, threaded, bz2_threads)
@@ -387,10 +389,6 @@ def ingest(
     `cfg` is the IngestConfig section. `on_start(total_bytes, n_files)` and
     `on_bytes(n)` drive a progress bar (`total_bytes` is None when an input is a pipe).
     """
-    from pingctl import __version__
-    from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
-    from pingctl.schema import COLUMNS
-
     out = Path(out)
     files = resolve(inputs, out)
     check_replaceable(out, force)
@@ -469,8 +467,6 @@ def _iso(us: int | None) -> str | None:
     if us is None:
         return None
     import datetime as dt
-
-    from pingctl.ingest.parse import EPOCH
 
     return (EPOCH + dt.timedelta(microseconds=us)).isoformat().replace("+00:00", "Z")
 

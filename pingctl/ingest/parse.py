@@ -18,7 +18,9 @@ from typing import Callable, Iterable
 
 from pingctl.errors import ConfigError
 from pingctl.ingest.reader import NO_EOL
-from pingctl.schema import MAX_RTT_MS, TS_ABS_MAX_S, parse_when
+from pingctl.schema.addresses import ipv4_mapped, is_public, parse_address
+from pingctl.schema.columns import arrow_schema, MAX_RTT_MS
+from pingctl.schema.times import max_time, MIN_TIME, parse_when, TS_ABS_MAX_S
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 US = dt.timedelta(microseconds=1)
@@ -38,6 +40,8 @@ REJECT_REASONS = {
     "af_mismatch": "source or destination address family differs from `af`",
     "no_src_addr": "the chosen source field(s) are missing or empty",
     "bad_src_addr": "the chosen source address is not an IP address",
+    "ipv4_mapped": "the destination or chosen source is an IPv4-mapped IPv6 address (::ffff:a.b.c.d): an IPv4 host, "
+    "not an IPv6 path",
     "no_result": "no per-packet `result` list (absent without an avg/min/max summary, or not a list)",
     "bad_packet": "`result` contains an entry that is not an object",
     "bad_rtt": "an `rtt` is not a number from 0 to the RTT code's largest value (4.4e9 ms, 50.9 days)",
@@ -65,8 +69,6 @@ class Options:
 
     @classmethod
     def from_config(cls, cfg) -> "Options":
-        from pingctl.schema import MIN_TIME
-
         since = parse_when(cfg.since, "since")
         until = parse_when(cfg.until, "until")
         if since is not None and until is not None and since >= until:
@@ -87,8 +89,6 @@ class Options:
 
 
 def _max_time_us() -> int:
-    from pingctl.schema import max_time
-
     return (max_time() - EPOCH) // US
 
 
@@ -207,8 +207,6 @@ class Batch:
         import numpy as np
         import pyarrow as pa
 
-        from pingctl.schema import arrow_schema
-
         schema = arrow_schema()
         res, rtts = self.results, self.rtts
         self.results, self.rtts = [], []
@@ -259,8 +257,6 @@ def _address_lookup(names: list[str]):
     (each canonical address once), so rows carry small ints and the string columns are
     built per batch from the distinct addresses. Only strings are cached.
     """
-    from pingctl.schema import is_public, parse_address
-
     cache: dict = {}
     ids: dict[str, int] = {name: i for i, name in enumerate(names)}
 
@@ -286,6 +282,11 @@ def _address_lookup(names: list[str]):
         return info
 
     return cache, lookup
+
+
+def _mapped(field: str, text: str, v4: str) -> str:
+    """The detail of an `ipv4_mapped` reject: the field, as written, and the IPv4 host it names."""
+    return f"{field} {text} is the IPv4 address {v4} in IPv6 notation"
 
 
 def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, int]:
@@ -659,12 +660,20 @@ def parse_records(
                             name = d.get("name")
                         dinfo = lookup(name)
                         if dinfo is None:
-                            reject("no_dst_addr", line0 + j, raw if single else None, d)
+                            v4 = ipv4_mapped(name)
+                            if v4 is not None:
+                                reject("ipv4_mapped", line0 + j, raw if single else None, d, _mapped("dst_name", name, v4))
+                            else:
+                                reject("no_dst_addr", line0 + j, raw if single else None, d)
                             continue
                     else:
                         dinfo = lookup(dst)
                         if dinfo is None:
-                            reject("bad_dst_addr", line0 + j, raw if single else None, d)
+                            v4 = ipv4_mapped(dst)
+                            if v4 is not None:
+                                reject("ipv4_mapped", line0 + j, raw if single else None, d, _mapped("dst_addr", dst, v4))
+                            else:
+                                reject("bad_dst_addr", line0 + j, raw if single else None, d)
                             continue
 
                 # address family: af (>= 4460) / pf (4400) / mode ICMP4|ICMP6 / destination
@@ -728,13 +737,18 @@ def parse_records(
                             n_src_from += 1
                             n_src_private += 1
                         else:
+                            detail = "src_addr/from"
                             if (s is None or s == "") and (f is None or f == ""):
                                 why = "no_src_addr"
                             elif sinfo is not None or finfo is not None:
                                 why = "af_mismatch"
+                            elif ipv4_mapped(s) or ipv4_mapped(f):
+                                why = "ipv4_mapped"
+                                detail = _mapped("src_addr", s, ipv4_mapped(s)) if ipv4_mapped(s) else \
+                                    _mapped("from", f, ipv4_mapped(f))
                             else:
                                 why = "bad_src_addr"
-                            reject(why, line0 + j, raw if single else None, d, "src_addr/from")
+                            reject(why, line0 + j, raw if single else None, d, detail)
                             continue
                 else:
                     if src_mode == "from":
@@ -748,7 +762,11 @@ def parse_records(
                         continue
                     sinfo = lookup(s)
                     if sinfo is None:
-                        reject("bad_src_addr", line0 + j, raw if single else None, d, src_mode)
+                        v4 = ipv4_mapped(s)
+                        if v4 is not None:
+                            reject("ipv4_mapped", line0 + j, raw if single else None, d, _mapped(src_mode, s, v4))
+                        else:
+                            reject("bad_src_addr", line0 + j, raw if single else None, d, src_mode)
                         continue
                     if sinfo[1] != af:
                         reject("af_mismatch", line0 + j, raw if single else None, d, src_mode)

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.records import read_manifest
 from pingctl.config import LoaderConfig, SynthConfig
+from pingctl.loader.pipeline import element_plan, make_dataset, to_features
+from pingctl.loader.sequences import choose_contexts, pack, tokenize
+from pingctl.records.build import build_rows
+from pingctl.records.layout import decode
+from pingctl.synth.generate import generate
 
 SEED_ANCHOR = "seed pipeline: 320-850k tokens/s on 8 CPUs (~40-106k per CPU); MaxText Grain on C4: ~58k tokens/s per worker"
 
@@ -17,8 +23,6 @@ SEED_ANCHOR = "seed pipeline: 320-850k tokens/s on 8 CPUs (~40-106k per CPU); Ma
 def _ensure_rows(rows_dir: Path | None, tmp: Path, synth_rows: int) -> Path:
     if rows_dir is not None:
         return Path(rows_dir)
-    from pingctl.rows.build import build_rows
-    from pingctl.synth.generate import generate
 
     generate(SynthConfig(rows=synth_rows, step=900), tmp / "synth")
     build_rows([tmp / "synth"], tmp / "rows")
@@ -29,11 +33,7 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
     """Single-process time per stage over `elements` elements of the real plan."""
     from grain.sources import ArrayRecordDataSource
 
-    from pingctl.loader.contexts import choose_contexts, pack, tokenize
-    from pingctl.loader.pipeline import element_plan, rows_manifest, to_features
-    from pingctl.rows.layout import decode
-
-    manifest = rows_manifest(rows_dir)
+    manifest = read_manifest(rows_dir)
     src = ArrayRecordDataSource([str(rows_dir / f) for f in manifest["files"]])
     plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)
     rng = np.random.default_rng(0)
@@ -64,8 +64,6 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
 
 
 def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) -> dict:
-    from pingctl.loader.pipeline import make_dataset
-
     it = iter(make_dataset(rows_dir, cfg, scheme, with_stats=True))
     try:
         for _ in range(10):  # warm-up: worker start, first window fill

@@ -1,7 +1,7 @@
 """The Grain pipeline: probe rows -> packed MaxText batches.
 
     elements (record, rows) -> seed/shuffle/repeat (per-epoch reseeding) -> shard by
-    process -> random_map(MakeRows) -> to_iter_dataset -> flat_map(rows)
+    process -> random_map(PackSequences) -> to_iter_dataset -> flat_map(rows)
     -> window shuffle (train) -> batch -> MaxText features -> mp_prefetch (workers)
 
 An element reads and decodes one record once and packs up to `loader.rows_per_element`
@@ -21,52 +21,22 @@ data position.
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.records import read_manifest
 from pingctl.config import LoaderConfig
 from pingctl.errors import PingctlError
+from pingctl.loader.sequences import pack_sequences, Shaping
+from pingctl.processes import die_with_parent
+from pingctl.records.layout import decode
+from pingctl.tokenizer.spec import fields, get_spec, token_fields
 
 FEATURES = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position", "targets_segmentation")
 TOKENS_PER_MEASUREMENT_GUESS = 16  # compact IPv4 with a delta timestamp
-
-
-def rows_manifest(rows_dir: Path) -> dict:
-    rows_dir = Path(rows_dir)
-    try:
-        manifest = json.loads((rows_dir / "manifest.json").read_text())
-    except (OSError, ValueError):
-        raise PingctlError(f"{rows_dir}: not a `pingctl build-rows` output (no readable manifest.json)") from None
-    if not isinstance(manifest, dict):
-        raise PingctlError(f"{rows_dir}/manifest.json: malformed (not an object); rerun `pingctl build-rows`")
-    if "record_measurements" not in manifest:
-        raise PingctlError(f"{rows_dir}: built by an older pingctl; rerun `pingctl build-rows`")
-    if not isinstance(manifest["record_measurements"], list) or not isinstance(manifest.get("files", []), list):
-        raise PingctlError(f"{rows_dir}/manifest.json: malformed (no list of files and record sizes); "
-                           "rerun `pingctl build-rows`")
-    return manifest
-
-
-def check_rows_files(rows_dir: Path, manifest: dict) -> None:
-    """Every file the manifest lists opens and holds its records: a damaged one found here is
-    an error naming it, where inside MaxText it only ends the step loop ("Training stopped")."""
-    from array_record.python import array_record_module
-
-    rows_dir = Path(rows_dir)
-    for name, sizes in zip(manifest.get("files", []), manifest["record_measurements"]):
-        path = rows_dir / name
-        try:
-            reader = array_record_module.ArrayRecordReader(str(path))
-            n = reader.num_records()
-            reader.close()
-        except Exception as e:  # noqa: BLE001 - the C++ reader raises RuntimeError/ValueError/...
-            raise PingctlError(f"{path}: unreadable ArrayRecord file ({e}); rebuild with `pingctl build-rows`") from None
-        if n != len(sizes):
-            raise PingctlError(f"{path}: {n} records where manifest.json lists {len(sizes)}; "
-                               "rebuild with `pingctl build-rows`")
 
 
 def element_plan(manifest: dict, seq_len: int, min_per_record: int, rows_per_element: int) -> np.ndarray:
@@ -107,8 +77,6 @@ class _RecordReader:
 
 def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | None:
     """Keep share per field index of `tokenizer.spec.fields` (None: every target counts)."""
-    from pingctl.tokenizer.spec import fields, get_spec
-
     names = fields(get_spec(scheme))
     unknown = sorted(set(loss_keep) - set(names))
     if unknown:
@@ -123,38 +91,40 @@ def _transforms(
 ):
     import grain
 
-    from pingctl.loader.contexts import build_rows
-    from pingctl.rows.layout import decode
-    from pingctl.tokenizer.spec import get_spec, token_fields
-
     spec = get_spec(scheme)
 
-    class MakeRows(grain.transforms.RandomMap):
+    class PackSequences(grain.transforms.RandomMap):
         def __init__(self):
             self.reader = _RecordReader(files)
 
         def random_map(self, element, rng: np.random.Generator):
             record_id, n_rows = int(element[0]), int(element[1])
             rec = decode(self.reader.get(record_id))
-            rows = build_rows(rec, rng, n_rows, seq_len, mode_p, scheme, shaping)
+            seqs = pack_sequences(rec, rng, n_rows, seq_len, mode_p, scheme, shaping)
             out = {
-                "tokens": rows.tokens,
-                "segment": rows.segment,
-                "position": rows.position,
-                "modes": rows.modes,
-                "measurements": rows.measurements,
+                "tokens": seqs.tokens,
+                "segment": seqs.segment,
+                "position": seqs.position,
+                "modes": seqs.modes,
+                "measurements": seqs.measurements,
             }
             if keep is not None:  # drawn here, after the rows, so the rows do not depend on it
-                out["loss"] = rng.random(rows.tokens.shape) < keep[token_fields(rows.tokens, spec)]
+                out["loss"] = rng.random(seqs.tokens.shape) < keep[token_fields(seqs.tokens, spec)]
             return out
 
-    class SplitRows(grain.experimental.FlatMapTransform):
+    class SplitSequences(grain.experimental.FlatMapTransform):
         max_fan_out = rows_per_element
 
         def flat_map(self, element):
             return [{k: v[i] for k, v in element.items()} for i in range(len(element["tokens"]))]
 
-    return MakeRows(), SplitRows()
+    return PackSequences(), SplitSequences()
+
+
+def _worker_dies_with(parent: int, _index: int, _count: int) -> None:
+    # Grain starts its workers from threads of its own, whose end would fire PR_SET_PDEATHSIG
+    # early: the workers watch the parent's pid instead.
+    die_with_parent(parent, pdeathsig=False)
 
 
 def to_features(batch: dict) -> dict:
@@ -199,16 +169,13 @@ def make_dataset(
     import grain
 
     rows_dir = Path(rows_dir)
-    manifest = rows_manifest(rows_dir)
+    manifest = read_manifest(rows_dir)
     files = [str(rows_dir / f) for f in manifest["files"]]
-    weights = np.asarray(cfg.mode_weights, float)
-    if weights.sum() <= 0 or (weights < 0).any():
-        raise PingctlError(f"loader.mode_weights must be non-negative and not all zero, got {cfg.mode_weights}")
+    weights = np.asarray(cfg.mode_weights, float)  # LoaderConfig checked them: >= 0, not all zero
     mode_p = weights / weights.sum()
     plan = element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)
     if len(plan) == 0:
         raise PingctlError(f"{rows_dir}: no records")
-    from pingctl.loader.contexts import Shaping
 
     _configure_grain(cfg)
     keep = loss_keep_table(cfg.loss_keep, scheme) if train else None  # eval loss stays the plain NLL
@@ -233,7 +200,8 @@ def make_dataset(
     workers = auto_workers(cfg.workers)
     if workers > 0:
         _absl_flags_ready()
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
+                            worker_init_fn=functools.partial(_worker_dies_with, os.getpid()))
     return it
 
 
@@ -271,7 +239,7 @@ def _configure_grain(cfg: LoaderConfig) -> None:
 
 
 def epoch_rows(rows_dir: Path | str, cfg: LoaderConfig) -> int:
-    manifest = rows_manifest(rows_dir)
+    manifest = read_manifest(rows_dir)
     return int(element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)[:, 1].sum())
 
 

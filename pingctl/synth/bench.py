@@ -8,6 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from pingctl.benchutil import peak_rss_mb
+from pingctl.config import SynthConfig
+from pingctl.synth.generate import generate, ROW_GROUP_ROWS
+
 
 def _cpu_model() -> str:
     try:
@@ -21,10 +25,6 @@ def _cpu_model() -> str:
 
 def bench_synth(rows: int, seed: int) -> dict:
     """Generate `rows` rows with the default world into a temp dir, in this process."""
-    from pingctl.benchutil import peak_rss_mb
-    from pingctl.config import SynthConfig
-    from pingctl.synth.generate import ROW_GROUP_ROWS, generate
-
     cfg = SynthConfig(rows=rows, seed=seed)
     rss0 = peak_rss_mb()
     cpu0 = time.process_time()

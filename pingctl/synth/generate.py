@@ -17,9 +17,12 @@ from typing import Callable
 
 import numpy as np
 
-from pingctl.parquet_io import WRITE_OPTIONS
-from pingctl.schema import FAILED_RTT
+from pingctl import __version__
+from pingctl.atomic import atomic_dir, check_replaceable, MANIFEST, write_json
+from pingctl.schema.columns import arrow_schema, FAILED_RTT
+from pingctl.schema.parquet import WRITE_OPTIONS
 from pingctl.synth import model as M
+from pingctl.synth.truth import write_truth
 from pingctl.synth.world import World, build_world
 
 ROW_GROUP_ROWS = 262_144  # one chunk = one Parquet row group
@@ -132,8 +135,6 @@ def chunk_arrays(w: World, a: _Arrays, i0: int, i1: int, chunk_index: int) -> di
 def _to_table(cols: dict, addr):
     import pyarrow as pa
 
-    from pingctl.schema import arrow_schema
-
     return pa.Table.from_arrays(
         [
             pa.array(cols["msm_id"]),
@@ -152,8 +153,6 @@ def _to_table(cols: dict, addr):
 
 def _writer(path: Path):
     import pyarrow.parquet as pq
-
-    from pingctl.schema import arrow_schema
 
     return pq.ParquetWriter(
         path,
@@ -195,10 +194,6 @@ class _Stats:
 def generate(cfg, out: Path, force: bool = False, progress: Progress = _noop) -> dict:
     """Generate the dataset for a SynthConfig into directory `out` (atomically); returns the summary."""
     import pyarrow as pa
-
-    from pingctl import __version__
-    from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
-    from pingctl.synth.truth import write_truth
 
     out = Path(out)
     check_replaceable(out, force)

@@ -20,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.parquet_io import WRITE_OPTIONS, read_table
+from pingctl.atomic import MANIFEST
+from pingctl.errors import PingctlError
+from pingctl.schema.parquet import WRITE_OPTIONS, read_table
 from pingctl.synth import model as M
+from pingctl.synth.world import parse_start
 
 TRUTH_DIR = "truth"
 TABLES = ("hosts", "ases", "pairs", "routes", "outages")
@@ -186,10 +189,6 @@ def _codes(values, mapping: dict[str, int]) -> np.ndarray:
 def load_truth(path: Path | str) -> Truth:
     """Load the truth sidecar of a `pingctl synth` output directory."""
     import json
-
-    from pingctl.atomic import MANIFEST
-    from pingctl.errors import PingctlError
-    from pingctl.synth.world import parse_start
 
     path = Path(path)
     if not (path / TRUTH_DIR / "pairs.parquet").exists():

@@ -18,6 +18,7 @@ from importlib import resources
 import numpy as np
 
 from pingctl.errors import ConfigError, PingctlError
+from pingctl.schema.times import generated_time_range, MIN_TIME, utc_text
 from pingctl.synth import model as M
 
 DAY = 86_400.0
@@ -124,8 +125,6 @@ def parse_start(text: str) -> int:
 
 def check_span(start_s: int, duration_s: int) -> None:
     """Generated times must be valid canonical times: from MIN_TIME up to now."""
-    from pingctl.schema import MIN_TIME, generated_time_range, utc_text
-
     lo, now = generated_time_range()
     if start_s < lo or start_s + duration_s > now:
         raise ConfigError(

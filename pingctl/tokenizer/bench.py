@@ -15,6 +15,10 @@ import time
 
 import numpy as np
 
+from pingctl.errors import PingctlError, UsageError
+from pingctl.tokenizer import decode, encode, Measurements
+from pingctl.tokenizer.compact import time_kinds
+
 SEED_MEASUREMENTS_PER_S = 14_000  # the seed prototype's per-measurement tokenizer, one core
 CONTEXT_MEASUREMENTS = 50  # ~1024 tokens of compact v4/v6 mix
 
@@ -106,10 +110,6 @@ def seed_style_tokenize(rows: list[dict], rng: random.Random) -> list[list[int]]
 
 def bench_tokenize(n: int = 1_000_000, scheme: str = "both", repeats: int = 3) -> dict:
     import pyarrow as pa
-
-    from pingctl.errors import PingctlError, UsageError
-    from pingctl.tokenizer import Measurements, decode, encode
-    from pingctl.tokenizer.compact import time_kinds
 
     if n < 1000:
         raise UsageError("--n must be at least 1000")

@@ -18,7 +18,8 @@ import numpy as np
 
 from pingctl.tokenizer import compact, full
 from pingctl.tokenizer.layout import from_be_bytes
-from pingctl.tokenizer.measurements import FAILED_RTT, Measurements
+from pingctl.schema.columns import FAILED_RTT
+from pingctl.tokenizer.measurements import Measurements
 from pingctl.tokenizer.rtt_codec import decode_rtt
 from pingctl.tokenizer.spec import IPV6, SchemeSpec, get_spec
 

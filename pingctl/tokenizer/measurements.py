@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
-from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from pingctl.errors import PingctlError
+from pingctl.schema.addresses import IPV4_RE, packed_address
+from pingctl.schema.columns import arrow_schema
 
-FAILED_RTT = -1.0
 MAX_EVENT_TIME_S = (2**63 - 1) // 1_000_000  # the largest Unix second a timestamp[us] holds
 
 
 class MeasurementError(PingctlError, ValueError):
     """Input the tokenizer cannot represent (bad address, NaN RTT, mixed families ...)."""
 
-
-# Dotted quad with each part 0..255 and no leading zeros: exactly what `ipaddress` accepts.
-_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_IPV4_RE = rf"^{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}$"
 
 PARSED_COLUMNS = ("src", "src_v6", "dst", "dst_v6", "rtt_ms", "time_s", "has_time", "size", "errors", "msm_id")
 
@@ -183,7 +179,6 @@ class Measurements:
                 else:
                     cols.append(pa.array(v, f.type))
             return pa.Table.from_arrays(cols, schema=parsed_schema())
-        from pingctl.schema import arrow_schema
 
         # A decoded TimestampAbs is any int64 of seconds; microseconds would wrap past
         # +-292,000 years, so such times are null here (callers count them: unrepresentable_times).
@@ -268,18 +263,6 @@ def _addr_matrix(a, name: str) -> np.ndarray:
     return a
 
 
-@lru_cache(maxsize=1 << 18)
-def _packed(text: str) -> tuple[bytes, bool] | None:
-    # Scope ids ("fe80::1%eth0") have no place in 16 bytes: reject rather than drop them.
-    if "%" in text or len(text) > 45:
-        return None
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    return ip.packed.ljust(16, b"\0"), ip.version == 6
-
-
 def _parse_unique(uniq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bytes, v6 flags and validity for distinct strings: IPv4 vectorised, the rest via ipaddress."""
     import pyarrow as pa
@@ -289,14 +272,14 @@ def _parse_unique(uniq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out = np.zeros((u, 16), np.uint8)
     v6 = np.zeros(u, bool)
     ok = np.zeros(u, bool)
-    is4 = pc.fill_null(pc.match_substring_regex(uniq, _IPV4_RE), False).to_numpy(zero_copy_only=False)
+    is4 = pc.fill_null(pc.match_substring_regex(uniq, IPV4_RE), False).to_numpy(zero_copy_only=False)
     if is4.any():
         quads = pc.list_flatten(pc.split_pattern(uniq.filter(pa.array(is4)), "."))
         out[is4, :4] = pc.cast(quads, pa.uint8()).to_numpy(zero_copy_only=False).reshape(-1, 4)
         ok[is4] = True
     rest = np.flatnonzero(~is4)
     if rest.size:
-        parsed = [_packed(t) if t is not None else None for t in uniq.take(pa.array(rest)).to_pylist()]
+        parsed = [packed_address(t) if t is not None else None for t in uniq.take(pa.array(rest)).to_pylist()]
         good = np.array([p is not None for p in parsed], bool)
         idx = rest[good]
         found = [p for p in parsed if p is not None]

@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from pingctl.tokenizer import compact, full
-from pingctl.tokenizer.vocab import COMPACT, FULL, C, F, Vocab
+from pingctl.tokenizer.vocab import C, COMPACT, F, FULL, get_vocab, Vocab
 
 IPV4, IPV6 = 0, 1  # variants of address blocks
 
@@ -88,7 +88,6 @@ def get_spec(scheme: str) -> SchemeSpec:
             FULL, full.BLOCKS, full.REQUIRED, full.SRC, full.DST, full.TIME,
             *_tables(FULL, roles, families), frozenset(),
         )
-    from pingctl.tokenizer.vocab import get_vocab
 
     get_vocab(scheme)  # raises the standard message
     raise AssertionError(scheme)

@@ -2,7 +2,7 @@
 
 Run directory (docs/train.md):
     config.yaml     resolved pingctl config          maxtext.yml   rendered MaxText config
-    train.log       raw MaxText/absl log             metrics.jsonl train and eval records
+    train.log       raw MaxText/absl log             metrics.jsonl train and eval records (from the events)
     loss.png        loss curves                      summary.json  the final summary
     stopped.json    only when train.max_minutes stopped this invocation early
     maxtext/checkpoints/<step>/{items,iter}  Orbax params+optimizer, Grain iterator state
@@ -11,6 +11,7 @@ Run directory (docs/train.md):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -22,25 +23,19 @@ from typing import Callable
 
 import yaml
 
+from pingctl.artifacts.records import check_files, read_manifest
+from pingctl.artifacts.run import CONFIG, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps, has_run_traces, tensorboard_dir
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
 from pingctl.loader.pipeline import loss_keep_table
 from pingctl.train import metrics as M
-from pingctl.train.render import MAXTEXT_RUN_NAME, parameters, render_maxtext
+from pingctl.train.render import parameters, render_maxtext
 
-STOPPED_FILE = "stopped.json"  # the worker writes it when train.max_minutes ended the run
 
 OnRecord = Callable[[dict], None]
 # Architecture keys: a checkpoint can only be resumed by the same model.
 _SHAPE_KEYS = ("model", "tokenizer", "loader.seq_len")
-
-
-def checkpoint_steps(run: Path) -> list[int]:
-    d = Path(run) / MAXTEXT_RUN_NAME / "checkpoints"
-    if not d.is_dir():
-        return []
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists())
 
 
 # MaxText keys that change how the next steps train, not what a checkpoint holds: a run may
@@ -65,23 +60,17 @@ def absolute_rows(cfg: Config) -> Config:
 
 def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
     """What every target needs before it starts: readable, non-empty rows and a valid loss mask."""
-    from pingctl.loader.pipeline import check_rows_files, rows_manifest
-
     if not cfg.train.train_rows:
         raise UsageError("no training rows: pass ROWS (a `pingctl build-rows` output) or set train.train_rows")
     cfg = absolute_rows(cfg)
     rows = [Path(r) for r in filter(None, (cfg.train.train_rows, cfg.train.eval_rows))]
     for r in rows:
-        manifest = rows_manifest(r)
+        manifest = read_manifest(r)
         if not manifest["record_measurements"]:
             raise PingctlError(f"{r}: no records to train on (the split was empty?)")
-        check_rows_files(r, manifest)
+        check_files(r, manifest)
     loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme)
     return cfg, rows
-
-
-def _is_run_dir(path: Path) -> bool:
-    return any((path / name).exists() for name in ("config.yaml", "maxtext.yml", MAXTEXT_RUN_NAME))
 
 
 def _check_run_dir(run: Path, rows: list[Path], fresh: bool) -> None:
@@ -92,7 +81,7 @@ def _check_run_dir(run: Path, rows: list[Path], fresh: bool) -> None:
         r = r.resolve()
         if r == run or run in r.parents or r in run.parents:
             raise UsageError(f"--run-dir {run} overlaps the rows {r}; give the run its own directory")
-    if fresh and run.is_dir() and any(run.iterdir()) and not _is_run_dir(run):
+    if fresh and run.is_dir() and any(run.iterdir()) and not has_run_traces(run):
         raise UsageError(
             f"--fresh would delete {run}, which is not a pingctl run directory (no config.yaml, "
             "maxtext.yml or checkpoints); remove it yourself or choose another --run-dir"
@@ -109,7 +98,7 @@ def _check_resume(cfg: Config, run: Path, new: dict) -> None:
     steps = checkpoint_steps(run)
     if not steps:
         return
-    old_path = run / "config.yaml"
+    old_path = run / CONFIG
     try:
         old = yaml.safe_load(old_path.read_text())
         old_shape = _shape(old)
@@ -156,9 +145,9 @@ def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False, dry_run: bool =
     if fresh and run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True, exist_ok=True)
-    with atomic_file(run / "config.yaml") as tmp:
+    with atomic_file(run / CONFIG) as tmp:
         tmp.write_text(yaml.safe_dump(new, sort_keys=False))
-    with atomic_file(run / "maxtext.yml") as tmp:
+    with atomic_file(run / MAXTEXT_YML) as tmp:
         tmp.write_text(maxtext)
     return run
 
@@ -179,8 +168,8 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
     if on_start:
         on_start(run)
     resumed_from = (checkpoint_steps(run) or [None])[-1]
-    log_path = run / "train.log"
-    (run / STOPPED_FILE).unlink(missing_ok=True)  # a marker from an earlier invocation is not about this one
+    log_path = run / LOG
+    (run / STOPPED).unlink(missing_ok=True)  # a marker from an earlier invocation is not about this one
     parser = M.LogParser()
     t0 = time.time()
     with open(log_path, "a") as log:
@@ -199,15 +188,23 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            # the steps before an interrupt belong to the run's history, including log lines not yet followed
+            # the steps before an interrupt belong to the run's history (from the log only where
+            # the TensorBoard events cannot be read, with the lines not yet followed)
             _save_metrics(cfg, run, M.parse_log(log_path, start))
             raise
     records = _save_metrics(cfg, run, parser)
     if proc.returncode != 0:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            this_run = f.read().decode(errors="replace")
+        if (full := os.strerror(errno.ENOSPC)) in this_run:
+            # the worker died of a full disk somewhere in MaxText or Orbax, and the log's last
+            # lines may be a long traceback: an environment error naming the run directory
+            raise OSError(errno.ENOSPC, f"{full} (the training worker; see {log_path})", str(run))
         tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-15:])
         raise PingctlError(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
-    summary = summarize(cfg, run, records, parser, resumed_from, time.time() - t0)
-    stopped = run / STOPPED_FILE
+    summary = summarize(cfg, run, records, resumed_from, time.time() - t0)
+    stopped = run / STOPPED
     summary["stopped_early"] = json.loads(stopped.read_text()) if stopped.exists() else None
     last = summary["last_step"]
     if summary["stopped_early"] is None and (last is None or last + 1 < cfg.train.steps):
@@ -215,16 +212,18 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
         at = "before its first step" if last is None else f"at step {last} of {cfg.train.steps}"
         raise PingctlError(f"training ended {at} with no stop requested (check the rows with `pingctl inspect`): "
                            f"{parser.stop_reason or 'see ' + str(log_path)}")
-    write_json(run / "summary.json", summary)
+    write_json(run / SUMMARY, summary)
     return summary
 
 
 def _save_metrics(cfg: Config, run: Path, parser: M.LogParser) -> list[dict]:
+    """metrics.jsonl and loss.png, rebuilt from the whole run's TensorBoard events: they also
+    hold the steps of an invocation that was killed (which wrote neither file)."""
     parser.finish()
-    records = M.merge(M.read_jsonl(run / "metrics.jsonl"), parser.records)
-    M.write_jsonl(records, run / "metrics.jsonl")
+    records = M.run_history(run, parser.records)
+    M.write_jsonl(records, run / METRICS)
     if records:
-        M.plot_loss(records, run / "loss.png", f"{cfg.model.preset} preset, {run.name}")
+        M.plot_loss(records, run / LOSS_PLOT, f"{cfg.model.preset} preset, {run.name}")
     return records
 
 
@@ -249,13 +248,13 @@ def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser,
                 time.sleep(0.2)
 
 
-def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, resumed_from, elapsed: float) -> dict:
-    # first/final losses describe this invocation (its log), like the step range beside them;
-    # `records` also holds earlier runs of a resumed directory (metrics.jsonl accumulates)
-    mine = parser.records or records
+def summarize(cfg: Config, run: Path, records: list[dict], resumed_from, elapsed: float) -> dict:
+    # the step range, first/final losses and throughput describe this invocation: the steps after
+    # the checkpoint it resumed from; `records` is the whole run's history, earlier invocations too
+    mine = [r for r in records if resumed_from is None or r["step"] > resumed_from]
     train = [r for r in mine if r["kind"] == "train"]
     ev = [r for r in mine if r["kind"] == "eval"]
-    tps, step_s = M.throughput([r for r in parser.records if r["kind"] == "train"])
+    tps, step_s = M.throughput(train)
     n_params = parameters(cfg)
     gap = M.generalization_gap(records)
     warnings = []
@@ -272,7 +271,7 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
         "preset": cfg.model.preset,
         "parameters": n_params,
         "steps_total": cfg.train.steps,
-        "first_step_this_run": parser.first_step,
+        "first_step_this_run": train[0]["step"] if train else None,
         "last_step": train[-1]["step"] if train else None,
         "resumed_from_checkpoint": resumed_from,
         "first_loss": train[0]["loss"] if train else None,
@@ -285,13 +284,9 @@ def summarize(cfg: Config, run: Path, records: list[dict], parser: M.LogParser, 
         "step_seconds": step_s,
         "model_flops_per_token": 6 * n_params,
         "checkpoints": checkpoint_steps(run),
-        "tensorboard": str(run / MAXTEXT_RUN_NAME / "tensorboard"),
-        "loss_png": str(run / "loss.png"),
-        "metrics": str(run / "metrics.jsonl"),
-        "log": str(run / "train.log"),
+        "tensorboard": str(tensorboard_dir(run)),
+        "loss_png": str(run / LOSS_PLOT),
+        "metrics": str(run / METRICS),
+        "log": str(run / LOG),
         "elapsed_s": elapsed,
     }
-
-
-def read_summary(run: Path) -> dict:
-    return json.loads((Path(run) / "summary.json").read_text())

@@ -1,16 +1,24 @@
-"""Metrics from MaxText's log lines -> `metrics.jsonl`, and the loss-curve PNG.
+"""A run's metrics -> `metrics.jsonl`, and the loss-curve PNG.
 
-MaxText's own `metrics_file` truncates itself whenever an eval restarts its step counter,
-so the run's record is built from the log: every train step line, and one eval entry
-(final running loss) per evaluation, keyed by the train step it followed.
+The source is MaxText's TensorBoard event files (RUN/maxtext/tensorboard/), which it writes on
+every target and which the worker flushes at every step (worker.py), so they keep the steps of
+an invocation killed with -9. One events file per invocation; a later file replaces the records
+of the earlier ones from its first step on (the steps re-run after a resume). The log parser
+below remains for the live view, the reason MaxText gives for leaving its loop, and runs whose
+event files cannot be read (tensorboard not installed; runs older than the per-step flush).
+MaxText's own `metrics_file` is unusable: it truncates itself whenever an eval restarts its
+step counter.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
 from pathlib import Path
 
+from pingctl.artifacts.run import LOG, METRICS, tensorboard_dir
+from pingctl.atomic import atomic_file
 from pingctl.errors import PingctlError
 
 _STEP = re.compile(
@@ -86,8 +94,6 @@ def parse_log(path: Path, start: int = 0) -> LogParser:
 
 
 def write_jsonl(records: list[dict], path: Path) -> None:
-    from pingctl.atomic import atomic_file
-
     with atomic_file(path) as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
 
@@ -118,13 +124,118 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
     return sorted(by_key.values(), key=lambda r: (r["step"], r["kind"] != "train"))
 
 
+# MaxText's TensorBoard scalars (maxtext/common/metric_logger.py) -> record fields. A train
+# record needs every required tag, as a log line carries them all (a step cut short by a kill
+# is left out; so are batch-rampup steps, which have no throughput, as in the log).
+_TRAIN_TAGS = {
+    "learning/loss": "loss",
+    "perf/step_time_seconds": "step_seconds",
+    "perf/per_device_tokens_per_sec": "tokens_per_s_per_device",
+    "perf/per_device_tflops_per_sec": "tflops_per_device",
+    "learning/total_weights": "target_tokens",
+}
+_TRAIN_EXTRA_TAGS = {"learning/grad_norm": "grad_norm", "learning/current_learning_rate": "learning_rate"}
+_EVAL_TAG = "eval/avg_loss"  # written once per evaluation, at the train step it followed
+
+
+def _event_pb2():
+    try:
+        from tensorboard.compat.proto import event_pb2
+    except ImportError:
+        try:
+            from tensorboardX.proto import event_pb2
+        except ImportError:
+            return None
+    return event_pb2
+
+
+def _events(path: Path, event_pb2):
+    """The events of one file, stopping at a record cut short (a file still being written, or
+    one whose writer was killed). TFRecord framing read here: tensorboard's own loader checks
+    CRCs in Python and is ~10x slower, which `pingctl inspect` would feel on a long run."""
+    from google.protobuf.message import DecodeError
+
+    with open(path, "rb") as f:
+        while len(head := f.read(12)) == 12:  # length (u64), its CRC, data, the data's CRC
+            (n,) = struct.unpack_from("<Q", head)
+            body = f.read(n + 4)
+            if len(body) < n + 4:
+                return
+            try:
+                yield event_pb2.Event.FromString(body[:n])
+            except DecodeError:
+                return
+
+
+def _value(v) -> float:
+    return float(f"{v:.7g}")  # float32 in the file: its digits, not the double's
+
+
+def _file_records(path: Path, event_pb2) -> tuple[float, list[dict]]:
+    """(when the file was started, its records sorted by step)."""
+    started = None
+    train: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    for e in _events(path, event_pb2):
+        if started is None:
+            started = e.wall_time
+        for v in e.summary.value:
+            if v.WhichOneof("value") != "simple_value":
+                continue
+            step = int(e.step)
+            if v.tag in _TRAIN_TAGS or v.tag in _TRAIN_EXTRA_TAGS:
+                field = _TRAIN_TAGS.get(v.tag) or _TRAIN_EXTRA_TAGS[v.tag]
+                train.setdefault(step, {"kind": "train", "step": step})[field] = _value(v.simple_value)
+            elif v.tag == _EVAL_TAG:
+                evals[step] = {"kind": "eval", "step": step, "eval_loss": _value(v.simple_value)}
+    fields = [*_TRAIN_TAGS.values(), *_TRAIN_EXTRA_TAGS.values()]
+    records = [{"kind": "train", "step": r["step"], **{f: r[f] for f in fields if f in r}}
+               for r in train.values() if all(f in r for f in _TRAIN_TAGS.values())]
+    records += evals.values()
+    return (started or 0.0), _sorted(records)
+
+
+def _sorted(records) -> list[dict]:
+    return sorted(records, key=lambda r: (r["step"], r["kind"] != "train"))
+
+
+def tensorboard_records(tb_dir: Path) -> list[dict]:
+    """The train and eval records of a run's TensorBoard event files, one per (kind, step).
+
+    Each invocation of a run writes its own file. Files are taken in the order they were
+    started, and each replaces what the earlier ones hold from its first step on: the steps an
+    invocation re-ran after resuming from a checkpoint, and any an earlier one logged past it."""
+    event_pb2 = _event_pb2()
+    tb_dir = Path(tb_dir)
+    if event_pb2 is None or not tb_dir.is_dir():
+        return []
+    files = [_file_records(p, event_pb2) for p in sorted(tb_dir.rglob("events.out.tfevents.*")) if p.is_file()]
+    history: list[dict] = []
+    for _, records in sorted((f for f in files if f[1]), key=lambda f: f[0]):
+        first = records[0]["step"]
+        history = [r for r in history if r["step"] < first] + records
+    return _sorted(history)
+
+
+def run_history(run: Path, log_records: list[dict] | None = None) -> list[dict]:
+    """Every train and eval record of a run across its invocations, one per (kind, step).
+
+    From the TensorBoard events when they hold any; otherwise (see the module docstring)
+    metrics.jsonl merged with `log_records`, by default those of the whole train.log."""
+    run = Path(run)
+    records = tensorboard_records(tensorboard_dir(run))
+    if records:
+        return records
+    if log_records is None:
+        log_records = parse_log(run / LOG).records if (run / LOG).exists() else []
+    return merge(read_jsonl(run / METRICS), log_records)
+
+
 def plot_loss(records: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from pingctl.atomic import atomic_file
 
     train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train"]
     ev = [(r["step"], r["eval_loss"]) for r in records if r["kind"] == "eval"]

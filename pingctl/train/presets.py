@@ -6,11 +6,11 @@ PRESETS: dict[str, dict] = {
     # CPU smoke test: trains in seconds.
     "tiny": dict(emb_dim=64, layers=2, heads=4, head_dim=16, mlp_dim=256, mlp_activations=["gelu"], dtype="float32"),
     # ~3.3M parameters: trains on a laptop CPU in half an hour; small enough not to memorise its training
-    # pairs before it learns where addresses are (on a dense mesh it beat Vivaldi in 83 CPU minutes,
-    # docs/eval.md run 17; it ties on the sparse demo world, run 19, and on a 128 x 128 mesh, run 20).
+    # pairs before it learns where addresses are on a mesh of few distinct pairs (docs/train.md,
+    # "Presets": which preset for which world).
     "mini": dict(emb_dim=256, layers=4, heads=4, head_dim=64, mlp_dim=1024, mlp_activations=["gelu"], dtype="float32"),
-    # ~20M parameters: memorises a 64 x 64 mesh's training pairs on a laptop CPU; with weight decay
-    # 1.0 on a 128 x 128 mesh it beat Vivaldi in 71 CPU minutes (docs/eval.md run 20).
+    # ~20M parameters: memorises the training pairs of a small mesh; with weight decay 1.0 on a mesh
+    # of many distinct pairs it is the held-out-pairs preset (docs/eval.md, "Held-out pairs: the recipe").
     "small": dict(emb_dim=512, layers=6, heads=8, head_dim=64, mlp_dim=2048, mlp_activations=["gelu"], dtype="float32"),
     # The seeds' model: ~85M parameters (20 x (4*640^2 + 2*640*2048) + embeddings).
     "base": dict(emb_dim=640, layers=20, heads=10, head_dim=64, mlp_dim=2048, mlp_activations=["gelu"], dtype="bfloat16"),

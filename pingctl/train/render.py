@@ -1,4 +1,5 @@
-"""Rendering run files from Jinja2 templates in `templates/` (MaxText config, sbatch)."""
+"""Rendering run files from the Jinja2 templates shipped in the package, `pingctl/templates/`
+(MaxText config, sbatch): read through importlib.resources, so an installed wheel has them too."""
 
 from __future__ import annotations
 
@@ -7,22 +8,21 @@ from pathlib import Path
 import yaml
 
 from pingctl import __version__
-from pingctl.config import Config
+from pingctl.artifacts.run import MAXTEXT_RUN_NAME
+from pingctl.atomic import MANIFEST
+from pingctl.config import Config, UniqueKeyLoader
 from pingctl.errors import PingctlError
+from pingctl.tokenizer import get_vocab
 from pingctl.train.presets import PRESETS, architecture, param_count
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
-TEMPLATES = PROJECT_DIR / "templates"
-MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
+TEMPLATES = "templates"  # package data of `pingctl` (pyproject.toml: tool.setuptools.package-data)
 
 
 def env():
     import jinja2
 
-    if not TEMPLATES.is_dir():
-        raise PingctlError(f"templates not found at {TEMPLATES} (pingctl must run from its source tree)")
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
+        loader=jinja2.PackageLoader("pingctl", TEMPLATES),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -31,8 +31,6 @@ def env():
 
 
 def vocab_size(cfg: Config) -> int:
-    from pingctl.tokenizer import get_vocab
-
     return get_vocab(cfg.tokenizer.scheme).size
 
 
@@ -54,7 +52,7 @@ def attention_kernel(requested: str, platform: str, devices: int) -> str:
 def maxtext_values(cfg: Config, run_dir: Path) -> dict:
     t = cfg.train
     run_dir = Path(run_dir).resolve()
-    rows_file = lambda d: str(Path(d).resolve() / "manifest.json") if d else ""  # noqa: E731
+    rows_file = lambda d: str(Path(d).resolve() / MANIFEST) if d else ""  # noqa: E731
     return {
         "version": __version__,
         "run_name": MAXTEXT_RUN_NAME,
@@ -76,7 +74,9 @@ def maxtext_values(cfg: Config, run_dir: Path) -> dict:
         "checkpoint_period": t.checkpoint_period,
         "log_period": t.log_period,
         "jax_cache_dir": str(Path(t.jax_cache_dir).expanduser()),
-        "skip_distributed": t.hardware == "cpu" and t.target == "local",
+        # a CPU job is one process (multi-node SLURM needs a GPU): MaxText's CPU join reads
+        # JOB_INDEX & co. that only its own launchers set, so a single-node CPU sbatch job failed
+        "skip_distributed": t.hardware == "cpu",
         "overrides": cfg.model.overrides,
         "wandb": t.wandb,
         "wandb_project": t.wandb_project,
@@ -132,15 +132,6 @@ def _drop_overridden(text: str, overrides: dict) -> str:
     return "".join(out) + mark + tail
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    def construct_mapping(self, node, deep=False):
-        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
-        dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
-        if dup:
-            raise PingctlError(f"rendered MaxText config defines {dup} more than once")
-        return super().construct_mapping(node, deep=deep)
-
-
 def render_maxtext(cfg: Config, run_dir: Path) -> str:
     overrides = cfg.model.overrides
     check_overrides(overrides)
@@ -148,7 +139,10 @@ def render_maxtext(cfg: Config, run_dir: Path) -> str:
     if overrides:
         text = _drop_overridden(text, overrides)
     # A template bug must fail here, not inside MaxText (whose loader also rejects duplicates).
-    yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise PingctlError(f"rendered MaxText config is not valid: {e}") from None
     return text
 
 

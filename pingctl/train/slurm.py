@@ -1,4 +1,8 @@
-"""`pingctl train --target slurm`: render an sbatch script into the run dir and submit it."""
+"""`pingctl train --target slurm`: render an sbatch script into the run dir and submit it.
+
+The script needs no source tree: it activates the environment pingctl is installed in
+(`train.slurm.venv`, default this interpreter's `sys.prefix`), `cd`s to the run directory and
+runs `python -m pingctl.train.worker RUN_DIR` there, as `pingctl train` does locally."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from pingctl.atomic import atomic_file
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
 from pingctl.train.local import prepare_run
-from pingctl.train.render import PROJECT_DIR, env
+from pingctl.train.render import env
 
 COORDINATOR_PORT = 12355
 
@@ -29,7 +33,6 @@ def render_sbatch(cfg: Config, run: Path) -> str:
         hardware=cfg.train.hardware,
         run_dir=str(Path(run).resolve()),
         venv=s.venv or sys.prefix,
-        project_dir=str(PROJECT_DIR),
         coordinator_port=COORDINATOR_PORT,
     )
 

@@ -14,14 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-
-def _env_before_jax(hardware: str) -> None:
-    from pingctl.train.xla import set_xla_flags
-
-    set_xla_flags(hardware)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if hardware == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from pingctl.artifacts.run import CONFIG, MAXTEXT_YML, STOPPED, checkpoint_steps
+from pingctl.atomic import write_json
+from pingctl.config import load_config
+from pingctl.loader.pipeline import make_dataset
+from pingctl.train.render import attention_kernel
+from pingctl.processes import die_with_parent
+from pingctl.train.xla import jax_env
 
 
 def _job_devices() -> tuple[int, str]:
@@ -49,9 +48,6 @@ def _time_bounded(base: type, run: Path, deadline: float, minutes: float) -> typ
     iterator ends training without saving; so past the deadline we keep feeding batches until a new
     checkpoint has committed, then stop. Work lost: the steps of one commit latency, never a period.
     """
-    from pingctl.atomic import write_json
-    from pingctl.train.local import STOPPED_FILE, checkpoint_steps
-
     class TimeBounded(base):
         _seen: int | None = None
 
@@ -64,7 +60,7 @@ def _time_bounded(base: type, run: Path, deadline: float, minutes: float) -> typ
                 if self._seen is None:
                     self._seen = latest
                 elif latest > self._seen:
-                    write_json(run / STOPPED_FILE, {"reason": "time limit", "max_minutes": minutes, "checkpoint": latest})
+                    write_json(run / STOPPED, {"reason": "time limit", "max_minutes": minutes, "checkpoint": latest})
                     stop = True
             if jax.process_count() > 1:  # every host must leave the loop at the same step
                 import numpy as np
@@ -85,8 +81,6 @@ def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, config
     import jax
     from maxtext.input_pipeline.multihost_dataloading import MultiHostDataLoadIterator
 
-    from pingctl.loader.pipeline import make_dataset
-
     shard_count = len(process_indices)
     shard_index = process_indices.index(jax.process_index())
     total = config.global_batch_size_to_load if train else config.global_batch_size_to_load_eval
@@ -101,28 +95,53 @@ def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, config
 
 
 def _die_with_parent() -> None:
-    """If `pingctl train` is killed (even kill -9), the worker must not train on alone."""
+    """If `pingctl train` is killed (even kill -9), the worker must not train on alone. Only
+    where the local target started it (it names its pid): under SLURM or Modal the parent is
+    the job's own shell."""
     parent = os.environ.get("PINGCTL_PARENT_PID")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
+    if parent:
+        die_with_parent(int(parent))
 
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):  # the parent died before prctl took effect
-        os._exit(1)
+
+def _tensorboard_written_every_step() -> None:
+    """MaxText's TensorBoard events reach the file system at every step, so a killed run keeps them.
+
+    They are the run's metrics (train/metrics.py). tensorboardX hands events to a thread that
+    writes them into a buffered file and flushes it every 120 s, and MaxText flushes only every
+    `log_period` steps, so a kill -9 lost the steps since (and a flush could miss the events
+    still queued). Here events are written as they are added, and the file is flushed after
+    each write of metrics: one small append and fsync per step.
+    """
+    import tensorboardX.writer
+    from maxtext.common import metric_logger
+    from tensorboardX.event_file_writer import EventFileWriter
+
+    class WriteThrough(EventFileWriter):
+        def add_event(self, event):
+            ev = getattr(self, "_ev_writer", None)
+            if ev is None:  # not the tensorboardX this was written for: keep its own queue
+                return super().add_event(event)
+            if not getattr(self, "_closed", False):
+                ev.write_event(event)
+
+    tensorboardX.writer.EventFileWriter = WriteThrough
+    write = metric_logger.MetricLogger.write_metrics_to_tensorboard
+
+    def write_and_flush(self, metrics, step, metric_type):
+        write(self, metrics, step, metric_type)
+        if getattr(self, "writer", None) is not None:
+            self.writer.flush()
+
+    metric_logger.MetricLogger.write_metrics_to_tensorboard = write_and_flush
 
 
 def main(run_dir: str) -> None:
-    from pingctl.config import load_config
-
     _die_with_parent()
     run = Path(run_dir).resolve()
-    cfg = load_config(run / "config.yaml")
+    cfg = load_config(run / CONFIG)
     minutes = cfg.train.max_minutes
     bound = (run, time.time() + 60.0 * minutes, minutes) if minutes else None
-    _env_before_jax(cfg.train.hardware)
+    jax_env(cfg.train.hardware)
     devices, platform = _job_devices()  # before MaxText's imports, in case one touches a backend
 
     from absl import app
@@ -133,17 +152,16 @@ def main(run_dir: str) -> None:
     ipi.make_grain_train_iterator = functools.partial(_iterator, cfg.train.train_rows, cfg.loader, scheme, True, bound)
     eval_rows = cfg.train.eval_rows or cfg.train.train_rows
     ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None)
+    _tensorboard_written_every_step()
 
     if cfg.loader.batch_size % devices:
         sys.exit(f"loader.batch_size={cfg.loader.batch_size} is not divisible by the {devices} devices")
     argv = [
         "pingctl-train",
-        str(run / "maxtext.yml"),
+        str(run / MAXTEXT_YML),
         f"per_device_batch_size={cfg.loader.batch_size / devices}",
     ]
     if cfg.train.attention == "auto":
-        from pingctl.train.render import attention_kernel
-
         kernel = attention_kernel("auto", platform, devices)
         print(f"pingctl: train.attention=auto -> {kernel} ({devices} {platform} device(s))", flush=True)
         argv.append(f"attention={kernel}")

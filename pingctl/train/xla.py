@@ -1,4 +1,5 @@
-"""XLA_FLAGS for processes that drive MaxText (training workers, inference)."""
+"""JAX/XLA environment for processes that drive MaxText (training workers, inference): set
+before JAX is imported."""
 
 from __future__ import annotations
 
@@ -19,3 +20,15 @@ def set_xla_flags(hardware: str) -> None:
     """
     if not os.environ.get("XLA_FLAGS", "").strip():
         os.environ["XLA_FLAGS"] = _NEUTRAL.get(hardware, _NEUTRAL_ACCELERATOR)
+
+
+def jax_env(hardware: str, forced: bool = False) -> None:
+    """XLA_FLAGS, TensorFlow's log level and the platform, for `hardware`. Asked for by name
+    (`forced`), the CPU wins over a JAX_PLATFORMS the shell exported."""
+    set_xla_flags(hardware)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if hardware == "cpu":
+        if forced:
+            os.environ["JAX_PLATFORMS"] = "cpu"
+        else:
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -14,11 +14,15 @@ from typing import Callable
 
 import numpy as np
 
+from pingctl import __version__
+from pingctl.artifacts.table import resolve_inputs
+from pingctl.artifacts.table import refuse_whole_shard_output
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
+from pingctl.benchutil import run_measured
 from pingctl.errors import PingctlError
-from pingctl.rows.layout import BYTES_PER_MEASUREMENT, VERSION, ProbeRecord, encode
-from pingctl.schema import all_rejected, canonical_query, connect, one, resolve_inputs
-from pingctl.shard import refuse_whole_shard_output
+from pingctl.records.layout import BYTES_PER_MEASUREMENT, ProbeRecord, VERSION, encode
+from pingctl.schema.duck import all_rejected, canonical_query, connect, one
+from pingctl.tokenizer.measurements import parse_addresses
 
 WRITER_OPTIONS = "group_size:1,zstd:1"  # group_size 1: Grain reads records at random
 FILE_TARGET_BYTES = 256 << 20
@@ -46,7 +50,6 @@ def _address_tables(con) -> tuple[np.ndarray, np.ndarray]:
              SELECT src_addr AS a FROM canonical WHERE reject_reason IS NULL
              UNION SELECT dst_addr FROM canonical WHERE reject_reason IS NULL)"""
     )
-    from pingctl.tokenizer.measurements import parse_addresses
 
     names = con.sql("SELECT a FROM addr_ids ORDER BY id").to_arrow_table().column(0)
     return parse_addresses(names, "address")
@@ -124,8 +127,6 @@ def build_rows(
     progress: Progress = _noop,
     config: dict | None = None,
 ) -> dict:
-    from pingctl import __version__
-
     t0 = time.perf_counter()
     refuse_whole_shard_output(inputs)
     files = resolve_inputs(inputs)
@@ -233,8 +234,6 @@ def _columns(batch) -> dict:
 def bench_build_rows(rows: int, memory_limit: str, max_row_mb: float) -> dict:
     """Measurements/s and peak RSS of `pingctl build-rows` on `rows` synthetic rows."""
     import tempfile
-
-    from pingctl.benchutil import run_measured
 
     with tempfile.TemporaryDirectory(prefix="pingctl-bench-rows-") as d:
         data = Path(d) / "synth"

@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 from pingctl.cli.app import app
 from pingctl.errors import PingctlError
-from pingctl.rows import build as build_mod
-from pingctl.rows.build import build_rows
-from pingctl.rows.inspect import iter_records
-from pingctl.rows.layout import ProbeRecord, RecordError, decode, encode
+from pingctl.records import build as build_mod
+from pingctl.records.build import build_rows
+from pingctl.inspect.records import iter_records
+from pingctl.records.layout import ProbeRecord, RecordError, decode, encode
 from tests.conftest import make_table
 
 runner = CliRunner()
@@ -205,7 +205,7 @@ def test_outputs_never_replace_their_own_input_nor_read_a_whole_shard_output(tmp
     """build-rows once deleted its input when -o was the input directory or a parent of it, and
     read a shard output's train, val and test as one split."""
     from pingctl.eval.report import load_split
-    from pingctl.parquet_io import write_canonical
+    from pingctl.schema.parquet import write_canonical
 
     table = tmp_path / "table"
     table.mkdir()

@@ -1,271 +1,15 @@
-"""The canonical measurement table: the one place that defines and validates it.
-
-Columns are exactly the seeds' eight (`SEED_COLUMNS`) plus an optional nullable
-`prb_id`. Any Parquet file that has the eight seed columns is accepted as input;
-`canonical_query` turns it into the canonical form and says why each bad row is bad.
-"""
+"""DuckDB over canonical Parquet: the checked view every pipeline step reads
+(`canonical_query`), reject counting and refusal, and connection set-up."""
 
 from __future__ import annotations
 
-import datetime as dt
-import glob
-import ipaddress
-import json
-import math
-import re
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
 
 from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory
-
-SEED_COLUMNS = (
-    "msm_id",
-    "event_time",
-    "src_addr",
-    "dst_addr",
-    "ip_version",
-    "rtt",
-    "size",
-    "packet_error_count",
-)
-OPTIONAL_COLUMNS = ("prb_id",)
-COLUMNS = SEED_COLUMNS + OPTIONAL_COLUMNS
-FAILED_RTT = -1.0
-
-# RIPE Atlas started in 2010; anything before 2000 or in the future is a unit or clock bug.
-MIN_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
-FUTURE_SLACK = dt.timedelta(days=1)
-
-
-def utc_text(seconds: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
-    """Unix seconds as UTC text for people; seconds as such where datetime cannot hold them
-    (a generated or mistyped time past year 9999)."""
-    if seconds is None:
-        return "-"
-    try:
-        return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime(fmt)
-    except (ValueError, OverflowError, OSError):
-        return f"{seconds} (Unix s)"
-
-# |timestamp| in seconds at or past this is far outside any valid time, and ts * 1e6 could
-# overflow to inf (round() then raises): such floats are rejected before they are scaled.
-TS_ABS_MAX_S = 1e15
-# ASCII only: float() and int() also take other scripts' digits ('١٢' is 12) and isdigit() '²'
-_UNIX_SECONDS_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
-_NON_FINITE_RE = re.compile(r"[+-]?(nan|inf|infinity)", re.I)
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def parse_when(value: Any, what: str, error: type[PingctlError] = PingctlError) -> int | None:
-    """A time as users give it (ISO 8601, naive = UTC; or Unix seconds) -> Unix microseconds.
-    The one parser behind ingest's --since/--until and the --time of tokenize and sample."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, dt.datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-        return (when - _EPOCH) // dt.timedelta(microseconds=1)
-    text = str(value).strip()
-    if _UNIX_SECONDS_RE.fullmatch(text) or _NON_FINITE_RE.fullmatch(text):
-        secs = float(text)
-        if not -TS_ABS_MAX_S < secs < TS_ABS_MAX_S:  # also NaN
-            raise error(f"{what} {value!r}: not a valid time (Unix seconds must be finite and within "
-                        f"+-{TS_ABS_MAX_S:.0e})")
-        return int(text) * 1_000_000 if text.lstrip("+-").isdigit() else round(secs * 1_000_000)
-    try:
-        when = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise error(f"{what} {value!r}: expected ISO 8601 (e.g. 2024-01-31T12:00:00Z) or Unix seconds") from None
-    return parse_when(when, what, error)
-
-
-# The largest valid RTT: the RTT codec's largest code (pingctl.tokenizer.rtt_codec.MAX_MS,
-# 2047 * 2**31 us, about 50.9 days; kept equal by a test, not imported, so that importing
-# this module does not import numpy). Far above any real ping; larger values are unit or
-# generator bugs (1e308 ms) that would saturate the codec and wreck percentiles.
-MAX_RTT_MS = 2047 * 2**31 / 1000.0
-
-# A value that is present but does not fit its column (text that is not a number, a
-# non-integral float in an integer column, a boolean, out of int64 range) gets its
-# column's own reason, never `null_field`, so every reason names the column.
-REJECT_REASONS = {
-    "null_field": "a required column is null",
-    "bad_src_addr": "src_addr is not an IP address",
-    "bad_dst_addr": "dst_addr is not an IP address",
-    "bad_ip_version": "ip_version is not 4 or 6 (or not an integer)",
-    "af_mismatch": "address family of src_addr/dst_addr differs from ip_version",
-    "bad_rtt": f"rtt is not a number, not finite, above {MAX_RTT_MS:.3f} ms (the RTT codec's MAX_MS), "
-    "or negative other than -1.0 (failed)",
-    "bad_time": "event_time before 2000-01-01, in the future, or not a time",
-    "bad_size": "size is negative or not an integer",
-    "bad_error_count": "packet_error_count is negative or not an integer",
-    "bad_msm_id": "msm_id is negative or not an integer",
-    "bad_prb_id": "prb_id is present but negative or not an integer",
-}
-
-
-def arrow_schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field("msm_id", pa.int64(), nullable=False),
-            pa.field("event_time", pa.timestamp("us", tz="UTC"), nullable=False),
-            pa.field("src_addr", pa.string(), nullable=False),
-            pa.field("dst_addr", pa.string(), nullable=False),
-            pa.field("ip_version", pa.int64(), nullable=False),
-            pa.field("rtt", pa.float64(), nullable=False),
-            pa.field("size", pa.int64(), nullable=False),
-            pa.field("packet_error_count", pa.int64(), nullable=False),
-            pa.field("prb_id", pa.int64(), nullable=True),
-        ]
-    )
-
-
-def max_time() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc) + FUTURE_SLACK
-
-
-def generated_time_range() -> tuple[int, int]:
-    """Unix seconds a generator (synth, `sample --n`) may emit: MIN_TIME to now. The day of
-    clock slack a measured row is allowed past now (FUTURE_SLACK) is not for generators."""
-    import time
-
-    return int(MIN_TIME.timestamp()), int(time.time())
-
-
-# ---------------------------------------------------------------- addresses
-
-
-@lru_cache(maxsize=1 << 20)
-def parse_address(text: str) -> tuple[str, int] | None:
-    """(canonical text, version) or None. Canonical = `ipaddress`'s compressed lower-case form."""
-    if not isinstance(text, str) or not text or len(text) > 45:
-        return None
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if getattr(ip, "scope_id", None) is not None:
-        return None  # fe80::1%eth0: a zone names an interface of one host, not an address
-    return str(ip), ip.version
-
-
-@lru_cache(maxsize=1 << 16)
-def is_public(text: str) -> bool:
-    """False for private, link-local, loopback, unspecified, ULA, CGN, documentation ... ranges."""
-    try:
-        return ipaddress.ip_address(text).is_global
-    except ValueError:
-        return False
-
-
-def address_map(values: Iterable[str | None]):
-    """Arrow table (addr, canon, version) for distinct address strings; invalid -> nulls."""
-    import pyarrow as pa
-
-    addrs, canons, versions = [], [], []
-    for v in values:
-        if v is None:
-            continue
-        parsed = parse_address(v)
-        addrs.append(v)
-        canons.append(parsed[0] if parsed else None)
-        versions.append(parsed[1] if parsed else None)
-    return pa.table(
-        {
-            "addr": pa.array(addrs, pa.string()),
-            "canon": pa.array(canons, pa.string()),
-            "version": pa.array(versions, pa.int64()),
-        }
-    )
-
-
-def check_rtt(value) -> bool:
-    """The canonical table's rtt rule for one value (bad_rtt in `canonical_query` otherwise)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and ((0 <= value <= MAX_RTT_MS) or value == FAILED_RTT)
-    )
-
-
-# ---------------------------------------------------------------- Parquet inputs
-
-
-def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".parquet",)) -> list[Path]:
-    """Expand files, directories (recursively) and globs; sorted, de-duplicated."""
-    found: list[Path] = []
-    for item in items:
-        p = Path(item)
-        listed = _manifest_files(p) if p.is_dir() else None
-        if listed is not None:
-            found.extend(listed)
-        elif p.is_dir():
-            found.extend(
-                f for f in sorted(p.rglob("*")) if f.is_file() and f.name.endswith(suffixes) and not _hidden(f, p)
-            )
-        elif p.is_file():
-            found.append(p)
-        else:
-            matches = sorted(glob.glob(str(item), recursive=True))
-            if not matches:
-                raise PingctlError(f"input not found: {item}")
-            found.extend(Path(m) for m in matches if Path(m).is_file())
-    out, seen = [], set()
-    for f in found:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    if not out:
-        raise PingctlError("no input files found in " + ", ".join(map(str, items)))
-    return out
-
-
-def _manifest_files(d: Path) -> list[Path] | None:
-    """A pingctl output that lists its data files (synth has truth/ tables beside them)."""
-    try:
-        files = json.loads((d / "manifest.json").read_text()).get("data_files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(files, list) or not files:
-        return None
-    # names inside the directory only: a damaged or foreign manifest must not point elsewhere
-    if not all(isinstance(f, str) and f and not Path(f).is_absolute() and ".." not in Path(f).parts for f in files):
-        raise PingctlError(f"{d / 'manifest.json'}: data_files must be file names inside {d}; got {files!r:.200}")
-    return [d / f for f in files]
-
-
-def _hidden(f: Path, root: Path) -> bool:
-    # Temp outputs of interrupted runs (".x.tmp-*") must never be read as data.
-    return any(part.startswith(".") for part in f.relative_to(root).parts)
-
-
-def check_parquet_columns(files: list[Path], schemas: dict | None = None) -> bool:
-    """Raise unless every file has the eight seed columns; return whether all have prb_id.
-    `schemas` receives each file's Arrow schema, for callers that need more of it."""
-    import pyarrow.parquet as pq
-
-    all_prb = True
-    for f in files:
-        try:
-            schema = pq.read_schema(f)
-        except Exception as e:  # noqa: BLE001 - any pyarrow failure means unreadable
-            raise PingctlError(f"{f}: not a readable Parquet file ({e})") from None
-        if schemas is not None:
-            schemas[f] = schema
-        names = set(schema.names)
-        missing = [c for c in SEED_COLUMNS if c not in names]
-        if missing:
-            raise PingctlError(
-                f"{f}: missing column(s) {', '.join(missing)}; a measurement table needs "
-                + ", ".join(SEED_COLUMNS)
-            )
-        all_prb &= "prb_id" in names
-    return all_prb
-
+from pingctl.schema.addresses import address_map
+from pingctl.schema.columns import COLUMNS, MAX_RTT_MS, REJECT_REASONS, SEED_COLUMNS
+from pingctl.schema.parquet import check_parquet_columns, verify_head
+from pingctl.schema.times import MIN_TIME, max_time
 
 # Unix seconds -> TIMESTAMPTZ, NULL (a bad_time reject) where to_timestamp would raise
 _X = "TRY_CAST(event_time AS DOUBLE)"
@@ -455,8 +199,8 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
           t.packet_error_count, t.prb_id, t._file, t._row,
           CASE
             WHEN t._null_field THEN 'null_field'
-            WHEN s.canon IS NULL THEN 'bad_src_addr'
-            WHEN d.canon IS NULL THEN 'bad_dst_addr'
+            WHEN s.canon IS NULL THEN CASE WHEN s.mapped THEN 'ipv4_mapped' ELSE 'bad_src_addr' END
+            WHEN d.canon IS NULL THEN CASE WHEN d.mapped THEN 'ipv4_mapped' ELSE 'bad_dst_addr' END
             -- below, a NULL typed value is a present value that is not of the column's type
             WHEN t.ip_version IS NULL OR t.ip_version NOT IN (4, 6) THEN 'bad_ip_version'
             WHEN s.version <> t.ip_version OR d.version <> t.ip_version THEN 'af_mismatch'
@@ -478,8 +222,6 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
     )
 
 
-CANONICAL_SELECT = ", ".join(COLUMNS)
-
 
 def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4GB"):
     """The first `limit` rows (None: all) of `files` in file order, checked as every pipeline
@@ -490,8 +232,6 @@ def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4G
     rejected rows as `reject_counts` gives them, rows read).
     """
     import pyarrow as pa
-
-    from pingctl.parquet_io import verify_head
 
     con = connect(memory_limit)
     con.execute("SET preserve_insertion_order=true")  # "first rows" in file order

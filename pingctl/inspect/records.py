@@ -1,4 +1,5 @@
-"""Describe probe-row ArrayRecord files; survive (and report) corrupt or truncated ones."""
+"""Describe a `pingctl build-rows` output (probe records in ArrayRecord files); survive (and
+report) corrupt or truncated ones."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.errors import PingctlError
-from pingctl.rows.layout import RecordError, decode
+from pingctl.artifacts.records import read_manifest, record_files
+from pingctl.records.layout import VERSION, RecordError, decode, to_measurements
+from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
 
 # RTT percentiles come from a histogram of the compact codec's 16-bit codes: exact at the
 # codec's resolution (<= 1/2048 relative), constant memory, and every measurement counts the
@@ -15,16 +18,6 @@ from pingctl.rows.layout import RecordError, decode
 RTT_CODES = 1 << 16
 RTT_FLUSH = 1 << 20
 HIST_EDGES = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10**9)
-
-
-def row_files(path: Path) -> list[Path]:
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    files = sorted(path.glob("*.arrayrecord"))
-    if not files:
-        raise PingctlError(f"{path}: no .arrayrecord files")
-    return files
 
 
 _MAX_STREAK = 16
@@ -63,7 +56,7 @@ def iter_records(files: list[Path], errors: list[dict]):
 
 def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> dict:
     """Statistics over every record. `tokens_per_measurement(rec) -> int` estimates tokens."""
-    files = row_files(path)
+    files = record_files(path)
     errors: list[dict] = []
     n_meas, sizes, spans, probes = [], [], [], set()
     v4 = v6 = failures = 0
@@ -134,8 +127,6 @@ def describe_rows(path: Path, sample: int = 0, tokens_per_measurement=None) -> d
 
 
 def _add_codes(hist: np.ndarray, pending: list[np.ndarray]) -> None:
-    from pingctl.tokenizer.rtt_codec import encode_rtt
-
     if pending:
         counts = np.bincount(encode_rtt(np.concatenate(pending)))
         hist[: len(counts)] += counts
@@ -144,8 +135,6 @@ def _add_codes(hist: np.ndarray, pending: list[np.ndarray]) -> None:
 
 def hist_percentiles(hist: np.ndarray, qs) -> dict:
     """np.percentile's linear interpolation over the decoded values a code histogram holds."""
-    from pingctl.tokenizer.rtt_codec import decode_rtt
-
     n = int(hist.sum())
     if not n:
         return {}
@@ -169,14 +158,11 @@ def _manifest(path: Path, files: list[Path], errors: list[dict]) -> dict:
     """The rows' manifest, checked as the loader checks it: rows that training would refuse
     (a damaged manifest, listed files missing, another layout) are errors here too, not a
     clean report. A single .arrayrecord file is described without its directory's manifest."""
-    from pingctl.loader.pipeline import rows_manifest
-    from pingctl.rows.layout import VERSION
-
     d = Path(path)
     if not d.is_dir():
         return {}
     try:
-        meta = rows_manifest(d)
+        meta = read_manifest(d)
     except PingctlError as e:
         errors.append({"file": str(d / "manifest.json"), "record": None, "error": str(e)})
         return {}
@@ -191,8 +177,6 @@ def _manifest(path: Path, files: list[Path], errors: list[dict]) -> dict:
 
 
 def _sample(rec, f: Path, i: int, k: int = 5) -> dict:
-    from pingctl.rows.layout import to_measurements
-
     m = to_measurements(rec, np.arange(min(k, rec.n)))
     first = [
         {"time": int(t), "src": s, "dst": d, "rtt_ms": float(r), "msm_id": int(mid)}

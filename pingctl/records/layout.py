@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pingctl.tokenizer import Measurements
+
 MAGIC = b"PGR1"
 VERSION = 1
 BYTES_PER_MEASUREMENT = 8 + 8 + 8 + 4 + 4 + 4 + 4
@@ -156,8 +158,6 @@ def record_bytes(n: int, n_src: int, n_dst: int) -> int:
 
 def to_measurements(rec: ProbeRecord, idx: np.ndarray | None = None, has_time: np.ndarray | bool = True):
     """The tokenizer's `Measurements` for rows `idx` of a record (all rows when None)."""
-    from pingctl.tokenizer import Measurements
-
     sel = slice(None) if idx is None else idx
     src_i, dst_i = rec.src_idx[sel], rec.dst_idx[sel]
     n = len(src_i)

@@ -1,77 +1,15 @@
-"""Describe what `pingctl sample` writes: a `--pairs` predictions file and a pair's exact RTT
-distribution (`--src --dst -o`). Both are Parquet with a `pingctl` schema-metadata key (JSON
-and, for predictions, CSV too), so `pingctl inspect` recognises them by their columns instead
-of refusing them as measurement tables that lack canonical columns."""
+"""Describe what `pingctl sample` writes (read by `pingctl.artifacts.sample_output`): a
+`--pairs` predictions file and a pair's exact RTT distribution (`--src --dst -o`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.sample_output import rejects_path
 from pingctl.errors import PingctlError
-
-PREDICTION_COLUMNS = ("src", "dst", "p_fail", "p50_ms")
-DISTRIBUTION_COLUMNS = ("code", "rtt_ms", "probability")
-SUFFIXES = (".parquet", ".json", ".csv")
-
-
-def read(path: Path):
-    """(kind, Arrow table, metadata dict) of a sample output, or None if `path` is not one."""
-    import pyarrow as pa
-
-    path = Path(path)
-    if not path.is_file() or path.suffix not in SUFFIXES:
-        return None
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            schema = pq.read_schema(path)
-            if not _kind(schema.names):
-                return None
-            table = pq.read_table(path)
-            meta = json.loads((schema.metadata or {}).get(b"pingctl", b"{}"))
-        elif path.suffix == ".csv":
-            import pyarrow.csv as pcsv
-
-            reader = pcsv.open_csv(path)  # the header first: a large CSV of something else is not read whole
-            if not _kind(reader.schema.names):
-                return None
-            table, meta = reader.read_all(), {}
-        else:
-            doc = json.loads(path.read_text())
-            if not isinstance(doc, dict):
-                return None
-            if "predictions" in doc:
-                rows = doc["predictions"]
-                if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-                    raise ValueError("`predictions` is not a list of rows")
-                table = pa.Table.from_pylist(rows) if rows else pa.table(
-                    {c: pa.array([], pa.string() if c in ("src", "dst") else pa.float64()) for c in PREDICTION_COLUMNS})
-                meta = {k: v for k, v in doc.items() if k != "predictions"}
-            elif all(c in doc for c in DISTRIBUTION_COLUMNS):
-                if not all(isinstance(doc[c], list) for c in DISTRIBUTION_COLUMNS):
-                    raise ValueError(f"{', '.join(DISTRIBUTION_COLUMNS)} are not lists")
-                table = pa.table({c: doc[c] for c in DISTRIBUTION_COLUMNS})
-                meta = {k: v for k, v in doc.items() if k not in DISTRIBUTION_COLUMNS}
-            else:
-                return None
-    except (OSError, ValueError, TypeError, AttributeError, pa.ArrowException) as e:
-        if path.suffix == ".parquet":
-            return None  # not ours to judge: the table reader names what is wrong with it
-        raise PingctlError(f"{path}: cannot be read ({e})") from None
-    kind = _kind(table.column_names)
-    return (kind, table, meta if isinstance(meta, dict) else {}) if kind else None
-
-
-def _kind(names) -> str | None:
-    if all(c in names for c in PREDICTION_COLUMNS):
-        return "predictions"
-    if all(c in names for c in DISTRIBUTION_COLUMNS):
-        return "distribution"
-    return None
+from pingctl.infer.queries import RttDistribution
 
 
 def describe_predictions(path: Path, table, meta: dict, sample: int = 0) -> dict:
@@ -89,7 +27,7 @@ def describe_predictions(path: Path, table, meta: dict, sample: int = 0) -> dict
         first = int(np.flatnonzero(broken)[0])
         raise PingctlError(f"{path}: row {first} holds no valid prediction (p_fail {p_fail[first]}, p50_ms "
                            f"{p50[first]}); not as `pingctl sample --pairs` writes it")
-    rejects = path.with_suffix(".rejects.jsonl")
+    rejects = rejects_path(path)
     set_aside = sum(1 for line in rejects.read_text().splitlines() if line.strip()) if rejects.is_file() else None
     fam = col("ip_version")
     times = col("time")
@@ -116,8 +54,6 @@ def describe_predictions(path: Path, table, meta: dict, sample: int = 0) -> dict
 def describe_distribution(path: Path, table, meta: dict) -> dict:
     """Checks that the file is one distribution (probabilities >= 0 summing to 1) and reads
     from it the figures the single query printed (`RttDistribution.summary`)."""
-    from pingctl.infer.queries import RttDistribution
-
     values, probs = _numbers(path, table, "rtt_ms"), _numbers(path, table, "probability")
     total = float(probs.sum()) if len(probs) else 0.0
     if not len(probs) or not np.all(np.isfinite(probs)) or probs.min() < 0 or abs(total - 1) > 1e-3:

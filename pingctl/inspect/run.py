@@ -1,40 +1,33 @@
 """What a `pingctl train` run directory holds: model, data shaping, progress, checkpoints.
 
-Read from its files only (config.yaml, metrics.jsonl, summary.json, the checkpoint
-directories): no JAX, so `pingctl inspect RUN` is instant and works on a run still training.
+Read from its files only (config.yaml, the TensorBoard events, metrics.jsonl, summary.json,
+the checkpoint directories): no JAX, so `pingctl inspect RUN` is quick and works on a run still
+training (the worker flushes the events at every step).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pingctl.artifacts import run as R
+from pingctl.infer.model import trained_with_timestamps
 from pingctl.train import metrics as M
+from pingctl.train.render import parameters
 
 LAST_WINDOW = 20  # train steps averaged for "train loss, last steps": one step's loss is noisy
 
 
-def is_run_dir(path: Path) -> bool:
-    path = Path(path)
-    return path.is_dir() and (path / "config.yaml").is_file() and (path / "maxtext.yml").is_file()
-
-
 def describe_run(run: Path) -> dict:
-    from pingctl.infer.model import run_config, trained_with_timestamps
-    from pingctl.train.local import checkpoint_steps, read_summary
-    from pingctl.train.render import MAXTEXT_RUN_NAME, parameters
-
     run = Path(run)
-    cfg = run_config(run)
-    records = M.read_jsonl(run / "metrics.jsonl")
-    if (run / "train.log").exists():
-        # metrics.jsonl is written when an invocation ends; the log has the steps of one in progress
-        records = M.merge(records, M.parse_log(run / "train.log").records)
+    cfg = R.run_config(run)
+    M.read_jsonl(run / R.METRICS)  # a damaged file is named, though the events are the source
+    # metrics.jsonl is written when an invocation ends; the events also hold one in progress or killed
+    records = M.run_history(run)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval" and r.get("eval_loss") is not None]
-    ckpt_dir = run / MAXTEXT_RUN_NAME / "checkpoints"
-    committed = checkpoint_steps(run)
-    present = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit()) if ckpt_dir.is_dir() else []
-    summary = read_summary(run) if (run / "summary.json").exists() else None
+    committed = R.checkpoint_steps(run)
+    present = R.present_steps(run)
+    summary = R.read_summary(run) if R.has_summary(run) else None
     last = train[-1]["step"] if train else None
     tail = train[-LAST_WINDOW:]
     best = min(evals, key=lambda r: r["eval_loss"]) if evals else None
@@ -71,6 +64,8 @@ def describe_run(run: Path) -> dict:
         "step_seconds": (summary or {}).get("step_seconds"),
         "checkpoints": committed,
         "uncommitted_checkpoints": [s for s in present if s not in committed],
-        "tensorboard": str(run / MAXTEXT_RUN_NAME / "tensorboard"),
-        "loss_png": str(run / "loss.png") if (run / "loss.png").exists() else None,
+        # STEP.orbax-checkpoint-tmp directories: a save in progress, or one a full disk or a kill cut short
+        "temp_checkpoint_dirs": R.temp_checkpoint_dirs(run),
+        "tensorboard": str(R.tensorboard_dir(run)),
+        "loss_png": str(run / R.LOSS_PLOT) if (run / R.LOSS_PLOT).exists() else None,
     }

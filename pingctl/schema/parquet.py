@@ -1,9 +1,13 @@
-"""Writing canonical Parquet the same way everywhere (types, compression, row groups)."""
+"""Canonical Parquet on disk: the column check of an input file, and writing and reading
+it the same way everywhere (types, compression, row groups, page checksums)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable
+
+from pingctl.errors import PingctlError
+from pingctl.schema.columns import COLUMNS, SEED_COLUMNS, arrow_schema
 
 ROW_GROUP_ROWS = 262_144  # DuckDB parallelises per row group; 256k keeps 100M rows at ~400 groups
 COMPRESSION = "zstd"
@@ -15,8 +19,6 @@ WRITE_OPTIONS = dict(compression=COMPRESSION, write_page_checksum=True)
 def to_canonical(batch):
     """Cast an Arrow table/batch with the canonical columns to the exact canonical schema."""
     import pyarrow as pa
-
-    from pingctl.schema import COLUMNS, arrow_schema
 
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     if "prb_id" not in table.column_names:
@@ -85,8 +87,6 @@ class PartWriter:
 def write_canonical(batches: Iterable, path: Path, row_group_rows: int = ROW_GROUP_ROWS) -> int:
     """Stream batches into one Parquet file in whole row groups; returns rows written. Caller
     handles atomicity."""
-    from pingctl.schema import arrow_schema
-
     writer = PartWriter(path, row_group_rows, schema=arrow_schema())
     try:
         for b in batches:
@@ -104,8 +104,6 @@ def read_table(path, **kwargs):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pingctl.errors import PingctlError
-
     try:
         return pq.read_table(path, page_checksum_verification=True, **kwargs)
     except (OSError, pa.ArrowException) as e:
@@ -118,8 +116,6 @@ def verify_head(path, rows: int | None, columns: list[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pingctl.errors import PingctlError
-
     got = 0
     try:
         for b in pq.ParquetFile(path, page_checksum_verification=True).iter_batches(
@@ -130,3 +126,28 @@ def verify_head(path, rows: int | None, columns: list[str]) -> None:
                 break
     except (OSError, pa.ArrowException) as e:
         raise PingctlError(f"{path}: damaged or unreadable Parquet ({e})") from None
+
+
+def check_parquet_columns(files: list[Path], schemas: dict | None = None) -> bool:
+    """Raise unless every file has the eight seed columns; return whether all have prb_id.
+    `schemas` receives each file's Arrow schema, for callers that need more of it."""
+    import pyarrow.parquet as pq
+
+    all_prb = True
+    for f in files:
+        try:
+            schema = pq.read_schema(f)
+        except Exception as e:  # noqa: BLE001 - any pyarrow failure means unreadable
+            raise PingctlError(f"{f}: not a readable Parquet file ({e})") from None
+        if schemas is not None:
+            schemas[f] = schema
+        names = set(schema.names)
+        missing = [c for c in SEED_COLUMNS if c not in names]
+        if missing:
+            raise PingctlError(
+                f"{f}: missing column(s) {', '.join(missing)}; a measurement table needs "
+                + ", ".join(SEED_COLUMNS)
+            )
+        all_prb &= "prb_id" in names
+    return all_prb
+

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pingctl.rows.layout import ProbeRecord, to_measurements
+from pingctl.context import first_k_per_key
+from pingctl.records.layout import ProbeRecord, to_measurements
 from pingctl.tokenizer import blocks, encode
 from pingctl.tokenizer.compact import ABS, DELTA1, DELTA4, TIME_LEN
 from pingctl.tokenizer.layout import field_order, permutations
@@ -50,7 +51,7 @@ NO_SHAPING = Shaping()
 
 
 @dataclass
-class Rows:
+class PackedSequences:
     tokens: np.ndarray  # int32[R, seq_len], 0-padded
     segment: np.ndarray  # int32[R, seq_len], 1..k per context, 0 = padding
     position: np.ndarray  # int32[R, seq_len], restarts at 0 per context
@@ -136,29 +137,13 @@ class Plan:
     modes: np.ndarray  # int32[R, 3]
 
 
-def build_rows(
+def pack_sequences(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
     shaping: Shaping = NO_SHAPING,
-) -> Rows:
+) -> PackedSequences:
     """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec`."""
     plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme, shaping.max_per_pair)
     return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last), n_rows, seq_len)
-
-
-def first_k_per_key(key: np.ndarray, k: int) -> np.ndarray:
-    """bool mask: the first `k` occurrences of each key value, in array order."""
-    by_key = np.argsort(key, kind="stable")  # stable: array order within a key
-    sk = key[by_key]
-    first = np.concatenate([[True], sk[1:] != sk[:-1]])
-    rank = np.arange(len(sk)) - np.maximum.accumulate(np.where(first, np.arange(len(sk)), 0))
-    keep = np.zeros(len(key), bool)
-    keep[by_key] = rank < k
-    return keep
-
-
-def last_k_per_key(key: np.ndarray, k: int) -> np.ndarray:
-    """bool mask: the last `k` occurrences of each key value (the most recent, in time order)."""
-    return first_k_per_key(key[::-1], k)[::-1]
 
 
 def _first_per_pair(rec: ProbeRecord, idx: np.ndarray, k: int) -> np.ndarray:
@@ -243,14 +228,14 @@ def _orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: fl
     return order
 
 
-def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> Rows:
+def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> PackedSequences:
     """Scatter the encoded contexts into rows, with segment ids and positions."""
     tokens = np.zeros((n_rows, seq_len), np.int32)
     segment = np.zeros((n_rows, seq_len), np.int32)
     position = np.zeros((n_rows, seq_len), np.int32)
     n_meas = np.zeros(n_rows, np.int32)
     if enc is None:
-        return Rows(tokens, segment, position, plan.modes, n_meas)
+        return PackedSequences(tokens, segment, position, plan.modes, n_meas)
     sizes = np.array([len(i) for i in plan.idx])
     lens = np.asarray(plan.length, np.int64)
     bounds = enc.offsets[np.concatenate([[0], np.cumsum(sizes)])]
@@ -273,4 +258,4 @@ def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> Rows:
     segment[flat_r, flat_c] = seg_id[tok_ctx]
     position[flat_r, flat_c] = tok_pos
     np.add.at(n_meas, rows, sizes.astype(np.int32))
-    return Rows(tokens, segment, position, plan.modes, n_meas)
+    return PackedSequences(tokens, segment, position, plan.modes, n_meas)

@@ -1,0 +1,147 @@
+"""A `pingctl train` run directory (docs/train.md, "The run directory"):
+
+    config.yaml     the resolved config          maxtext.yml   the rendered MaxText config
+    train.log       the worker's log             metrics.jsonl loss/throughput per step
+    loss.png        loss curves                  summary.json  the final summary
+    stopped.json    train.max_minutes ended it   maxtext/      checkpoints/, tensorboard/
+
+Read from its files only (no JAX), so anything here works on a run still training.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from pingctl.config import Config
+from pingctl.errors import PingctlError, UsageError
+
+CONFIG = "config.yaml"
+MAXTEXT_YML = "maxtext.yml"
+LOG = "train.log"
+METRICS = "metrics.jsonl"
+LOSS_PLOT = "loss.png"
+SUMMARY = "summary.json"
+STOPPED = "stopped.json"  # the worker writes it when train.max_minutes ended the run
+MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
+COMMITTED = "commit_success.txt"  # Orbax's marker of a checkpoint written whole
+
+
+def checkpoints_dir(run: Path | str) -> Path:
+    return Path(run) / MAXTEXT_RUN_NAME / "checkpoints"
+
+
+def tensorboard_dir(run: Path | str) -> Path:
+    return Path(run) / MAXTEXT_RUN_NAME / "tensorboard"
+
+
+def checkpoint_items(run: Path | str, step: int) -> Path:
+    """Where a checkpoint's parameters (and optimizer state) lie."""
+    return checkpoints_dir(run) / str(step) / "items"
+
+
+def is_run_dir(path: Path | str) -> bool:
+    """The one rule for "this is a run": `sample`, `eval`, `inspect` and `train`'s resume take
+    a directory that holds both configs `pingctl train` writes before anything else."""
+    path = Path(path)
+    return path.is_dir() and (path / CONFIG).is_file() and (path / MAXTEXT_YML).is_file()
+
+
+def has_run_traces(path: Path | str) -> bool:
+    """Whether anything a run writes is there (`--fresh` may delete such a directory, even
+    one a crash left half-written; never a directory with none)."""
+    path = Path(path)
+    return any((path / name).exists() for name in (CONFIG, MAXTEXT_YML, MAXTEXT_RUN_NAME))
+
+
+def run_config(run_dir: Path | str) -> Config:
+    """The resolved config a `pingctl train` run directory was trained with (cheap: no JAX)."""
+    run = Path(run_dir).resolve()
+    if not (run / CONFIG).exists() or not (run / MAXTEXT_YML).exists():
+        raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
+    try:
+        return Config.model_validate(yaml.safe_load((run / CONFIG).read_text()))
+    except (yaml.YAMLError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        first = str(e).strip().splitlines()[0][:200]
+        raise PingctlError(f"{run / CONFIG}: not the config `pingctl train` wrote ({first})") from None
+
+
+def checkpoint_steps(run: Path | str) -> list[int]:
+    """Steps whose checkpoint was written whole."""
+    d = checkpoints_dir(run)
+    if not d.is_dir():
+        return []
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit() and (p / COMMITTED).exists())
+
+
+def present_steps(run: Path | str) -> list[int]:
+    """Steps with a checkpoint directory, committed or not (one being written, or cut short)."""
+    d = checkpoints_dir(run)
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+ORBAX_TMP = ".orbax-checkpoint-tmp"  # Orbax writes STEP.orbax-checkpoint-tmp[-TIME], renamed to STEP when whole
+
+
+def temp_checkpoint_dirs(run: Path | str) -> list[dict]:
+    """Orbax's temporary checkpoint directories in a run, [{name, bytes}] by name: a save in
+    progress, or one cut short (a full disk, kill -9) that nothing reads and nothing removes
+    until Orbax itself cleans up; it may hold as much as a checkpoint."""
+    d = checkpoints_dir(run)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.iterdir(), key=lambda p: p.name):
+        if ORBAX_TMP in p.name and p.is_dir() and not p.is_symlink():
+            size = 0
+            for f in p.rglob("*"):
+                try:
+                    size += f.lstat().st_size if f.is_file() else 0
+                except OSError:  # removed while we look (a save that just finished)
+                    pass
+            out.append({"name": p.name, "bytes": size})
+    return out
+
+
+def latest_step(run: Path | str) -> int:
+    steps = checkpoint_steps(run)
+    if not steps:
+        raise PingctlError(f"{run}: no checkpoints (train first: `pingctl train ... --run-dir {run}`)")
+    return steps[-1]
+
+
+def parse_steps(text: str | None) -> list[int] | None:
+    """`--step` as typed: one step, or several separated by commas (their weights are averaged)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        steps = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--step {text!r}: expected a step or steps separated by commas, e.g. 1000,1100,1200") from None
+    if any(s < 0 for s in steps) or len(set(steps)) != len(steps):
+        raise UsageError(f"--step {text!r}: steps must be distinct and non-negative")
+    return steps
+
+
+def resolve_steps(run: Path | str, step: int | Sequence[int] | None) -> list[int]:
+    """The committed checkpoints a model is loaded from: the latest by default."""
+    if step is None:
+        return [latest_step(run)]
+    steps = sorted([step] if isinstance(step, int) else step)
+    have = checkpoint_steps(run)
+    missing = [s for s in steps if s not in have]
+    if missing:
+        raise PingctlError(f"{run}: no checkpoint at step {', '.join(map(str, missing))} "
+                           f"(checkpoints: {', '.join(map(str, have)) or 'none'})")
+    return steps
+
+
+def read_summary(run: Path | str) -> dict:
+    return json.loads((Path(run) / SUMMARY).read_text())
+
+
+def has_summary(run: Path | str) -> bool:
+    return (Path(run) / SUMMARY).exists()

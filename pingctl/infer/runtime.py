@@ -1,0 +1,60 @@
+"""The process an answer runs in: JAX's environment, the hardware asked for, and the MaxText
+config every inference path (plain forward passes, the key-value-cache engine) builds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+from pingctl.artifacts.run import MAXTEXT_YML
+from pingctl.errors import PingctlError, UsageError
+from pingctl.train.xla import jax_env
+
+HARDWARE = ("cpu", "gpu")
+
+
+def check_hardware(hardware: str | None) -> str | None:
+    """`--hardware` as typed (None: as the run was trained), checked before anything slow."""
+    if hardware is not None and hardware not in HARDWARE:
+        raise UsageError(f"--hardware {hardware!r}: expected one of {', '.join(HARDWARE)}")
+    return hardware
+
+
+def prepare_env(hardware: str, forced: bool = False) -> None:
+    """JAX's environment for answering (before JAX is imported), quiet: MaxText logs its whole
+    config at INFO, and a query's output should be the answer."""
+    jax_env(hardware, forced)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def require_gpu(jax) -> None:
+    """`--hardware gpu` on a machine without one: JAX would quietly run on the CPU instead,
+    tens of times slower than the user planned for."""
+    try:
+        platforms = sorted({d.platform for d in jax.devices()})
+    except RuntimeError as e:  # e.g. JAX_PLATFORMS=cuda without a working CUDA plugin
+        raise PingctlError(f"--hardware gpu: JAX cannot start a GPU backend here ({str(e).splitlines()[0][:200]})") from None
+    if "gpu" not in platforms:
+        raise PingctlError(f"--hardware gpu: JAX finds no GPU on this machine (devices: {', '.join(platforms)}); "
+                           "install a CUDA-enabled jax, or ask on the CPU with --hardware cpu")
+
+
+def inference_config(run: Path, items: Path, hardware: str, batch: int, *extra: str):
+    """The MaxText config every inference path builds from a run's `maxtext.yml` (plain forward
+    passes and the key-value-cache engine), plus `extra` key=value overrides."""
+    from maxtext.configs import pyconfig
+
+    return pyconfig.initialize([
+        "", str(run / MAXTEXT_YML), f"load_parameters_path={items}", f"hardware={hardware}",
+        "skip_jax_distributed_system=true", "enable_checkpointing=false", f"per_device_batch_size={batch}",
+        # the kernel does not change the weights: a run trained with flash on a GPU is asked on
+        # a CPU too, where MaxText's flash means TPU kernels
+        "enable_tensorboard=false", "attention=dot_product", *extra,
+    ])

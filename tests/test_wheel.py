@@ -1,0 +1,128 @@
+"""pingctl installs as an ordinary package: a wheel built from a copy of the source tree, put
+in a fresh virtual environment outside the tree, runs its commands and renders SLURM and Modal
+runs that name no path of the source tree.
+
+Nothing is downloaded: the wheel is built without build isolation (this environment's
+setuptools), installed with --no-deps, and the fresh environment sees the heavy dependencies
+through a .pth line naming this environment's site-packages. Python adds such a line to
+sys.path as a plain directory without processing the .pth files inside it, so the editable
+install of the source checkout found there stays invisible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+SKIP = {".venv", ".git", "runs", "out", "__pycache__", ".pytest_cache", ".hypothesis"}
+
+
+def _source_files() -> list[str]:
+    """The tree's files as a checkout has them (tracked or new, not ignored), else a walk."""
+    if (REPO / ".git").exists() and shutil.which("git"):
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, check=True).stdout.decode()
+        return sorted(f for f in set(out.split("\0")) if f and (REPO / f).is_file())
+    files = []
+    for root, dirs, names in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIP and not d.endswith(".egg-info")]
+        files += [str(Path(root, n).relative_to(REPO)) for n in names]
+    return sorted(files)
+
+
+def _env(venv: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV"}}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv, work dir, env): pingctl's wheel in a fresh venv, and an empty dir to run it in."""
+    base = tmp_path_factory.mktemp("wheel")
+    assert not base.resolve().is_relative_to(REPO.resolve())
+    src = base / "src"
+    for f in _source_files():
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, src / f)
+    wheels = base / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--quiet", "-w", str(wheels), str(src)], check=True, capture_output=True)
+    (wheel,) = wheels.glob("pingctl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"pingctl/templates/maxtext.yml.j2", "pingctl/templates/sbatch.sh.j2", "pingctl/data/cities.csv"} <= set(names)
+    assert not [n for n in names if n.split("/")[0] in {"tests", "templates", "scripts", "docs"}]
+
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                    "--quiet", str(wheel)], check=True, capture_output=True)
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "pingctl-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = base / "work"
+    work.mkdir()
+    return venv, site, work, _env(venv)
+
+
+def _run(installed, *args, ok=True):
+    venv, _, work, env = installed
+    exe = args[0] if args[0] == "python" else "pingctl"
+    argv = [str(venv / "bin" / exe), *(args[1:] if exe == "python" else args)]
+    r = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    if ok:
+        assert r.returncode == 0, f"{argv}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_the_wheel_installs_and_renders_runs_without_the_source_tree(installed):
+    venv, site, work, _ = installed
+    repo = {str(REPO), str(REPO.resolve())}
+    probe = (
+        "import importlib.metadata as m, importlib.resources as r, json, pingctl; "
+        "print(json.dumps({'file': pingctl.__file__, 'dist': str(m.distribution('pingctl').locate_file('')), "
+        "'template': r.files('pingctl').joinpath('templates/sbatch.sh.j2').is_file()}))"
+    )
+    where = json.loads(_run(installed, "python", "-c", probe).stdout)
+    assert Path(where["file"]).resolve().is_relative_to(site.resolve()), where
+    assert Path(where["dist"]).resolve() == site.resolve() and where["template"], where
+
+    assert _run(installed, "--version").stdout.strip().endswith(__import__("pingctl").__version__)
+    _run(installed, "config", "init", "my.yaml")
+    assert (work / "my.yaml").is_file()
+
+    # The smallest world worth training on, made by the installed pingctl (its data files included).
+    _run(installed, "synth", "-o", "synth", "--rows", "3000", "--probes", "6", "--targets", "4",
+         "--targets-per-probe", "3", "--seed", "1")
+    _run(installed, "build-rows", "synth", "-o", "rows")
+
+    r = _run(installed, "train", "rows", "--run-dir", "slurm-run", "--target", "slurm", "--dry-run", "-c", "my.yaml")
+    script = (work / "slurm-run" / "train.sbatch").read_text()
+    maxtext = (work / "slurm-run" / "maxtext.yml").read_text()
+    assert f"source {venv}/bin/activate" in script and f"cd {(work / 'slurm-run').resolve()}" in script
+    assert "python -m pingctl.train.worker" in script and "export JAX_PLATFORMS=cpu" in script
+    # one CPU process: MaxText must not try to join a distributed system it has no launcher for
+    assert "skip_jax_distributed_system: true" in maxtext.splitlines()
+    for text in (script, maxtext, r.stdout):
+        assert not [p for p in repo if p in text], text
+
+    r = _run(installed, "train", "rows", "--run-dir", "modal-run", "--target", "modal", "--dry-run", "-c", "my.yaml",
+             "--json")
+    res = json.loads(r.stdout)
+    assert res["run_dir"] == "/data/runs/modal-run"
+    assert str(site.resolve() / "pingctl") in res["modal"]["source"] and "jax[cuda12]" in res["modal"]["image"]
+    staged = (work / "modal-run" / "modal" / "maxtext.yml").read_text() + (work / "modal-run" / "modal" / "config.yaml").read_text()
+    for text in (staged, r.stdout):
+        assert not [p for p in repo if p in text], text
