@@ -466,6 +466,39 @@ def test_directory_walk_skips_older_pingctl_outputs_and_temp_siblings(tmp_path):
         resolve([str(d / "out" / "*.jsonl")], tmp_path / "o5")
 
 
+def test_directory_of_dumps_saved_without_suffixes_is_read_by_content(tmp_path):
+    # RIPE's daily dumps are often saved as `ping-2024-01-01T0000`: a walk used to find nothing
+    d = tmp_path / "dumps"
+    (d / "sub").mkdir(parents=True)
+    variants = VARIANTS.read_bytes()
+    (d / "ping-2024-01-01T0000").write_bytes(bz2.compress(variants))
+    (d / "sub" / "ping-2024-01-01T0100").write_bytes(gzip.compress(jl(*(res(prb_id=i) for i in range(4)))))
+    (d / "ping-2024-01-01T0200").write_bytes(b"\n" + jl(res(prb_id=9), res(prb_id=10)))  # plain JSON lines
+    (d / "array-dump").write_bytes(b"\xef\xbb\xbf" + json.dumps([res(prb_id=11)], indent=1).encode())
+    # not results: left out of the walk, as before
+    (d / "README").write_text("daily dumps from data-store.ripe.net\n")
+    (d / "LICENSE").write_bytes(gzip.compress(b"MIT License\n" * 100))
+    (d / "notebook.ipynb").write_text(json.dumps({"cells": [], "metadata": {}}))
+    (d / "random").write_bytes(bytes(range(256)) * 8)
+    (d / "cut").write_bytes(bz2.compress(jl(res()))[:20])  # damaged before any line: not judged RIPE
+    (d / ".ping-hidden").write_bytes(jl(res(prb_id=99)))
+    ingest([d / "ping-2024-01-01T0200"], d / "older-out", cfg())  # an older output of ours, inside
+    names = [f.name for f in resolve([d], tmp_path / "out")]
+    assert names == ["array-dump", "ping-2024-01-01T0000", "ping-2024-01-01T0200", "ping-2024-01-01T0100"]
+    s = ingest([d], tmp_path / "out", cfg())
+    # each dump ingests as it does named on the command line: codec sniffed, every count kept
+    one = [ingest([f], tmp_path / f"one-{i}", cfg()) for i, f in enumerate(resolve([d]))]
+    for k in ("records", "rows", "results_written", "rejected_total"):
+        assert s[k] == sum(o[k] for o in one), k
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [i["codec"] for i in manifest["inputs"]] == ["plain", "bz2", "plain", "gzip"]
+    assert s["files"] == 4 and s["results_written"] == 1 + 2 + 4 + one[1]["results_written"]
+    assert sum(i["records"] for i in manifest["inputs"]) == s["records"]
+    assert s["records"] == s["results_written"] + s["summary_only"] + sum(s["filtered"].values()) + s["rejected_total"]
+    assert read_out(tmp_path / "out").num_rows == s["rows"]
+    assert len(read_rejects(tmp_path / "out")) == s["rejected_total"] > 0  # the fixture's own rejects
+
+
 def _fifo_writer(fifo: Path, payload: bytes):
     import threading
 

@@ -204,12 +204,14 @@ def test_pairs_give_the_single_query_answers_and_reconcile(tiny_run, pairs_file,
     dist = tmp_path / "one.parquet"
     one = _json([tiny_run, "--src", src, "--dst", dsts[1], "-o", dist])
     row = res["predictions"][1]
-    for k in ("p_fail", "mean_ms", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms"):
+    for k in ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms",
+              "p95_ms"):
         assert row[k] == pytest.approx(one[k], rel=1e-6), k
     # and the distribution file it wrote reads back, in inspect, as the figures it printed
     back = json.loads(runner.invoke(app, ["inspect", str(dist), "--json"]).stdout)
     assert back["kind"] == "distribution" and back["codes"] == 65536 and (back["src"], back["dst"]) == (src, dsts[1])
-    for k in ("p_fail", "mean_ms", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms"):
+    for k in ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms",
+              "p95_ms"):
         assert back[k] == pytest.approx(one[k], rel=1e-9), k
     # the default reads the distribution exactly at its quantiles: the same quantiles
     fast = _json([tiny_run, "--pairs", f])
@@ -220,6 +222,9 @@ def test_pairs_give_the_single_query_answers_and_reconcile(tiny_run, pairs_file,
         for q in (5, 25, 50, 75, 95):
             assert a[f"p{q}_ms"] == pytest.approx(b[f"p{q}_ms"], rel=0.01), q
         assert a["trimmed_mean_ms"] == pytest.approx(b["trimmed_mean_ms"], rel=0.05)
+        # the ceiling is read exactly too, so the mass above it is the exact one within 1e-3
+        assert a["p_over_ceiling"] == pytest.approx(b["p_over_ceiling"], abs=1e-3)
+        assert a["mean_ms"] is None or a["mean_ms"] <= 60_000.0
     for suffix in (".csv", ".json"):
         r = runner.invoke(app, ["sample", str(tiny_run), "--pairs", str(f), "-o", str(tmp_path / f"p{suffix}")])
         assert r.exit_code == 0 and "set aside 1 of 4 rows" in r.output, r.output

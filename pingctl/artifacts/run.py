@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from pingctl.artifacts import export
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
 
@@ -57,11 +58,25 @@ def has_run_traces(path: Path | str) -> bool:
     return any((path / name).exists() for name in (CONFIG, MAXTEXT_YML, MAXTEXT_RUN_NAME))
 
 
+def model_dir_kind(path: Path | str) -> str | None:
+    """The one rule for a directory a model loads from: "run" (`pingctl train`'s), "export"
+    (`pingctl export`'s, pingctl.artifacts.export) or None."""
+    if is_run_dir(path):
+        return "run"
+    if export.is_export_dir(path):
+        return "export"
+    return None
+
+
 def run_config(run_dir: Path | str) -> Config:
-    """The resolved config a `pingctl train` run directory was trained with (cheap: no JAX)."""
+    """The resolved config a model directory was trained with (cheap: no JAX): a `pingctl train`
+    run's config.yaml, or the one a `pingctl export` directory embeds."""
     run = Path(run_dir).resolve()
+    if model_dir_kind(run) == "export":
+        return export.pingctl_config(run)
     if not (run / CONFIG).exists() or not (run / MAXTEXT_YML).exists():
-        raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml)")
+        raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml) "
+                           "nor a `pingctl export` model directory (no config.json / model.safetensors)")
     try:
         return Config.model_validate(yaml.safe_load((run / CONFIG).read_text()))
     except (yaml.YAMLError, ValueError) as e:  # pydantic's ValidationError is a ValueError

@@ -77,12 +77,19 @@ def _kind(names) -> str | None:
     return None
 
 
-def write_predictions(columns: dict, out: Path, meta: dict) -> None:
-    """Parquet (run/step in the schema metadata, key `pingctl`), CSV or JSON by suffix; atomic."""
+def predictions_table(columns: dict, meta: dict | None = None):
+    """The Arrow table of `--pairs` predictions (column arrays, `pingctl.infer.pairs.answer`), as
+    every format holds it; `meta` (run, step, ...) in its schema metadata, key `pingctl`."""
     import pyarrow as pa
 
     table = pa.table({k: pa.array(v, pa.int64() if k in ("line", "row", "ip_version", "time", "context_measurements")
                                   else None) for k, v in columns.items()})
+    return table if meta is None else table.replace_schema_metadata({"pingctl": json.dumps(meta)})
+
+
+def write_predictions(columns: dict, out: Path, meta: dict) -> None:
+    """Parquet (run/step in the schema metadata, key `pingctl`), CSV or JSON by suffix; atomic."""
+    table = predictions_table(columns)
     with atomic_file(out) as tmp:
         if out.suffix == ".json":
             tmp.write_text(json.dumps({**meta, "predictions": table.to_pylist()}, indent=1))

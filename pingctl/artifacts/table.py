@@ -9,14 +9,28 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from pingctl.atomic import MANIFEST
+from pingctl.atomic import MANIFEST, is_pingctl_output
 from pingctl.errors import PingctlError, UsageError
 
 SPLITS = ("train", "val", "test")
 
+# What raw RIPE Atlas results (`pingctl ingest`'s input) look like, to point a user who gives
+# them where a canonical table belongs to the command that makes one: compressed dumps by
+# suffix or magic bytes, JSON by suffix (or none) and the keys every RIPE result carries.
+COMPRESSED_SUFFIXES = (".bz2", ".gz", ".gzip", ".zst", ".zstd", ".xz")
+JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
+_MAGIC = (b"BZh", b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"\xfd7zXZ\x00")
+_RESULT_KEYS = (b'"msm_id"', b'"prb_id"')
+_SNIFF_BYTES = 64 << 10
+_SNIFF_FILES = 1000  # a directory's files looked at for the hint; it is only a hint
+
 
 def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".parquet",)) -> list[Path]:
-    """Expand files, directories (recursively) and globs; sorted, de-duplicated."""
+    """Expand files, directories (recursively) and globs; sorted, de-duplicated. Where
+    canonical Parquet is wanted (the default `suffixes`), raw RIPE Atlas results given as a
+    file, matched by a glob, or found in a directory without Parquet are refused with the
+    `pingctl ingest` command that makes a table of them."""
+    want_table = suffixes == (".parquet",)
     found: list[Path] = []
     for item in items:
         p = Path(item)
@@ -24,9 +38,12 @@ def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".p
         if listed is not None:
             found.extend(listed)
         elif p.is_dir():
-            found.extend(
-                f for f in sorted(p.rglob("*")) if f.is_file() and f.name.endswith(suffixes) and not _hidden(f, p)
-            )
+            here = [f for f in sorted(p.rglob("*")) if f.is_file() and f.name.endswith(suffixes) and not _hidden(f, p)]
+            if not here and want_table and (raw := _raw_results_in(p)) is not None:
+                raise PingctlError(f"no Parquet files in {p}; it holds what look like raw RIPE Atlas results (e.g. "
+                                   f"{raw}), and this needs a canonical table: make one first with "
+                                   f"`pingctl ingest {p} -o TABLE_DIR` and give TABLE_DIR here")
+            found.extend(here)
         elif p.is_file():
             found.append(p)
         else:
@@ -42,7 +59,61 @@ def resolve_inputs(items: Iterable[str | Path], suffixes: tuple[str, ...] = (".p
             out.append(f)
     if not out:
         raise PingctlError("no input files found in " + ", ".join(map(str, items)))
+    if want_table:
+        for f in out:
+            check_not_raw_results(f)
     return out
+
+
+def check_not_raw_results(f: Path) -> None:
+    """Refuse a file that is not Parquet but looks like raw RIPE Atlas results, naming it and
+    the `pingctl ingest` command that turns it into a canonical table."""
+    if f.suffix.lower() != ".parquet" and looks_like_raw_results(f):
+        raise PingctlError(f"{f} looks like raw RIPE Atlas results, not a canonical Parquet table; make one first "
+                           f"with `pingctl ingest {f} -o TABLE_DIR` and give TABLE_DIR here")
+
+
+def looks_like_raw_results(f: Path) -> bool:
+    """A compressed dump (by suffix or magic bytes), or JSON (by suffix or none) whose first
+    64 KiB name a RIPE result's keys. Unreadable files are not judged here."""
+    name = f.name.lower()
+    if name.endswith(COMPRESSED_SUFFIXES):
+        return True
+    try:
+        with open(f, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    if head.startswith(_MAGIC):
+        return True
+    if f.suffix and not name.endswith(JSON_SUFFIXES):
+        return False
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"[") and any(k in head for k in _RESULT_KEYS)
+
+
+def _raw_results_in(d: Path) -> Path | None:
+    """The first file under `d` that looks like raw results, outside hidden entries and
+    pingctl outputs (their manifest.json and rejects.jsonl are not RIPE results)."""
+    owned: dict[Path, bool] = {}
+
+    def in_output(f: Path) -> bool:
+        for a in (d / r for r in f.relative_to(d).parents):
+            if a not in owned:
+                owned[a] = is_pingctl_output(a)
+            if owned[a]:
+                return True
+        return False
+
+    looked = 0
+    for f in sorted(d.rglob("*")):
+        if looked >= _SNIFF_FILES:
+            return None
+        if not f.is_file() or _hidden(f, d) or in_output(f):
+            continue
+        looked += 1
+        if looks_like_raw_results(f):
+            return f
+    return None
 
 
 def _manifest_files(d: Path) -> list[Path] | None:

@@ -12,7 +12,8 @@ app = typer.Typer(
     help="Train a generative Transformer on internet latency measurements and ask it questions.\n\n"
     "Data flows one way: ingest/synth -> shard -> build-rows -> train -> sample/eval.",
     no_args_is_help=True,
-    add_completion=False,
+    # Typer's --install-completion / --show-completion; completing imports only the CLI modules
+    add_completion=True,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
@@ -33,9 +34,9 @@ def _root(
 
 
 def _register() -> None:
-    from pingctl.cli import bench_cmd, build_rows_cmd, config_cmd, eval_cmd, sample_cmd, ingest_cmd, inspect_cmd, shard_cmd, synth_cmd, tokenize_cmd, train_cmd
+    from pingctl.cli import bench_cmd, build_rows_cmd, config_cmd, eval_cmd, export_cmd, sample_cmd, score_cmd, serve_cmd, ingest_cmd, inspect_cmd, shard_cmd, synth_cmd, tokenize_cmd, train_cmd
 
-    for mod in (ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, train_cmd, sample_cmd, eval_cmd, inspect_cmd):
+    for mod in (ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, train_cmd, sample_cmd, score_cmd, eval_cmd, export_cmd, serve_cmd, inspect_cmd):
         mod.register(app)
     app.add_typer(
         config_cmd.app,

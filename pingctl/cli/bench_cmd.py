@@ -285,3 +285,49 @@ def bench_sample(
     with step_progress("bench sample") as bar:
         result = run_bench(model, queries, sizes, exact_queries, streams, progress=lambda what: bar(what, 0, None))
     report(result, as_json, out)
+
+
+# bench serve: the clients are threads of one child process, each with its connection; a
+# body's context rows are bounded by the service itself (pingctl.serve.schemas.MAX_CONTEXT_ROWS)
+MAX_CLIENTS = 256
+MAX_SERVE_SECONDS = 600.0
+MAX_SERVE_CONTEXT = 4096
+
+
+@app.command("serve")
+@handle_errors
+def bench_serve(
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    requests: Annotated[int, typer.Option(
+        min=1, max=MAX_QUERIES, help="Requests per case (after an untimed warm-up).")] = 512,
+    clients: Annotated[int, typer.Option(min=1, max=MAX_CLIENTS, help="Concurrent clients of the concurrent cases.")] = 32,
+    seconds: Annotated[float, typer.Option(
+        min=0.1, max=MAX_SERVE_SECONDS, help="At most this long per case (fewer requests then).")] = 15.0,
+    context: Annotated[str, typer.Option(
+        help="Comma-separated context sizes (measurements of the probe in every request body).")] = "0,24",
+    max_batch: Annotated[int | None, typer.Option(
+        min=1, max=MAX_BATCH, help="The micro-batched service's max batch (default: the model's batch).")] = None,
+    max_wait_ms: Annotated[float, typer.Option(min=0.0, max=1000.0, help="The service's batching wait, ms.")] = 5.0,
+    step: StepOpt = None,
+    hardware: HardwareOpt = None,
+    as_json: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Requests/s, pairs/s and p50/p99 latency of `pingctl serve`: one at a time against micro-batched.
+
+    Example: pingctl bench serve runs/demo/train --clients 32 --requests 512 --context 0,24
+    """
+    from pingctl.artifacts.run import parse_steps
+    from pingctl.cli.common import step_progress
+    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.serve.bench import bench_serve as run_bench
+
+    check_hardware(hardware)
+    sizes = _counts(context, "--context", 0, MAX_SERVE_CONTEXT)
+    steps = parse_steps(step)
+    _check_out(out)
+    model = LoadedModel.load(run, steps, hardware)
+    with step_progress("bench serve") as bar:
+        result = run_bench(model, requests, clients, seconds, tuple(sizes), max_batch, max_wait_ms,
+                           progress=lambda what: bar(what, 0, None))
+    report(result, as_json, out)

@@ -38,7 +38,7 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 
 def inspect(
     path: Annotated[Path, typer.Argument(
-        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, "
+        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, a `pingctl export` model, "
              "a `pingctl eval` output (its dir or report.json), or a `pingctl sample` output (--pairs "
              "predictions, a pair's RTT distribution).")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, max=1_000_000_000,
@@ -74,6 +74,9 @@ def inspect(
         return
     if result["kind"] == "run":
         _print_run(result)
+        return
+    if result["kind"] == "export":
+        _print_export(result)
         return
     if result["kind"] in ("predictions", "distribution"):
         (_print_predictions if result["kind"] == "predictions" else _print_distribution)(result)
@@ -166,9 +169,35 @@ def _print_run(r: dict) -> None:
     emit(r, False, kv_table(f"run: {r['path']}", rows))
 
 
+def _print_export(r: dict) -> None:
+    steps = r["steps"]
+    rows = [
+        ("from run", r["source_run"]),
+        ("step", f"mean of steps {', '.join(map(str, steps))}" if len(steps) > 1 else steps[0]),
+        ("preset / parameters", f"{r['preset']} / {r['parameters']:,}"),
+        ("overrides", ", ".join(f"{k}={v}" for k, v in r["overrides"].items()) or "-"),
+        ("scheme / vocabulary / seq_len", f"{r['scheme']} / {r['vocab_size']:,} / {r['seq_len']}"),
+        ("timestamps / result_last / max_per_pair", f"{fmt(r['timestamps'])} / {r['result_last']:g} / {r['max_per_pair']}"),
+        ("tensors / elements", f"{r['tensors']:,} / {r['elements']:,}"),
+        ("tensor dtypes", ", ".join(f"{k} x {v}" for k, v in r["tensor_dtypes"].items())),
+        ("calibration", r["calibration"]),
+        ("eval report in the card", r["eval_report"]),
+        ("size MB", r["bytes"] / 1e6),
+        ("exported by", f"pingctl {r['pingctl_version']} (format {r['format_version']}), {r['created']}"),
+    ]
+    emit(r, False, kv_table(f"export: {r['path']}", rows))
+
+
 def _spread_text(d: dict, pct: bool = False) -> str:
     f = (lambda v: f"{v:.2%}") if pct else fmt
     return " / ".join(f(d[k]) for k in ("min", "p5", "p50", "p95", "max")) if d else "-"
+
+
+def _ceiling() -> str:
+    """The mean's ceiling as the tables name it (`queries.MEAN_CEILING_MS`)."""
+    from pingctl.infer.queries import MEAN_CEILING_MS
+
+    return f"{MEAN_CEILING_MS / 1000:g} s"
 
 
 def _print_predictions(r: dict) -> None:
@@ -187,6 +216,7 @@ def _print_predictions(r: dict) -> None:
         ("rows with a time", r["rows_with_time"]),
         ("P(failure) min/p5/p50/p95/max", _spread_text(r["p_fail"], pct=True)),
         ("median RTT ms min/p5/p50/p95/max", _spread_text(r["p50_ms"])),
+        (f"P(RTT > {_ceiling()}) min/p5/p50/p95/max", _spread_text(r.get("p_over_ceiling"), pct=True)),
         ("context measurements, mean", r["context_measurements_mean"]),
     ]
     tables = [kv_table(f"predictions: {r['path']}", rows)]
@@ -217,7 +247,9 @@ def _print_distribution(r: dict) -> None:
     rows = [("pair", f"{r['src'] or '?'} -> {r['dst'] or '?'}"),
             ("P(failure)", "-" if r["p_fail"] is None else f"{r['p_fail']:.2%}"),
             ("codes / probability sum", f"{r['codes']:,} / {r['probability_sum']:.6f}"),
-            ("mean ms", r["mean_ms"]), ("mean ms, central 90%", r["trimmed_mean_ms"]),
+            (f"mean ms, RTT <= {_ceiling()}", r["mean_ms"]),
+            (f"P(RTT > {_ceiling()})", "-" if r.get("p_over_ceiling") is None else f"{r['p_over_ceiling']:.2%}"),
+            ("mean ms, central 90%", r["trimmed_mean_ms"]),
             *[(f"{k.removesuffix('_ms')} ms", r[k]) for k in ("p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms")]]
     emit(r, False, kv_table(f"RTT distribution: {r['path']}", rows))
 

@@ -19,7 +19,7 @@ _K, _MEASUREMENTS = 10, 8
 
 
 def sample(
-    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model.")],
     src: Annotated[str | None, typer.Option(help="Source IP, or a pattern (8.8.*.* / CIDR).")] = None,
     dst: Annotated[str | None, typer.Option(help="Destination IP, or a pattern (8.8.*.* / CIDR).")] = None,
     rtt: Annotated[str | None, typer.Option(help="RTT in ms (20) or range (10-30): completion / inverse search.")] = None,
@@ -144,7 +144,10 @@ def _print_distribution(a, label: str, cal, as_json: bool) -> None:
     if as_json:
         emit(result, True)
         return
-    rows = [("P(failure)", f"{d.p_fail:.2%}"), ("mean ms", result["mean_ms"]),
+    ceiling = f"{Q.MEAN_CEILING_MS / 1000:g} s"
+    # the mean is over RTT <= the ceiling; the mass above it, beside it, says what it leaves out
+    rows = [("P(failure)", f"{d.p_fail:.2%}"), (f"mean ms, RTT <= {ceiling}", result["mean_ms"]),
+            (f"P(RTT > {ceiling})", _share(result["p_over_ceiling"])),
             (f"mean ms, central {1 - 2 * Q.TRIM:.0%}", result["trimmed_mean_ms"])]
     rows += [(f"p{round(p * 100)} ms", result[f"p{round(p * 100)}_ms"]) for p in Q.QUANTILES]
     if cal is not None:
@@ -156,6 +159,11 @@ def _print_distribution(a, label: str, cal, as_json: bool) -> None:
     for what, path in (("plot", q.plot), ("distribution", q.out)):
         if path:
             console.print(f"{what}: {path}")
+
+
+def _share(p: float) -> str:
+    """A probability as a percentage that never reads 0.00% for a small but real mass."""
+    return f"{p:.2%}" if p == 0 or p >= 1e-4 else f"{p:.1e}"
 
 
 def _read_context(path: Path):

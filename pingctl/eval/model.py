@@ -29,39 +29,10 @@ import numpy as np
 
 from pingctl.context import context_indices, context_pool
 from pingctl.infer import queries as Q
-from pingctl.tokenizer import C, Measurements, encode
+from pingctl.infer.score import prompts, teacher_forced  # noqa: F401 - one prompt builder for eval and score
 from pingctl.tokenizer.spec import get_spec
 
 QS = (0.05, 0.25, 0.75, 0.95)
-
-
-def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray]
-            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(prompt tokens, full tokens with the actual result) per query packet; timestamped as
-    the run was trained (`model.timestamps`)."""
-    timed = model.timestamps
-    t = np.asarray(test["event_time"], np.int64)
-    prompts_, fulls = [], []
-    budget = model.seq_len - 64
-    for i, prev in zip(idx, contexts):
-        ctx = _measurements(pool, prev) if len(prev) else None
-        ctx_tok, last_t = Q.context_tokens(model, ctx, budget, timed=timed)
-        src, dst = str(test["src"][i]), str(test["dst"][i])
-        prompt = Q.query_prefix(src, dst, int(t[i]) if timed else None, ctx_tok, last_t)
-        q = _measurements(test, np.array([i]), timed)
-        ref = Measurements.concat([_measurements(pool, prev[-1:]), q]) if last_t is not None else q
-        enc = encode(ref, "compact", order=("time", "src", "dst", "result"))
-        tail = enc.measurement(len(ref) - 1)
-        fulls.append(np.concatenate([ctx_tok, tail]).astype(np.int32))
-        prompts_.append(prompt)
-    return prompts_, fulls
-
-
-def _measurements(d: dict, idx: np.ndarray, timed: bool = True) -> Measurements:
-    return Measurements.from_fields(
-        [str(x) for x in d["src"][idx]], [str(x) for x in d["dst"][idx]], np.asarray(d["rtt"])[idx],
-        [int(x) for x in np.asarray(d["event_time"])[idx]] if timed else None,
-    )
 
 
 def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray]) -> dict:
@@ -125,31 +96,6 @@ def _reads(dists: list, actual: np.ndarray) -> dict:
             "quantiles": np.array([[d.quantile(q) for q in QS] for d in dists]).reshape(len(dists), len(QS)),
             "pit": np.array([d.cdf(a) if a >= 0 else np.nan for d, a in zip(dists, actual)]),
             "p_fail": np.array([d.p_fail for d in dists])}
-
-
-def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
-    """One pass over prompt + actual result per packet gives its NLL scores and, for
-    successful packets, what the distribution needs: P(failure) where the result starts,
-    P(first byte) after RttStart and P(second byte | the actual first byte). Failed packets
-    (and any prompt that is not a prefix of its full sequence) get a separate first pass.
-    Returns ((p_fail, p1), known second-byte rows, scores)."""
-    lps = model.log_probs(fulls)
-    scores = [lp[np.arange(len(f) - 1), f[1:]] for lp, f in zip(lps, fulls)]
-    n = len(prompts_)
-    p_fail, p1 = np.zeros(n), np.zeros((n, 256))
-    known, missing = {}, []
-    for k, (p, f, lp) in enumerate(zip(prompts_, fulls, lps)):
-        m = len(p)
-        if len(f) >= m + 3 and np.array_equal(f[:m], p) and f[m] == C.RttStart:
-            p_fail[k] = Q.fail_probability(lp[m - 1])
-            p1[k] = Q.bytes_distribution(lp[m])
-            known[(k, int(f[m + 1]) - Q.BYTE0)] = Q.bytes_distribution(lp[m + 1])
-        else:
-            missing.append(k)
-    if missing:
-        pf, pb = Q.first_pass(model, [prompts_[k] for k in missing])
-        p_fail[missing], p1[missing] = pf, pb
-    return (p_fail, p1), known, scores
 
 
 FIELDS = ("time", "src", "dst", "result")  # the query's block order; the names are compact.BLOCKS

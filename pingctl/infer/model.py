@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.run import checkpoint_items, checkpoint_steps, resolve_steps, run_config
+from pingctl.artifacts import export as EX
+from pingctl.artifacts.run import checkpoint_items, checkpoint_steps, model_dir_kind, resolve_steps, run_config
 from pingctl.errors import PingctlError, UsageError
-from pingctl.infer import kv_cache
+from pingctl.infer import kv_cache, weights
 from pingctl.infer.runtime import check_hardware, inference_config, prepare_env, require_gpu
 from pingctl.tokenizer import C, GrammarState, decode, get_vocab
 
@@ -45,6 +46,14 @@ def steps_label(steps: Sequence[int]) -> str:
     if len(steps) > 1:
         return f"mean of steps {', '.join(map(str, steps))}"
     return f"step {steps[0]}"
+
+
+def _export_steps(export: Path, step: int | Sequence[int] | None) -> list[int]:
+    have = EX.source_steps(EX.read_config(export))
+    if step is not None and sorted([step] if isinstance(step, int) else step) != have:
+        raise UsageError(f"--step: {export} is an export of {steps_label(have)} of its run and holds only those "
+                         "weights; leave --step out, or export the step(s) you want")
+    return have
 
 
 def _running_mean(mean, x, k: int):
@@ -99,13 +108,20 @@ class LoadedModel:
     @classmethod
     def load(cls, run_dir: Path | str, step: int | Sequence[int] | None = None, hardware: str | None = None,
              batch: int = 32):
-        """`step`: one checkpoint (default: the latest) or several, whose weights are averaged.
+        """`run_dir`: a `pingctl train` run or a `pingctl export` directory.
+        `step`: one checkpoint (default: the latest) or several, whose weights are averaged; an
+        export holds one set of weights, so only its own step(s) are accepted.
         `hardware`: cpu | gpu (None: the run's train.hardware; a run trained for a GPU is then
         asked on the CPU where JAX finds none, while an explicit gpu insists on one)."""
         run = Path(run_dir).resolve()
         cfg = run_config(run)
-        steps = resolve_steps(run, step)
-        paths = [checkpoint_items(run, s) for s in steps]
+        export = model_dir_kind(run) == "export"
+        if export:
+            steps = _export_steps(run, step)
+            paths = []
+        else:
+            steps = resolve_steps(run, step)
+            paths = [checkpoint_items(run, s) for s in steps]
         hw = check_hardware(hardware) or cfg.train.hardware
         prepare_env(hw, forced=hardware is not None)
         import jax
@@ -136,7 +152,10 @@ class LoadedModel:
             model, mesh = model_creation_utils.from_pretrained(mt)
             return mt, mesh, *nnx.split(model)
 
-        mt, mesh, graphdef, state = restore(paths[0])
+        if export:
+            mt, mesh, graphdef, state = weights.build_exported(run, hw)
+        else:
+            mt, mesh, graphdef, state = restore(paths[0])
         # Checkpoint averaging (Vaswani et al. 2017 averaged their last 5-20): a running mean
         # keeps at most two copies of the weights in memory.
         for k, items in enumerate(paths[1:], start=2):
@@ -161,6 +180,10 @@ class LoadedModel:
     @property
     def label(self) -> str:
         return steps_label(self.steps)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The parameters by name, as `pingctl export` writes them (pingctl.infer.weights)."""
+        return weights.named_arrays(self._state)
 
     # ------------------------------------------------------------------ forward
 

@@ -7,11 +7,12 @@ are, a row that fails is set aside with its line (CSV) or row (Parquet) and the 
 (rows read = answered + rejected), and the rest are answered in batches.
 
 The answer per pair is the one `pingctl sample --src --dst` prints: P(failure), p5..p95, the
-mean of the central 90% and the mean. By default the distribution is exact where it is read
-(`queries.rtt_distributions_at`, as `pingctl eval`: each quantile within 1e-3 of
-probability) at a few dozen second-byte passes per pair instead of 256; the two means are
-then approximate inside the first-byte bins no quantile falls in. `exact=True` computes all
-65,536 codes, as a single query does.
+mean of the central 90%, the mean of RTT <= `queries.MEAN_CEILING_MS` and the mass above
+it. By default the distribution is exact where it is read (`queries.rtt_distributions_at`,
+as `pingctl eval`: each quantile and P(RTT > ceiling) within 1e-3 of probability) at a few
+dozen second-byte passes per pair instead of 256; the two means are then approximate inside
+the first-byte bins nothing is read in. `exact=True` computes all 65,536 codes, as a single
+query does.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     budget = model.seq_len - 64
     timed = model.timestamps
     ctxs = contexts(pairs, ctx, distinct, prb=prb)
-    cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "trimmed_mean_ms",
+    cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms",
                                              *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))}
     n_ctx: list[int] = []
     progress(0, n)
@@ -322,7 +323,9 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
             tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
             n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
             prompts.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
-        dists = Q.rtt_distributions(model, prompts) if exact else Q.rtt_distributions_at(model, prompts, reads)
+        # the ceiling is read exactly too: P(RTT > ceiling) is printed beside the mean
+        dists = (Q.rtt_distributions(model, prompts) if exact else
+                 Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS)))
         if calibration is not None:
             dists = [calibration.apply(d) for d in dists]
         for d in dists:

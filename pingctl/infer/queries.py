@@ -26,6 +26,12 @@ V = get_vocab("compact")
 BYTE0 = V.byte_offset
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 TRIM = 0.05  # trimmed mean over the central 90%: the mass between the p5 and p95 printed beside it
+# The mean is taken over RTT <= this ceiling (renormalised), with the mass above it reported
+# beside it. The RTT codec reaches ~50 days (`rtt_codec.MAX_MS`), and an undertrained model
+# puts a little mass up there, which alone makes the plain mean millions of ms; a ping reply
+# never takes anywhere near 60 s (RIPE Atlas pings time out far below that), so what lies
+# above is the model's error, not a latency a mean should average in.
+MEAN_CEILING_MS = 60_000.0
 
 
 def _require_compact(model) -> None:
@@ -101,7 +107,19 @@ class RttDistribution:
 
     @property
     def mean(self) -> float:
-        return float((self.values_ms * self.probs).sum())
+        """`truncated_mean()`: the mean of RTT <= MEAN_CEILING_MS (NaN where no mass is there)."""
+        return self.truncated_mean()
+
+    def truncated_mean(self, ceiling_ms: float = MEAN_CEILING_MS) -> float:
+        """Mean of the distribution truncated to RTT <= `ceiling_ms` and renormalised; NaN
+        where it holds no mass. `p_over(ceiling_ms)` is the mass it leaves out."""
+        below = self.values_ms <= ceiling_ms
+        mass = float(self.probs[below].sum())
+        return float((self.values_ms[below] * self.probs[below]).sum() / mass) if mass > 0 else float("nan")
+
+    def p_over(self, ceiling_ms: float = MEAN_CEILING_MS) -> float:
+        """P(RTT > `ceiling_ms` | success)."""
+        return float(self.probs[self.values_ms > ceiling_ms].sum())
 
     def trimmed_mean(self, trim: float = TRIM) -> float:
         """Mean of the central 1 - 2*trim of the mass (exact: each code weighs by the overlap
@@ -113,9 +131,14 @@ class RttDistribution:
         return float((self.values_ms * w).sum() / w.sum())
 
     def summary(self) -> dict:
+        """The figures `pingctl sample` prints and `--pairs` writes, by column name. `mean_ms` is
+        the mean of RTT <= MEAN_CEILING_MS (None where no mass is there) and `p_over_ceiling`
+        the mass above it, given success."""
+        mean = self.mean
         return {
             "p_fail": self.p_fail,
-            "mean_ms": self.mean,
+            "mean_ms": mean if np.isfinite(mean) else None,
+            "p_over_ceiling": self.p_over(),
             "trimmed_mean_ms": self.trimmed_mean(),
             **{f"p{round(q * 100)}_ms": self.quantile(q) for q in QUANTILES},
         }

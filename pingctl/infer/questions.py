@@ -549,9 +549,15 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
     result["errors"] = sum(len(d.errors) for d in streams)
     result["times_out_of_range"] = int(sum(d.measurements.unrepresentable_times().sum() for d in streams))
     if q.out:
-        ms = [d.measurements for d in streams]
-        table = Measurements.concat(ms).to_arrow() if ms else None
-        stream_id = np.concatenate([np.full(len(m), i) for i, m in enumerate(ms)]) if ms else []
-        SO.write_generated(table, stream_id, q.out)
+        SO.write_generated(*generated_rows(streams), q.out)
         result["out"] = str(q.out)
     return Answer(q, result, rows=rows, streams=streams)
+
+
+def generated_rows(streams: list) -> tuple:
+    """Generated streams (`Decoded`) as (canonical Arrow rows or None for no stream, each
+    row's stream number): what `--out` writes and the Python API returns."""
+    ms = [d.measurements for d in streams]
+    table = Measurements.concat(ms).to_arrow() if ms else None
+    stream_id = np.concatenate([np.full(len(m), i) for i, m in enumerate(ms)]) if ms else []
+    return table, stream_id

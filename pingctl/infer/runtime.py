@@ -46,13 +46,14 @@ def require_gpu(jax) -> None:
                            "install a CUDA-enabled jax, or ask on the CPU with --hardware cpu")
 
 
-def inference_config(run: Path, items: Path, hardware: str, batch: int, *extra: str):
+def inference_config(run: Path, items: Path | None, hardware: str, batch: int, *extra: str):
     """The MaxText config every inference path builds from a run's `maxtext.yml` (plain forward
-    passes and the key-value-cache engine), plus `extra` key=value overrides."""
+    passes and the key-value-cache engine), plus `extra` key=value overrides. `items` None: no
+    checkpoint to restore (an export's weights are assigned after the model is built)."""
     from maxtext.configs import pyconfig
 
     return pyconfig.initialize([
-        "", str(run / MAXTEXT_YML), f"load_parameters_path={items}", f"hardware={hardware}",
+        "", str(run / MAXTEXT_YML), *([f"load_parameters_path={items}"] if items else []), f"hardware={hardware}",
         "skip_jax_distributed_system=true", "enable_checkpointing=false", f"per_device_batch_size={batch}",
         # the kernel does not change the weights: a run trained with flash on a GPU is asked on
         # a CPU too, where MaxText's flash means TPU kernels

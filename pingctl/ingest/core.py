@@ -41,6 +41,7 @@ from pingctl.ingest.reader import (
     decoded_chunks,
     detect_codec,
     iter_records,
+    looks_like_results,
     open_parallel_bz2,
     parallel_bz2_chunks,
     usable_cores,
@@ -114,8 +115,9 @@ def _expand(item: str, out: Path | None, o: Path | None) -> list[Path]:
 
 
 def _walk(root: Path, o: Path | None) -> Iterator[Path]:
-    """Data files under `root`: known suffixes, regular files only (a FIFO found there would
-    block the run); hidden entries are skipped (`.NAME.tmp-*` / `.NAME.old-*` siblings
+    """Data files under `root`: regular files only (a FIFO found there would block the run)
+    with a known suffix, or with another name (a dump saved without its suffix) whose content
+    `looks_like_results`; hidden entries are skipped (`.NAME.tmp-*` / `.NAME.old-*` siblings
     of interrupted runs), and so are pingctl outputs and the output `o` (their manifest
     and rejects.jsonl would be read as RIPE records). Symlinked directories are not
     followed (as `Path.rglob`)."""
@@ -124,7 +126,7 @@ def _walk(root: Path, o: Path | None) -> Iterator[Path]:
         dirs[:] = [x for x in dirs if not _skip_dir(here / x, o)]
         for name in names:
             f = here / name
-            if not name.startswith(".") and name.endswith(INPUT_SUFFIXES) and f.is_file():
+            if not name.startswith(".") and f.is_file() and (name.endswith(INPUT_SUFFIXES) or looks_like_results(f)):
                 yield f
 
 

@@ -44,8 +44,11 @@ SUFFIX_CODECS = {
     ".xz": "xz",
 }
 MAGIC = ((b"BZh", "bz2"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"))
-# What a directory scan picks up (explicit files and globs are always taken as given).
+# What a directory scan picks up by name (explicit files and globs are always taken as given);
+# any other file there is taken when `looks_like_results` says so.
 INPUT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".txt") + tuple(SUFFIX_CODECS)
+SNIFF_BYTES = 64 << 10  # a RIPE ping result is well under 1 kB: the first holds a result's keys
+RESULT_KEYS = (b'"msm_id"', b'"prb_id"')  # every RIPE Atlas result carries both
 
 NO_EOL = ("no_eol", None)
 _BOM = b"\xef\xbb\xbf"  # sentinel `bad` value: last line without a trailing newline
@@ -94,6 +97,28 @@ def detect_codec(path: Path, raw) -> str:
         if head.startswith(magic):
             return name
     return "plain"
+
+
+def looks_like_results(path: Path) -> bool:
+    """Whether a file a directory walk finds without a known suffix holds RIPE Atlas results
+    (daily dumps are often saved without one): decoded with the codec its magic bytes name,
+    as a single file given by name is, its first 64 KiB start a JSON text (lines or an array)
+    and name a result's keys. A compressed file damaged before that point cannot be told from
+    any other binary file and is left out, as a README or a notebook beside the dumps is."""
+    try:
+        with open(path, "rb") as raw:
+            head = b""
+            try:
+                for chunk in decoded_chunks(detect_codec(path, raw), raw):
+                    head += chunk
+                    if len(head) >= SNIFF_BYTES:
+                        break
+            except Exception:  # noqa: BLE001 - any decoder's error on a damaged or foreign file: judge what came out
+                pass
+    except OSError:
+        return False
+    head = head[:SNIFF_BYTES].removeprefix(_BOM).lstrip(b" \t\r\n")
+    return head[:1] in (b"{", b"[") and any(k in head for k in RESULT_KEYS)
 
 
 def open_decoder(codec: str, fileobj):

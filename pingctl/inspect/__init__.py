@@ -3,6 +3,7 @@ a path (`detect`). Describers read files only (no JAX): instant, and safe on a r
 
     table     canonical Parquet tables and shard splits      records   build-rows output
     run       train run directories                          outputs   sample outputs
+    export    exported model directories
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pingctl.artifacts import eval_output, sample_output
+from pingctl.artifacts.export import is_export_dir
 from pingctl.artifacts.records import is_records_path
 from pingctl.artifacts.run import is_run_dir
-from pingctl.artifacts.table import is_splits_dir
+from pingctl.artifacts.table import check_not_raw_results, is_splits_dir
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
+from pingctl.inspect.export import describe_export
 from pingctl.inspect.outputs import describe_distribution, describe_predictions
 from pingctl.inspect.records import describe_rows
 from pingctl.inspect.run import describe_run
@@ -24,12 +27,14 @@ from pingctl.tokenizer import measurement_lengths
 
 
 def detect(path: Path) -> str:
-    """The kind of artifact at `path`: 'run', 'eval', 'splits', 'rows' or 'table'."""
+    """The kind of artifact at `path`: 'run', 'export', 'eval', 'splits', 'rows' or 'table'."""
     path = Path(path)
     if not path.exists():
         raise PingctlError(f"{path}: no such file or directory")
     if is_run_dir(path):
         return "run"
+    if is_export_dir(path):
+        return "export"
     if eval_output.is_eval_output(path):
         return "eval"
     if is_records_path(path):
@@ -37,6 +42,7 @@ def detect(path: Path) -> str:
     if is_splits_dir(path):
         return "splits"
     if path.is_file() and path.suffix != ".parquet":
+        check_not_raw_results(path)  # RIPE results: say which command makes a table of them
         raise PingctlError(f"{path}: not a Parquet file, a pingctl output directory or a `pingctl sample` output")
     return "table"
 
@@ -60,6 +66,9 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
     if kind == "run":
         _no_sample(path, sample, "a table or probe rows", "a run directory")
         return describe_run(path)
+    if kind == "export":
+        _no_sample(path, sample, "a table or probe rows", "an exported model")
+        return describe_export(path)
     if kind == "eval":
         _no_sample(path, sample, "a table or probe rows", "an eval report")
         f, report = eval_output.read_report(path)

@@ -40,6 +40,8 @@ def describe_predictions(path: Path, table, meta: dict, sample: int = 0) -> dict
         "rows_with_time": int(np.isfinite(times).sum()),
         "rejects_file": str(rejects) if set_aside is not None else None, "rows_set_aside": set_aside,
         "p_fail": _spread(p_fail), "p50_ms": _spread(p50),
+        # mass past the mean's ceiling (queries.MEAN_CEILING_MS); files written before it have none
+        "p_over_ceiling": _spread(col("p_over_ceiling")) if "p_over_ceiling" in table.column_names else None,
         "context_measurements_mean": float(np.nanmean(col("context_measurements"))) if n and
         "context_measurements" in table.column_names else None,
     }

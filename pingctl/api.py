@@ -1,0 +1,558 @@
+"""The Python API: a trained model asked from a notebook or a script (docs/api.md).
+
+    from pingctl import Model
+    m = Model.load("runs/demo/train")
+    m.rtt("78.143.22.26", "194.255.199.229").quantiles
+
+One `Model` holds one loaded checkpoint, so a session pays the model load once, where each
+`pingctl sample` pays it per question. Every method builds the question object `pingctl
+sample` builds (`pingctl.infer.questions`), so it refuses what the CLI refuses, with the same
+bounds and messages (which name the CLI's options: `--n`, `-k`, ...), before any work; the
+answers come from the same functions (`questions.answer`, `pairs.answer`), so the numbers are
+the CLI's numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pingctl.artifacts import eval_output as EO
+from pingctl.artifacts import sample_output as SO
+from pingctl.artifacts.run import checkpoint_items, parse_steps, read_summary, run_config
+from pingctl.artifacts.table import resolve_inputs
+from pingctl.config import SampleConfig
+from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import pairs as P
+from pingctl.infer import queries as Q
+from pingctl.infer import questions as QS
+from pingctl.infer import score as S
+from pingctl.infer.model import LoadedModel, untimed_run
+from pingctl.infer.plots import distribution_figure, save_figure
+from pingctl.infer.runtime import check_hardware
+from pingctl.schema.duck import canonical_head, rejected_lines
+from pingctl.tokenizer import Measurements
+
+MEAN_CEILING_MS = Q.MEAN_CEILING_MS
+
+# `Rtt.sample(n)` holds n float64 draws and as many uniforms: 10 million is ~160 MB, far more
+# draws than any quantile or histogram of one pair's 65,536 codes needs.
+MAX_DRAWS = 10_000_000
+
+# What a summary of the model carries from its run's summary.json (the training figures).
+_TRAINING_KEYS = ("parameters", "steps_total", "last_step", "final_loss", "final_eval_loss", "generalization_gap")
+
+
+# ----------------------------------------------------------------- one pair's distribution
+
+
+@dataclass
+class Rtt(Q.RttDistribution):
+    """The exact distribution of one pair's RTT, as `pingctl sample --src --dst` computes it.
+
+    Inherited from `RttDistribution`: `p_fail` (P(failure)), `codes`, `values_ms` (each RTT
+    code's value, ascending), `probs` (P(code | success), summing to 1), `quantile(q)`,
+    `cdf(ms)`, `mean` (the mean of RTT <= `MEAN_CEILING_MS`, renormalised: NaN where no mass is
+    there), `p_over()` (the mass above that ceiling), `trimmed_mean()` (the central 90%).
+    `info` is the whole result as `pingctl sample --json` prints it (run, step, device,
+    context_tokens, ...)."""
+
+    src: str = ""
+    dst: str = ""
+    time: int | None = None
+    info: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def quantiles(self) -> dict[float, float]:
+        """{0.05: ms, 0.25: ms, 0.5: ms, 0.75: ms, 0.95: ms}: the quantiles `pingctl sample` prints."""
+        return {q: self.quantile(q) for q in Q.QUANTILES}
+
+    def quantile(self, q: float) -> float:
+        """The RTT (ms) at probability `q` of the distribution given success, 0 <= q <= 1."""
+        try:
+            q = float(q)
+        except (TypeError, ValueError):
+            raise UsageError(f"quantile {q!r}: give a probability between 0 and 1") from None
+        if not 0.0 <= q <= 1.0:  # NaN fails too
+            raise UsageError(f"quantile {q!r}: give a probability between 0 and 1")
+        return super().quantile(q)
+
+    def sample(self, n: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
+        """`n` draws of the measured RTT in ms (float64): each fails with probability `p_fail`,
+        and a failed draw is NaN (the canonical table writes -1; NaN keeps np.nanmean and the
+        like honest); otherwise a code's value with its probability. `rng`: a NumPy Generator,
+        a seed, or None (fresh entropy)."""
+        n = _count("n", n, MAX_DRAWS, "each draw is a float64 in memory, with a uniform to make it")
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        cdf = np.cumsum(self.probs)
+        idx = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(cdf) - 1)
+        out = self.values_ms[idx].astype(np.float64)
+        out[rng.random(n) < self.p_fail] = np.nan
+        return out
+
+    def plot(self, path: str | Path | None = None):
+        """The distribution as a matplotlib Figure (the histogram `pingctl sample --plot` saves);
+        with `path`, also saved there as a PNG."""
+        fig = distribution_figure(self, f"{self.src} -> {self.dst}")
+        if path is not None:
+            save_figure(fig, Path(path))
+        return fig
+
+    def summary(self) -> dict:
+        """src, dst, time and the figures `pingctl sample --json` prints: p_fail, mean_ms (RTT <=
+        the ceiling; None where no mass is there), p_over_ceiling, trimmed_mean_ms, p5_ms..p95_ms."""
+        return {"src": self.src, "dst": self.dst, "time": self.time, **super().summary()}
+
+    def __repr__(self) -> str:
+        s = super().summary()
+        mean = "n/a" if s["mean_ms"] is None else f"{s['mean_ms']:.1f}"
+        return (f"Rtt({self.src} -> {self.dst}{'' if self.time is None else f' at {self.time}'}: "
+                f"P(fail)={self.p_fail:.2%}, p5/p50/p95={s['p5_ms']:.1f}/{s['p50_ms']:.1f}/{s['p95_ms']:.1f} ms, "
+                f"mean={mean} ms)")
+
+
+# ----------------------------------------------------------------- many pairs
+
+
+@dataclass
+class Predictions:
+    """The RTT distributions of many pairs, as `pingctl sample --pairs` writes them: `table`
+    (one row per valid input row, its columns those of the predictions file; run and step in
+    its schema metadata, key `pingctl`, so `pq.write_table(p.table, ...)` writes a file `pingctl
+    inspect` knows), `rejects` (each row set aside: its row or line, reason, detail and raw
+    values). rows_read == answered + rows_rejected."""
+
+    table: Any
+    rejects: list[dict]
+    rows_read: int
+    rejected: dict  # reason -> {rows, meaning, first}
+
+    @property
+    def answered(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def rows_rejected(self) -> int:
+        return len(self.rejects)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __repr__(self) -> str:
+        return f"Predictions({self.answered:,} answered, {self.rows_rejected:,} set aside of {self.rows_read:,} rows)"
+
+
+# ----------------------------------------------------------------- contexts
+
+
+@dataclass
+class Context:
+    """Earlier measurements to ask after, read and checked once (reuse one across questions):
+    `measurements`, each row's prb_id (`prb`, -1 where null; None: unknown) and `read` (rows
+    read, rejected and why)."""
+
+    measurements: Measurements
+    prb: np.ndarray | None
+    read: dict
+    label: str
+
+    @classmethod
+    def load(cls, source) -> Context:
+        """A canonical table (a Parquet file, a directory or glob of them, or a pyarrow Table)
+        checked as `pingctl sample --context` checks its file: a row build-rows would reject is
+        skipped with a warning; or `Measurements` taken as they are. A Context is returned as is."""
+        if isinstance(source, Context):
+            return source
+        if isinstance(source, Measurements):
+            return cls(source, None, {"rows_read": len(source), "rows_rejected": 0, "rejected": {}}, "Measurements")
+        import pyarrow as pa
+
+        if isinstance(source, (pa.Table, pa.RecordBatch)):
+            with tempfile.TemporaryDirectory(prefix="pingctl-context-") as d:
+                f = Path(d) / "context.parquet"
+                _write_parquet(pa.Table.from_batches([source]) if isinstance(source, pa.RecordBatch) else source, f)
+                return cls._checked([f], "context (a pyarrow Table)", "<table>")
+        if isinstance(source, (str, Path)):
+            return cls._checked(resolve_inputs([source]), f"context {source}")
+        raise UsageError(f"context: expected a canonical table (path or pyarrow Table) or Measurements, "
+                         f"got {type(source).__name__}")
+
+    @classmethod
+    def _checked(cls, files: list[Path], label: str, file_name: str | None = None) -> Context:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        # the checks `pingctl sample --context` makes (pingctl.cli.common.read_valid_rows)
+        table, rejected, read = canonical_head(files, None)
+        if not read:
+            raise PingctlError(f"{label}: the input has no rows")
+        if not table.num_rows:
+            raise PingctlError(f"{label}: no valid rows among {read:,}\n" + "\n".join(rejected_lines(rejected)))
+        n_rejected = sum(e["rows"] for e in rejected.values())
+        for e in rejected.values() if file_name else ():
+            e["first"]["file"] = file_name  # not the temporary file it was checked in
+        if rejected:
+            head = f"{label}: skipped {n_rejected:,} of {read:,} rows, which build-rows would reject:"
+            warnings.warn("\n".join([head, *rejected_lines(rejected)]), stacklevel=4)
+        prb = (pc.fill_null(table.column("prb_id").cast(pa.int64()), -1).to_numpy(zero_copy_only=False)
+               if "prb_id" in table.column_names else None)
+        return cls(Measurements.from_arrow(table), prb,
+                   {"rows_read": read, "rows_rejected": n_rejected, "rejected": rejected}, label)
+
+    def __len__(self) -> int:
+        return len(self.measurements)
+
+
+# ----------------------------------------------------------------- the model
+
+
+class Model:
+    """A trained run (or an exported model directory), loaded once and asked many questions."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+
+    @classmethod
+    def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None) -> Model:
+        """Load `path` (a `pingctl train` run directory, or what `LoadedModel.load` accepts) at
+        `step`: one checkpoint (default: the latest), several (a list, or "100,200") whose
+        weights are averaged. `hardware`: cpu | gpu (default: as the run was trained)."""
+        check_hardware(hardware)
+        steps = parse_steps(step) if isinstance(step, str) else step
+        return cls(LoadedModel.load(path, steps, hardware))
+
+    # ------------------------------------------------------------ what it is
+
+    @property
+    def run(self) -> Path:
+        return self.loaded.run
+
+    @property
+    def step(self) -> int:
+        return self.loaded.step
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(self.loaded.steps)
+
+    @property
+    def device(self) -> str:
+        return self.loaded.device
+
+    def metadata(self) -> dict:
+        """What the loaded model is: run, step(s), preset, scheme, seq_len, whether it was trained
+        with timestamps, device; `checkpoint_time` (UTC, when its checkpoint was written);
+        `training` (from the run's summary.json, None without one); `eval` (the latest `pingctl
+        eval` report of this run beside it: its path and each predictor's median relative
+        error; None without one)."""
+        m = self.loaded
+        try:
+            preset = run_config(m.run).model.preset
+        except PingctlError:  # a config no longer readable since the load
+            preset = None
+        try:
+            written = checkpoint_items(m.run, m.step).parent.stat().st_mtime
+            checkpoint_time = datetime.fromtimestamp(written, UTC).isoformat().replace("+00:00", "Z")
+        except OSError:
+            checkpoint_time = None
+        try:
+            training = {k: read_summary(m.run).get(k) for k in _TRAINING_KEYS}
+        except (OSError, ValueError):
+            training = None
+        return {"run": str(m.run), "step": m.step, "steps": list(m.steps), "preset": preset, "scheme": m.scheme,
+                "seq_len": m.seq_len, "timestamps": m.timestamps, "max_per_pair": m.max_per_pair,
+                "device": m.device, "checkpoint_time": checkpoint_time, "training": training,
+                "eval": _eval_headline(m.run)}
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.run)!r}, {self.loaded.label}, device={self.device!r})"
+
+    # ------------------------------------------------------------ questions
+
+    def rtt(self, src: str, dst: str, time=None, context=None, context_per_pair: int | None = None) -> Rtt:
+        """The exact RTT distribution of src -> dst (`pingctl sample --src --dst`): at `time`
+        (ISO 8601 text, Unix seconds or a datetime; naive = UTC) if given, after `context` (a
+        canonical table's path or pyarrow Table, `Measurements` or a `Context`: of it, the
+        measurements of the source's probe before `time`, as `--context` picks them).
+        `context_per_pair`: at most this many measurements per (src, dst) pair of the context
+        (default: as the run was trained; 0 = no cap)."""
+        q = QS.RttQuestion(src=_address(src, "--src", True), dst=_address(dst, "--dst", True),
+                           time=_when(time, "--time"), **_context_fields(context, context_per_pair))
+        a = self._answer(q, context)
+        d = a.distribution
+        return Rtt(d.p_fail, d.codes, d.values_ms, d.probs, src=q.src, dst=q.dst, time=q.time, info=a.result)
+
+    def rtt_many(self, pairs, context=None, context_per_pair: int | None = None, exact: bool = False,
+                 progress=None) -> Predictions:
+        """The RTT distribution of every row of `pairs` (`pingctl sample --pairs`): a CSV or
+        Parquet path, a pyarrow Table or a list of dicts, with src|src_addr, dst|dst_addr and
+        optionally time|event_time. A row that fails the `rtt` checks is set aside with its
+        reason (Predictions.rejects); a repeated (src, dst, time) is asked once. Each row's
+        context is its source's probe's measurements before its time. By default each
+        distribution is exact at the quantiles it reports (`exact=True`: every code, as `rtt`).
+        `progress(done, total)` is called as batches finish."""
+        context_per_pair = _context_fields(context, context_per_pair)["context_per_pair"]
+        Q.check_per_pair(context_per_pair)
+        rows, label = _read_pairs(pairs)
+        m = self.loaded
+        if rows.has_times() and not m.timestamps:
+            raise untimed_run(f"pairs {label}", m.run, "so it cannot condition on their times; leave the time "
+                                                       "column empty or drop it")
+        summary = rows.reject_summary()
+        if not rows.src:
+            raise PingctlError("\n".join([f"pairs {label}: no valid pair among {rows.rows_read:,} rows",
+                                          *(f"  {r}: {e['rows']:,} ({e['meaning']}); first: {rows.unit} "
+                                            f"{e['first']['row']}" for r, e in summary.items())]))
+        ctx = Context.load(context) if context is not None else None
+        per_pair = m.max_per_pair if context_per_pair is None else context_per_pair
+        cols = P.answer(m, rows, ctx.measurements if ctx else None, per_pair, exact=exact,
+                        prb=ctx.prb if ctx else None, **({"progress": progress} if progress else {}))
+        meta = {"run": str(m.run), "step": m.step, "steps": list(m.steps), "timestamps": m.timestamps,
+                "pairs": label, "exact": exact, "calibration": None}
+        return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, summary)
+
+    def complete(self, src: str | None = None, dst: str | None = None, rtt: float | None = None, k: int = QS.K,
+                 context=None, context_per_pair: int | None = None) -> list[dict]:
+        """The `k` most probable (src, dst) filling the patterns (`8.8.*.*`, `8.8.0.0/16`; a side
+        left out is any address of the other's family), given one RTT `rtt` ms if set: a list of
+        {src, dst, probability, log_prob}, most probable first (`pingctl sample` with a pattern)."""
+        if src is None and dst is None:
+            raise UsageError("complete: give src, dst or both, a pattern (8.8.*.* or a CIDR) in at least one")
+        src, dst = _address(src, "--src"), _address(dst, "--dst")
+        fam_src, fam_dst = (p[0] if p else None for p in Q.parse_pair(src, dst))
+        lo, hi = _rtt(rtt) if rtt is not None else (None, None)
+        if rtt is not None and hi > lo:
+            raise UsageError(f"rtt {rtt!r}: a completion conditions on one RTT (e.g. 20); ranges are for search")
+        q = QS.CompleteQuestion(src=src or Q.any_address(fam_dst), dst=dst or Q.any_address(fam_src), rtt=lo,
+                                k=_int("k", k), **_context_fields(context, context_per_pair))
+        return self._answer(q, context).rows
+
+    def search(self, src: str, rtt, n: int = QS.SAMPLES, k: int = QS.K, seed: int = 0, temperature: float = 1.0,
+               context=None, context_per_pair: int | None = None) -> list[dict]:
+        """Inverse search (`pingctl sample --src --rtt`): destinations `src` reaches at `rtt` ms
+        (a number, a (low, high) pair or "10-30"), from `n` sampled destinations at
+        `temperature` (seeded: the same seed, the same answer), deduplicated; the `k` most
+        probable as {dst, probability, samples}."""
+        lo, hi = _rtt(rtt)
+        _sampling(seed=seed, temperature=temperature)
+        q = QS.InverseQuestion(src=_address(src, "--src", True), rtt_lo=lo, rtt_hi=hi, samples=_int("n", n),
+                               k=_int("k", k), seed=seed, temperature=float(temperature),
+                               **_context_fields(context, context_per_pair))
+        return self._answer(q, context).rows
+
+    def generate(self, n: int = QS.STREAMS, measurements: int = QS.MEASUREMENTS, src: str | None = None,
+                 timestamps: bool | None = None, since=None, until=None, seed: int = 0, temperature: float = 1.0,
+                 top_p: float = 1.0, context=None, context_per_pair: int | None = None):
+        """`n` generated measurement streams of up to `measurements` measurements each (`pingctl
+        sample --n`): of probe `src` if set; every measurement timestamped (`timestamps`,
+        default: as the run was trained), its time between `since` and `until`. Returns the
+        canonical rows, with a `stream` column, as a pyarrow Table (what `--out` writes)."""
+        _sampling(seed=seed, temperature=temperature, top_p=top_p)
+        period = None
+        if since is not None or until is not None:
+            period = QS.generation_period(_time_text(since, "--since"), _time_text(until, "--until"))
+        q = QS.GenerateQuestion(streams=_int("n", n), measurements=_int("measurements", measurements),
+                                src=_address(src, "--src"), timestamps=timestamps, period=period, seed=seed,
+                                temperature=float(temperature), top_p=float(top_p),
+                                **_context_fields(context, context_per_pair))
+        import pyarrow as pa
+
+        table, stream_id = QS.generated_rows(self._answer(q, context).streams)
+        return table.append_column("stream", pa.array(stream_id, pa.int64()))
+
+    def score(self, table, context: int = S.CONTEXT, context_policy: str = "probe", limit: int | None = None,
+              context_per_pair: int | None = None, progress=None):
+        """How surprising each measurement of a canonical table (a Parquet path, directory or
+        glob, or a pyarrow Table) is to the model (`pingctl score`, `pingctl.infer.score`): a
+        pyarrow Table of the valid rows' canonical columns, then `nll` (nats), `pit`, `tail_p`,
+        `p_fail` and `context_measurements`; each prompt holds up to `context` of the probe's
+        preceding measurements in the table (`context_policy` "probe", "cold" or "none"). Rows
+        build-rows would reject are set aside; the counts are in the schema metadata
+        (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most)."""
+        return S.score_table(self.loaded, table, context=context, context_policy=context_policy, limit=limit,
+                             per_pair=context_per_pair, progress=progress)
+
+    def _answer(self, q: QS.Question, context) -> QS.Answer:
+        QS.check_run(q, self.run)
+        ctx, read = None, None
+        if context is not None:
+            c = Context.load(context)
+            read = dict(c.read)
+            ctx = QS.probe_context(q, c.measurements, read, c.prb)
+        return QS.answer(self.loaded, q, self.run, ctx, read)
+
+
+# ----------------------------------------------------------------- arguments
+
+
+def _address(text, name: str, required: bool = False) -> str | None:
+    if text is None and required:
+        raise UsageError(f"{name}: an address is required")
+    if text is not None and not isinstance(text, str):
+        text = str(text)  # an ipaddress object
+    return QS.address_option(text, name)
+
+
+def _time_text(value, name: str) -> str | None:
+    """A time as users give it in Python (ISO text, Unix seconds, a datetime) -> the text the
+    CLI's parser reads (it reads a naive time as UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise UsageError(f"{name} {value!r}: give ISO 8601 text, Unix seconds or a datetime")
+    return str(value)
+
+
+def _when(value, name: str) -> int | None:
+    return QS.time_option(_time_text(value, name), name)
+
+
+def _rtt(value) -> tuple[float, float]:
+    """An RTT as a number, a (low, high) pair or the CLI's "20" / "10-30" -> (low, high) ms,
+    checked by the CLI's parser."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        value = f"{value[0]}-{value[1]}"
+    elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise UsageError(f"rtt {value!r}: give milliseconds (20), a range (10, 30) or '10-30'")
+    return QS.rtt_range(str(value))
+
+
+def _int(name: str, value) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise UsageError(f"{name} {value!r}: expected a whole number") from None
+
+
+def _count(name: str, value, most: int, what: str) -> int:
+    n = _int(name, value)
+    if n < 1:
+        raise UsageError(f"{name} must be at least 1, got {n}")
+    if n > most:
+        raise UsageError(f"{name} {n:,} is beyond the bound of {most:,}: {what}")
+    return n
+
+
+def _sampling(**values) -> None:
+    """seed, temperature, top_p checked as the config's `sample` section checks them."""
+    try:
+        SampleConfig(**values)
+    except ValueError as e:  # pydantic's ValidationError
+        errors = getattr(e, "errors", list)()
+        detail = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in errors) or str(e)
+        raise UsageError(f"sampling options: {detail}") from None
+
+
+def _context_fields(context, context_per_pair: int | None) -> dict:
+    """The question's context fields: the context is given to `answer` itself, but the
+    question checks context_per_pair against it (only a path is a Path; others get a label)."""
+    if context is None:
+        label = None
+    elif isinstance(context, (str, Path)):
+        label = Path(context)
+    else:
+        label = Path(f"<{type(context).__name__}>")
+    if context_per_pair is not None and context is None:
+        raise UsageError("context_per_pair caps measurements from context; give context too")
+    return {"context": label, "context_per_pair": None if context_per_pair is None else _int("context_per_pair",
+                                                                                             context_per_pair)}
+
+
+def _write_parquet(table, path: Path) -> None:
+    """An in-memory table as Parquet, for the readers files go through."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.write_table(table, path)
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise PingctlError(f"the table cannot be written as Parquet ({e})") from None
+
+
+def _read_pairs(source) -> tuple[P.Pairs, str]:
+    """(checked pairs, how messages name them) of a pairs file, a pyarrow Table or a list of
+    dicts: an in-memory one goes through the very reader `--pairs` uses, as Parquet rows."""
+    if isinstance(source, (str, Path)):
+        return P.read_pairs(Path(source)), str(source)
+    import pyarrow as pa
+
+    if isinstance(source, pa.RecordBatch):
+        source = pa.Table.from_batches([source])
+    if isinstance(source, list):
+        source, label = _pairs_table(source), "(a list of dicts)"
+    elif isinstance(source, pa.Table):
+        label = "(a pyarrow Table)"
+    else:
+        raise UsageError(f"pairs: expected a CSV or Parquet path, a pyarrow Table or a list of dicts, "
+                         f"got {type(source).__name__}")
+    with tempfile.TemporaryDirectory(prefix="pingctl-pairs-") as d:
+        f = Path(d) / "pairs.parquet"
+        _write_parquet(source, f)
+        rows = P.read_pairs(f)
+    rows.file = label
+    for r in rows.rejects:
+        r["file"] = label
+    return rows, label
+
+
+def _pairs_table(rows: list):
+    """A list of {src, dst[, time]} dicts as a table `read_pairs` reads: the addresses as text,
+    each time as the text the CLI parses (ISO 8601 or Unix seconds), None kept."""
+    import pyarrow as pa
+
+    if not rows:
+        raise UsageError("pairs: the list is empty")
+    if not all(isinstance(r, dict) for r in rows):
+        raise UsageError("pairs: a list of pairs holds dicts like {'src': ..., 'dst': ..., 'time': ...}")
+    names = [c for c in (*P.SRC_COLUMNS, *P.DST_COLUMNS, *P.TIME_COLUMNS) if any(c in r for r in rows)]
+
+    def text(v, time: bool):
+        if v is None:
+            return None
+        if time and isinstance(v, datetime):
+            return v.isoformat()
+        if time and isinstance(v, float) and math.isfinite(v) and v == int(v):
+            return str(int(v))
+        return str(v)
+
+    return pa.table({c: pa.array([text(r.get(c), c in P.TIME_COLUMNS) for r in rows], pa.string()) for c in names})
+
+
+def _eval_headline(run: Path) -> dict | None:
+    """The newest `pingctl eval` report beside `run` (a sibling directory) that evaluated it."""
+    found = []
+    try:
+        siblings = [p for p in run.parent.iterdir() if p.is_dir() and p != run]
+    except OSError:
+        return None
+    for d in siblings:
+        if not EO.is_eval_output(d):
+            continue
+        try:
+            path, report = EO.read_report(d)
+            asked = Path(report["inputs"]["run"]).resolve()
+        except (PingctlError, KeyError, TypeError, OSError):
+            continue
+        if asked == run.resolve():
+            found.append((path.stat().st_mtime, path, report))
+    if not found:
+        return None
+    _, path, report = max(found, key=lambda x: x[0])
+    rows = [r for r in report.get("rows", []) if isinstance(r, dict) and "predictor" in r]
+    return {"report": str(path), "queries": report.get("queries"),
+            "median_rel_err": {r["predictor"]: r.get("median_rel_err") for r in rows}}
+
+
+__all__ = ["MAX_DRAWS", "MEAN_CEILING_MS", "Context", "Model", "Predictions", "Rtt"]

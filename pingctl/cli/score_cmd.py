@@ -1,0 +1,124 @@
+"""`pingctl score`: how surprising each measured result of a table is to a trained model."""
+
+from __future__ import annotations
+
+import time as _time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import (HardwareOpt, JsonOpt, StepOpt, emit, err_console, fmt, grid_table, handle_errors,
+                                kv_table, progress, say)
+
+# pingctl.infer.score's bounds, for the options (the CLI imports nothing heavy at start-up;
+# tests/test_score.py checks that the two agree)
+MAX_ROWS = 1_000_000
+MAX_CONTEXT = 10_000
+TOP = 10  # flagged rows printed with --threshold; -o and --json hold them all
+
+
+def score(
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    table: Annotated[Path, typer.Argument(help="Canonical Parquet: a file, a directory or a glob.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go (.parquet).")],
+    threshold: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Flag rows whose tail probability is below P, and print the "
+                               f"{TOP} most surprising.")] = None,
+    context: Annotated[int, typer.Option(
+        min=0, max=MAX_CONTEXT, help="Preceding measurements of the probe in each prompt.")] = 16,
+    context_policy: Annotated[str, typer.Option(
+        help="probe: the probe's preceding rows of the table, as in training; cold: the same without the "
+             "scored pair's own; none: no context.")] = "probe",
+    limit: Annotated[int | None, typer.Option(
+        min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
+    step: StepOpt = None,
+    hardware: HardwareOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score every measurement of a table: the model's surprise (NLL), PIT and tail probability.
+
+    Example: pingctl score runs/demo/train runs/demo/splits/test -o scores.parquet --threshold 0.001
+
+    Rows build-rows would reject are set aside and counted by reason (read = scored + rejected).
+    Columns written: the canonical ones, then nll (nats), pit, tail_p, p_fail, context_measurements
+    (docs/score.md).
+    """
+    from pingctl.artifacts import score_output as SO
+    from pingctl.artifacts.run import parse_steps, run_config
+    from pingctl.infer import score as S
+    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.schema.duck import rejected_lines
+
+    check_hardware(hardware)
+    S.check_options(context, context_policy, limit)
+    steps = parse_steps(step)
+    SO.check_out(out, _inputs(table))
+    run_config(run)  # a bad run directory is named before the table is read
+    got = S.read_input(table, limit)
+    if got.rejected and not as_json:
+        say(f"{table}: set aside {got.rows_rejected:,} of {got.rows_read:,} rows, which build-rows would reject:",
+            err=True, label="warning: ")
+        for line in rejected_lines(got.rejected):
+            say(line, err=True)
+    with err_console.status(f"loading {run} ..."):
+        model = LoadedModel.load(run, steps, hardware)
+    t0 = _time.perf_counter()
+    with progress(transient=True) as bar:
+        task = bar.add_task("scoring", total=got.table.num_rows)
+        scored = S.score_rows(model, got, context=context, context_policy=context_policy,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+    elapsed = _time.perf_counter() - t0
+    SO.write_scores(scored, out)
+    result = {**S.score_meta(scored), **S.summary(scored, threshold), "out": str(out), "seconds": round(elapsed, 3),
+              "device": model.device}
+    if as_json:
+        emit(result, True)
+        return
+    tables = [kv_table(f"scores ({model.label})", _summary_rows(result))]
+    if threshold is not None:
+        tables.append(_top_table(result, threshold))
+    emit(result, False, tables)
+
+
+def _inputs(table: Path) -> list[Path]:
+    """The files of TABLE, for -o's check; an unreadable TABLE is named when it is read."""
+    from pingctl.artifacts.table import resolve_inputs
+    from pingctl.errors import PingctlError
+
+    try:
+        return resolve_inputs([table])
+    except PingctlError:
+        return []
+
+
+def _summary_rows(r: dict) -> list[tuple]:
+    rows = [("rows read", r["rows_read"]), ("scored", r["rows_scored"]), ("set aside", r["rows_rejected"]),
+            ("failed packets", r["failed"]), ("context policy", r["context_policy"]),
+            ("context measurements, mean", r["context_measurements_mean"]),
+            ("NLL per packet, mean (nats)", r["nll_mean"]), ("NLL per packet, median (nats)", r["nll_median"]),
+            ("tail_p < 0.01", r["below_0.01"]), ("tail_p < 0.001", r["below_0.001"])]
+    if r.get("threshold") is not None:
+        rows.append((f"flagged (tail_p < {r['threshold']:g})", r["flagged"]))
+    return rows + [("device", r["device"]), ("seconds", r["seconds"]), ("scores", r["out"])]
+
+
+def _top_table(r: dict, threshold: float):
+    from pingctl.schema.times import utc_text
+
+    top = r["top"]
+    t = grid_table(f"most surprising rows (tail_p < {threshold:g}: {r['flagged']:,} flagged"
+                   f"{'' if r['flagged'] <= len(top) else f', first {len(top)}'})",
+                   ["time (UTC)", "src", "dst", "RTT ms", "P(fail)", "PIT", "tail_p", "NLL"],
+                   left=("src", "dst", "time (UTC)"), whole=("time (UTC)",), listing=True)
+    for row in top:
+        t.add_row(utc_text(row["time"]), row["src_addr"], row["dst_addr"],
+                  "failed" if row["rtt"] < 0 else f"{row['rtt']:,.1f}", f"{row['p_fail']:.2%}",
+                  fmt(row["pit"]) if row["pit"] is not None else "-", f"{row['tail_p']:.2g}", f"{row['nll']:.1f}")
+    if not top:
+        t.add_row("-", "none flagged", "", "", "", "", "", "")
+    return t
+
+
+def register(app) -> None:
+    app.command("score")(handle_errors(score))

@@ -1,0 +1,88 @@
+"""`pingctl serve RUN`: the model as an HTTP JSON service (docs/serve.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pingctl.cli.common import (
+    HardwareOpt,
+    JsonOpt,
+    StepOpt,
+    emit,
+    err_console,
+    handle_errors,
+    kv_table,
+    say,
+)
+
+# the defaults and bounds of the batching options (pingctl.serve applies them; the CLI imports
+# nothing heavy at start-up)
+MAX_BATCH = 1024
+MAX_WAIT_MS = 1000.0
+
+
+def serve(
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (default loopback only; 0.0.0.0 exposes it to the network).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free one, printed).")] = 8000,
+    step: StepOpt = None,
+    hardware: HardwareOpt = None,
+    max_batch: Annotated[int | None, typer.Option(
+        min=1, max=MAX_BATCH, help="RTT questions of concurrent requests answered in one batch "
+                                   "(default: the model's batch, 32; 1 = one at a time).")] = None,
+    max_wait_ms: Annotated[float, typer.Option(
+        min=0.0, max=MAX_WAIT_MS, help="How long the model's worker waits for more questions once it "
+                                       "has one, ms.")] = 5.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Serve the model over HTTP JSON: RTT distributions (micro-batched), completions, search, scores.
+
+    Example: pingctl serve runs/demo/train --port 8000   # then: curl -s localhost:8000/rtt -H 'content-type: application/json' -d '{"src": "78.143.22.26", "dst": "194.255.199.229"}'
+
+    Endpoints: POST /rtt /complete /search /score, GET /healthz /metadata, OpenAPI docs at /docs.
+    Stop with Ctrl-C (the requests in flight are answered first).
+    """
+    import logging
+
+    from pingctl.artifacts.run import parse_steps
+    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.serve import server as SV
+    from pingctl.serve.app import create_app
+
+    check_hardware(hardware)
+    steps = parse_steps(step)
+    sock = SV.bind(host, port)  # before the load: an address in use is said at once
+    try:
+        with err_console.status(f"loading {run} ..."):
+            model = LoadedModel.load(run, steps, hardware)
+        app = create_app(model, max_batch=max_batch, max_wait_ms=max_wait_ms, log_requests=True)
+        url = SV.url(sock)
+        info = {"url": url, "docs": f"{url}/docs", "run": str(model.run), "step": model.step,
+                "steps": list(model.steps), "device": model.device, "max_batch": app.state.batcher.max_batch,
+                "max_wait_ms": max_wait_ms}
+        emit(info, as_json, kv_table(f"pingctl serve ({model.label})", [
+            ("listening", url), ("docs", f"{url}/docs"), ("run", str(model.run)), ("device", model.device),
+            ("max batch", info["max_batch"]), ("max wait ms", max_wait_ms)]))
+        sys.stdout.flush()
+        sys.__stdout__.flush()  # a script waiting for the --json line reads it now, not at exit
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log = logging.getLogger("pingctl.serve")
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        try:
+            SV.serve_forever(app, sock)
+        except KeyboardInterrupt:  # Ctrl-C is how a service is stopped: not a failure
+            pass
+        say("stopped", "dim", err=True)
+    finally:
+        sock.close()
+
+
+def register(app) -> None:
+    app.command("serve")(handle_errors(serve))
