@@ -38,7 +38,7 @@ from pingctl.infer import score as S
 from pingctl.infer.model import LoadedModel, untimed_run
 from pingctl.infer.plots import distribution_figure, save_figure
 from pingctl.infer.runtime import check_hardware
-from pingctl.schema.duck import canonical_head, rejected_lines
+from pingctl.schema.duck import rejected_lines, valid_head
 from pingctl.tokenizer import Measurements
 
 MEAN_CEILING_MS = Q.MEAN_CEILING_MS
@@ -191,21 +191,16 @@ class Context:
         import pyarrow.compute as pc
 
         # the checks `pingctl sample --context` makes (pingctl.cli.common.read_valid_rows)
-        table, rejected, read = canonical_head(files, None)
-        if not read:
-            raise PingctlError(f"{label}: the input has no rows")
-        if not table.num_rows:
-            raise PingctlError(f"{label}: no valid rows among {read:,}\n" + "\n".join(rejected_lines(rejected)))
-        n_rejected = sum(e["rows"] for e in rejected.values())
+        table, info = valid_head(files, None, label)
+        rejected = info["rejected"]
         for e in rejected.values() if file_name else ():
             e["first"]["file"] = file_name  # not the temporary file it was checked in
         if rejected:
-            head = f"{label}: skipped {n_rejected:,} of {read:,} rows, which build-rows would reject:"
+            head = f"{label}: skipped {info['rows_rejected']:,} of {info['rows_read']:,} rows, which build-rows would reject:"
             warnings.warn("\n".join([head, *rejected_lines(rejected)]), stacklevel=4)
         prb = (pc.fill_null(table.column("prb_id").cast(pa.int64()), -1).to_numpy(zero_copy_only=False)
                if "prb_id" in table.column_names else None)
-        return cls(Measurements.from_arrow(table), prb,
-                   {"rows_read": read, "rows_rejected": n_rejected, "rejected": rejected}, label)
+        return cls(Measurements.from_arrow(table), prb, info, label)
 
     def __len__(self) -> int:
         return len(self.measurements)

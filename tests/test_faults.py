@@ -73,6 +73,27 @@ def _kill_all(pids) -> None:
             pass
 
 
+def _kill_and_expect_none_left(parent: subprocess.Popen, mark: str, within_s: float) -> None:
+    """kill -9 `parent`, then require every process carrying `mark` gone within `within_s`."""
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    left: dict = {}
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        left = _marked(mark)
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"still running {within_s:g} s after the parent's kill -9: {left}"
+
+
+def _cleanup(parent: subprocess.Popen, mark: str) -> None:
+    if parent.poll() is None:
+        parent.kill()
+        parent.wait()
+    _kill_all(_marked(mark))
+
+
 def _busy_input(path: Path, results: int) -> Path:
     """A gzip file of `results` ping results that keeps an ingest worker busy for seconds while
     costing little to make: one compressed member, repeated (gzip members concatenate)."""
@@ -106,21 +127,9 @@ def test_a_killed_ingest_takes_its_workers_and_resource_tracker_with_it(tmp_path
         assert parent.poll() is None, "ingest ended before its workers were seen: make the inputs bigger"
         assert len(workers) >= 2, _marked(mark)
         time.sleep(1.0)  # the workers are at work (importing, then reading their file)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait()
-        left: dict = {}
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            left = _marked(mark)
-            if not left:
-                break
-            time.sleep(0.2)
-        assert not left, f"still running 10 s after the parent's kill -9: {left}"
+        _kill_and_expect_none_left(parent, mark, 10)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        _kill_all(_marked(mark))
+        _cleanup(parent, mark)
 
 
 _LOADER = """
@@ -146,21 +155,9 @@ def test_a_killed_loader_takes_its_grain_workers_with_it(synth_rows):
         assert parent.stdout.readline().strip() == "ready"
         workers = {p: c for p, c in _marked(mark).items() if p != parent.pid}
         assert workers, "the loader started no worker process"
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait()
-        left: dict = {}
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            left = _marked(mark)
-            if not left:
-                break
-            time.sleep(0.2)
-        assert not left, f"still running 15 s after the parent's kill -9: {left}"
+        _kill_and_expect_none_left(parent, mark, 15)
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        _kill_all(_marked(mark))
+        _cleanup(parent, mark)
 
 
 # the child, started by a parent that prints the child's pid and sleeps: how it is made to die with it

@@ -275,7 +275,8 @@ def bench_sample(
     from pingctl.cli.common import step_progress
     from pingctl.infer.bench import bench_sample as run_bench
     from pingctl.artifacts.run import parse_steps
-    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.runtime import check_hardware
 
     check_hardware(hardware)
     sizes = _counts(context, "--context", 0, MAX_CONTEXT)
@@ -319,7 +320,8 @@ def bench_serve(
     """
     from pingctl.artifacts.run import parse_steps
     from pingctl.cli.common import step_progress
-    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.runtime import check_hardware
     from pingctl.serve.bench import bench_serve as run_bench
 
     check_hardware(hardware)

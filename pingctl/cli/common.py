@@ -288,24 +288,18 @@ def read_valid_rows(inputs: list[Path], limit: int | None, what: str = ""):
     build-rows would reject (an RTT of 1e300, a negative size, an address of the wrong family)
     is skipped with a warning naming reason, file and row: shown or used as a prompt, it would
     stand for something training never sees. `what` prefixes the messages (e.g. "--context")."""
-    from pingctl.errors import PingctlError
     from pingctl.artifacts.table import resolve_inputs
-    from pingctl.schema.duck import canonical_head, rejected_lines
+    from pingctl.schema.duck import rejected_lines, valid_head
 
     label = (what + " " if what else "") + ", ".join(map(str, inputs))
-    table, rejected, read = canonical_head(resolve_inputs(inputs), limit)
-    if not read:
-        raise PingctlError(f"{label}: the input has no rows")
-    first = "" if limit is None else "the first "
-    if not table.num_rows:
-        raise PingctlError(f"{label}: no valid rows among {first}{read:,}\n" + "\n".join(rejected_lines(rejected)))
-    n_rejected = sum(e["rows"] for e in rejected.values())
-    if rejected:
-        say(f"{label}: skipped {n_rejected:,} of {first}{read:,} rows, which build-rows would reject:", err=True,
-            label="warning: ")
-        for line in rejected_lines(rejected):
+    table, info = valid_head(resolve_inputs(inputs), limit, label)
+    if info["rejected"]:
+        first = "" if limit is None else "the first "
+        say(f"{label}: skipped {info['rows_rejected']:,} of {first}{info['rows_read']:,} rows, which build-rows would "
+            "reject:", err=True, label="warning: ")
+        for line in rejected_lines(info["rejected"]):
             say(line, err=True)
-    return table, {"rows_read": read, "rows_rejected": n_rejected, "rejected": rejected}
+    return table, info
 
 
 def option_time(text: str | None, option: str = "--time") -> int | None:

@@ -81,7 +81,8 @@ def sample(
     """
     from pingctl.artifacts.run import parse_steps
     from pingctl.infer import questions as QS
-    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.runtime import check_hardware
 
     check_hardware(hardware)
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})

@@ -47,7 +47,8 @@ def score(
     from pingctl.artifacts import score_output as SO
     from pingctl.artifacts.run import parse_steps, run_config
     from pingctl.infer import score as S
-    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.runtime import check_hardware
     from pingctl.schema.duck import rejected_lines
 
     check_hardware(hardware)

@@ -50,7 +50,8 @@ def serve(
     import logging
 
     from pingctl.artifacts.run import parse_steps
-    from pingctl.infer.model import LoadedModel, check_hardware
+    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.runtime import check_hardware
     from pingctl.serve import server as SV
     from pingctl.serve.app import create_app
 

@@ -257,6 +257,20 @@ def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4G
     return pa.concat_tables(tables), rejected, read
 
 
+def valid_head(files: list[Path], limit: int | None, label: str):
+    """`canonical_head` for an input that must hold valid rows (a prompt's context, rows to
+    show): (Arrow table, {"rows_read", "rows_rejected", "rejected"}); an input with no rows, or
+    no valid one, is an error naming `label`. Telling the user about the rows skipped is the
+    caller's (a CLI warning, a Python warning)."""
+    table, rejected, read = canonical_head(files, limit)
+    if not read:
+        raise PingctlError(f"{label}: the input has no rows")
+    first = "" if limit is None else "the first "
+    if not table.num_rows:
+        raise PingctlError(f"{label}: no valid rows among {first}{read:,}\n" + "\n".join(rejected_lines(rejected)))
+    return table, {"rows_read": read, "rows_rejected": sum(e["rows"] for e in rejected.values()), "rejected": rejected}
+
+
 def rejected_lines(summary: dict) -> list[str]:
     return [f"  {reason}: {e['rows']:,} row(s) ({e['meaning']}); first: {e['first']['file']} row {e['first']['row']}"
             for reason, e in sorted(summary.items(), key=lambda kv: -kv[1]["rows"])]

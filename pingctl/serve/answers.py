@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pingctl.api import Model
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import UsageError
 from pingctl.infer import pairs as P
-from pingctl.infer import score as _score
 from pingctl.infer import queries as Q
 from pingctl.infer import questions as QS
 from pingctl.infer.model import untimed_run
+from pingctl.infer.score import score_meta, score_table
 from pingctl.schema.columns import arrow_schema
 from pingctl.serve import schemas as S
 from pingctl.tokenizer import Measurements
@@ -35,12 +35,6 @@ class FieldError(UsageError):
     def __init__(self, loc: tuple, message: str, kind: str = "value_error"):
         super().__init__(f"{field_name(loc)}: {message}")
         self.loc, self.msg, self.type = loc, message, kind
-
-
-class NotAvailable(PingctlError):
-    """An endpoint whose library function is not in this installation (HTTP 501)."""
-
-    kind = "not_implemented"
 
 
 def field_name(loc) -> str:
@@ -178,14 +172,8 @@ def ask(model, q: QS.Question, context: list[S.ContextRow] | None) -> dict:
     return finite(QS.answer(model, q, model.run, ctx, read).result)
 
 
-def score_available() -> bool:
-    return _score is not None and hasattr(_score, "score_table")
-
-
 def score_rows(model, body: S.ScoreRequest) -> dict:
     """`pingctl.infer.score.score_table` of the body's rows, one result row each (worker thread)."""
-    if not score_available():
-        raise NotAvailable("scoring is not in this installation: pingctl.infer.score.score_table is missing")
     import pyarrow as pa
 
     rows = body.rows
@@ -196,14 +184,12 @@ def score_rows(model, body: S.ScoreRequest) -> dict:
         "ip_version": [S.family(r.src) for r in rows], "rtt": [float(r.rtt) for r in rows],
         "size": [0] * len(rows), "packet_error_count": [0] * len(rows), "prb_id": [r.prb_id for r in rows],
     }, schema=arrow_schema())
-    out = _score.score_table(model, table, context=body.context, context_policy=body.context_policy,
-                             limit=body.limit)
+    out = score_table(model, table, context=body.context, context_policy=body.context_policy, limit=body.limit)
     rows = out.to_pylist()
     for r in rows:  # the times as they came in: Unix seconds
         if isinstance(r.get("event_time"), dt.datetime):
             r["event_time"] = int(r["event_time"].timestamp())
-    meta = _score.score_meta(out) if hasattr(_score, "score_meta") else None
-    return finite({"run": str(model.run), "step": model.step, "meta": meta, "rows": rows})
+    return finite({"run": str(model.run), "step": model.step, "meta": score_meta(out), "rows": rows})
 
 
 # ----------------------------------------------------------------- metadata
@@ -212,4 +198,4 @@ def score_rows(model, body: S.ScoreRequest) -> dict:
 def metadata(model, started: float) -> dict:
     """What `pingctl.api.Model.metadata` says of the run (step, preset, scheme, seq_len, the
     checkpoint's time, training figures, the eval headline beside it), and since when it serves."""
-    return finite({**Model(model).metadata(), "serving_since": utc_iso(started), "score_available": score_available()})
+    return finite({**Model(model).metadata(), "serving_since": utc_iso(started)})

@@ -8,7 +8,7 @@ queues and awaits. Prompts are built in the request's thread (NumPy only).
 Errors are JSON, `{"error": {"kind", "message"}}`: a body that fails its checks is 422 naming
 the field (`pairs[3].src: ...`, with FastAPI's `detail` list beside it), a question the run
 cannot answer 422 (`UsageError`) or 400 (`PingctlError`), a body past its bound 413, a full
-queue 503, a missing library function 501, anything else 500 — and the next request is
+queue 503, anything else 500 — and the next request is
 answered as if nothing happened: no exception leaves a request.
 """
 
@@ -149,8 +149,6 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
                                                                    "type": exc.type}]), status_code=422)
         if isinstance(exc, Overloaded):
             return JSONResponse(_error(exc.kind, str(exc)), status_code=503, headers={"Retry-After": "1"})
-        if isinstance(exc, A.NotAvailable):
-            return JSONResponse(_error(exc.kind, str(exc)), status_code=501)
         return JSONResponse(_error(exc.kind, str(exc)), status_code=422 if isinstance(exc, UsageError) else 400)
 
     @app.exception_handler(HTTPException)
@@ -204,8 +202,6 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
 
     @app.post("/score", summary="Scores of measurements under the model (pingctl.infer.score.score_table)")
     async def score(body: S.ScoreRequest) -> dict:
-        if not A.score_available():
-            raise A.NotAvailable("scoring is not in this installation: pingctl.infer.score.score_table is missing")
         return await on_worker(functools.partial(A.score_rows, model, body))
 
     return app

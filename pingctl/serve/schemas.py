@@ -12,6 +12,7 @@ import math
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -83,6 +84,11 @@ def _seconds(value, name: str = "time") -> int | None:
     return None if us is None else us // 1_000_000
 
 
+# a whole address, canonical; a time as Unix seconds: one validator each, wherever a body has one
+Address = Annotated[Text, AfterValidator(_whole)]
+Seconds = Annotated[Time, AfterValidator(_seconds)]
+
+
 def family(address: str) -> int:
     return 6 if ":" in address else 4
 
@@ -95,19 +101,9 @@ class _Body(BaseModel):
 class Pair(_Body):
     """One RTT question: a source, a destination, and when (None: no time in the prompt)."""
 
-    src: Text = Field(examples=["193.0.0.1"])
-    dst: Text = Field(examples=["8.8.8.8"])
-    time: Time = None
-
-    @field_validator("src", "dst")
-    @classmethod
-    def _address(cls, v):
-        return _whole(v)
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, v):
-        return _seconds(v)
+    src: Address = Field(examples=["193.0.0.1"])
+    dst: Address = Field(examples=["8.8.8.8"])
+    time: Seconds = None
 
     @model_validator(mode="after")
     def _one_family(self):
@@ -120,16 +116,11 @@ class ContextRow(_Body):
     """An earlier measurement of a probe, as a canonical row holds it: `rtt` in ms, -1 for a
     failed packet; `prb_id` names the probe (its rows then count for every address it has)."""
 
-    src: Text
-    dst: Text
+    src: Address
+    dst: Address
     time: Annotated[StrictInt | StrictFloat | StrictStr, Field(description="ISO 8601 or Unix seconds")]
     rtt: float = Field(description="ms; -1 = the packet failed", examples=[23.4])
     prb_id: int | None = Field(None, ge=0)
-
-    @field_validator("src", "dst")
-    @classmethod
-    def _address(cls, v):
-        return _whole(v)
 
     @field_validator("time")
     @classmethod
@@ -168,22 +159,12 @@ class _WithContext(_Body):
 class RttRequest(_WithContext):
     """One pair (`src`, `dst`, `time`) or many (`pairs`)."""
 
-    src: Text | None = None
-    dst: Text | None = None
-    time: Time = None
+    src: Address | None = None
+    dst: Address | None = None
+    time: Seconds = None
     pairs: list[Pair] | None = Field(None, min_length=1, max_length=MAX_PAIRS)
     exact: bool = Field(False, description="Every one of the 65,536 codes (the means exact too, ~5x slower); "
                                            "default: exact at P(failure) and the quantiles")
-
-    @field_validator("src", "dst")
-    @classmethod
-    def _address(cls, v):
-        return v if v is None else _whole(v)
-
-    @field_validator("time")
-    @classmethod
-    def _time(cls, v):
-        return _seconds(v)
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -236,17 +217,12 @@ class SearchRequest(_WithContext):
     """Destinations `src` reaches at an RTT (ms, or a range "10-30"): `n` samples drawn at
     `temperature` (seeded), deduplicated, the `k` most probable returned."""
 
-    src: Text = Field(examples=["193.0.0.1"])
+    src: Address = Field(examples=["193.0.0.1"])
     rtt: float | StrictStr = Field(examples=["10-30"], description="ms (20) or a range (\"10-30\")")
     n: int = Field(QS.SAMPLES, ge=1, le=MAX_SEARCH_SAMPLES)
     k: int = Field(QS.K, ge=1, le=MAX_SEARCH_SAMPLES)
     seed: int = Field(0, ge=0, le=2**63 - 1)
     temperature: float = Field(1.0, gt=0, le=100)
-
-    @field_validator("src")
-    @classmethod
-    def _address(cls, v):
-        return _whole(v)
 
     @field_validator("rtt")
     @classmethod
