@@ -9,19 +9,12 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+from pingctl.artifacts.raw import JSON_SUFFIXES, SNIFF_BYTES, SUFFIX_CODECS, codec_of, starts_like_results
 from pingctl.atomic import MANIFEST, is_pingctl_output
 from pingctl.errors import PingctlError, UsageError
 
 SPLITS = ("train", "val", "test")
 
-# What raw RIPE Atlas results (`pingctl ingest`'s input) look like, to point a user who gives
-# them where a canonical table belongs to the command that makes one: compressed dumps by
-# suffix or magic bytes, JSON by suffix (or none) and the keys every RIPE result carries.
-COMPRESSED_SUFFIXES = (".bz2", ".gz", ".gzip", ".zst", ".zstd", ".xz")
-JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
-_MAGIC = (b"BZh", b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"\xfd7zXZ\x00")
-_RESULT_KEYS = (b'"msm_id"', b'"prb_id"')
-_SNIFF_BYTES = 64 << 10
 _SNIFF_FILES = 1000  # a directory's files looked at for the hint; it is only a hint
 
 
@@ -76,19 +69,18 @@ def check_not_raw_results(f: Path) -> None:
 def looks_like_raw_results(f: Path) -> bool:
     """A compressed dump (by suffix or magic bytes), or JSON (by suffix or none) whose first
     64 KiB name a RIPE result's keys. Unreadable files are not judged here."""
-    name = f.name.lower()
-    if name.endswith(COMPRESSED_SUFFIXES):
+    if f.suffix.lower() in SUFFIX_CODECS:
         return True
     try:
         with open(f, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
+            head = fh.read(SNIFF_BYTES)
     except OSError:
         return False
-    if head.startswith(_MAGIC):
+    if codec_of("", head) != "plain":
         return True
-    if f.suffix and not name.endswith(JSON_SUFFIXES):
+    if f.suffix and f.suffix.lower() not in JSON_SUFFIXES:
         return False
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"[") and any(k in head for k in _RESULT_KEYS)
+    return starts_like_results(head)
 
 
 def _raw_results_in(d: Path) -> Path | None:

@@ -31,27 +31,16 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from pingctl.artifacts.raw import BOM, JSON_SUFFIXES, SNIFF_BYTES, SUFFIX_CODECS, codec_of, starts_like_results
+
 CHUNK = 1 << 20
 MAX_RECORD = 64 << 20  # one RIPE result is < 100 kB; anything this big is not a result
 
-# Suffix -> codec. A file without one of these suffixes is sniffed by its magic bytes.
-SUFFIX_CODECS = {
-    ".bz2": "bz2",
-    ".gz": "gzip",
-    ".gzip": "gzip",
-    ".zst": "zstd",
-    ".zstd": "zstd",
-    ".xz": "xz",
-}
-MAGIC = ((b"BZh", "bz2"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"\xfd7zXZ\x00", "xz"))
 # What a directory scan picks up by name (explicit files and globs are always taken as given);
 # any other file there is taken when `looks_like_results` says so.
-INPUT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".txt") + tuple(SUFFIX_CODECS)
-SNIFF_BYTES = 64 << 10  # a RIPE ping result is well under 1 kB: the first holds a result's keys
-RESULT_KEYS = (b'"msm_id"', b'"prb_id"')  # every RIPE Atlas result carries both
+INPUT_SUFFIXES = JSON_SUFFIXES + (".txt",) + tuple(SUFFIX_CODECS)
 
-NO_EOL = ("no_eol", None)
-_BOM = b"\xef\xbb\xbf"  # sentinel `bad` value: last line without a trailing newline
+NO_EOL = ("no_eol", None)  # sentinel `bad` value: last line without a trailing newline
 
 
 class HashingReader:
@@ -89,14 +78,8 @@ class HashingReader:
 
 def detect_codec(path: Path, raw) -> str:
     """Codec from the suffix, else from the magic bytes (`raw` must support peek)."""
-    codec = SUFFIX_CODECS.get(path.suffix.lower())
-    if codec:
-        return codec
-    head = raw.peek(8)[:8]
-    for magic, name in MAGIC:
-        if head.startswith(magic):
-            return name
-    return "plain"
+    # the suffix first: no peek at a stream whose codec its name gives
+    return SUFFIX_CODECS.get(path.suffix.lower()) or codec_of("", raw.peek(8)[:8])
 
 
 def looks_like_results(path: Path) -> bool:
@@ -117,8 +100,7 @@ def looks_like_results(path: Path) -> bool:
                 pass
     except OSError:
         return False
-    head = head[:SNIFF_BYTES].removeprefix(_BOM).lstrip(b" \t\r\n")
-    return head[:1] in (b"{", b"[") and any(k in head for k in RESULT_KEYS)
+    return starts_like_results(head)
 
 
 def open_decoder(codec: str, fileobj):
@@ -434,9 +416,9 @@ def iter_records(read_chunk: Callable[[], bytes], max_record: int = MAX_RECORD) 
         if not data:
             break
         buf += data
-        if len(buf) < 3 and _BOM.startswith(buf):
+        if len(buf) < 3 and BOM.startswith(buf):
             continue  # could still be a byte-order mark
-        if buf.startswith(_BOM):
+        if buf.startswith(BOM):
             buf = buf[3:]
         if buf.lstrip():
             break
