@@ -31,6 +31,7 @@ from pingctl.artifacts.run import checkpoint_items, parse_steps, read_summary, r
 from pingctl.artifacts.table import resolve_inputs
 from pingctl.config import SampleConfig
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import calibration as CAL
 from pingctl.infer import pairs as P
 from pingctl.infer import queries as Q
 from pingctl.infer import questions as QS
@@ -212,17 +213,25 @@ class Context:
 class Model:
     """A trained run (or an exported model directory), loaded once and asked many questions."""
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, calibration: CAL.Calibration | None = None):
         self.loaded = loaded
+        self.calibration = calibration
 
     @classmethod
-    def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None) -> Model:
+    def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None,
+             calibration: str | Path | bool | None = None) -> Model:
         """Load `path` (a `pingctl train` run directory, or what `LoadedModel.load` accepts) at
         `step`: one checkpoint (default: the latest), several (a list, or "100,200") whose
-        weights are averaged. `hardware`: cpu | gpu (default: as the run was trained)."""
+        weights are averaged. `hardware`: cpu | gpu (default: as the run was trained).
+        `calibration`: a calibration.json `pingctl eval` fitted for this run and step(s), whose
+        recalibrated distributions `rtt` and `rtt_many` then answer with; default: the map an
+        exported model carries, if any; False: none."""
         check_hardware(hardware)
         steps = parse_steps(step) if isinstance(step, str) else step
-        return cls(LoadedModel.load(path, steps, hardware))
+        if calibration is not None and not isinstance(calibration, (str, Path, bool)):
+            raise UsageError("calibration: a calibration.json path, True, False or None")
+        loaded = LoadedModel.load(path, steps, hardware)
+        return cls(loaded, CAL.for_model(loaded.run, loaded.steps, calibration))
 
     # ------------------------------------------------------------ what it is
 
@@ -265,37 +274,47 @@ class Model:
         return {"run": str(m.run), "step": m.step, "steps": list(m.steps), "preset": preset, "scheme": m.scheme,
                 "seq_len": m.seq_len, "timestamps": m.timestamps, "max_per_pair": m.max_per_pair,
                 "device": m.device, "checkpoint_time": checkpoint_time, "training": training,
-                "eval": _eval_headline(m.run)}
+                "eval": _eval_headline(m.run), "calibration": CAL.describe(self.calibration) if self.calibration else None}
 
     def __repr__(self) -> str:
         return f"Model({str(self.run)!r}, {self.loaded.label}, device={self.device!r})"
 
     # ------------------------------------------------------------ questions
 
-    def rtt(self, src: str, dst: str, time=None, context=None, context_per_pair: int | None = None) -> Rtt:
+    def rtt(self, src: str, dst: str, time=None, context=None, context_per_pair: int | None = None,
+            context_policy: str = "probe", context_k: int | None = None) -> Rtt:
         """The exact RTT distribution of src -> dst (`pingctl sample --src --dst`): at `time`
         (ISO 8601 text, Unix seconds or a datetime; naive = UTC) if given, after `context` (a
         canonical table's path or pyarrow Table, `Measurements` or a `Context`: of it, the
         measurements of the source's probe before `time`, as `--context` picks them).
         `context_per_pair`: at most this many measurements per (src, dst) pair of the context
-        (default: as the run was trained; 0 = no cap)."""
+        (default: as the run was trained; 0 = no cap). `context_policy="both"`: a triangulation
+        context from `context` instead, `context_k` (default 16) of the probe's measurements to
+        other destinations and as many of dst's from other sources (`pingctl sample
+        --context-policy both`); `Rtt.info["context"]` lists them."""
         q = QS.RttQuestion(src=_address(src, "--src", True), dst=_address(dst, "--dst", True),
-                           time=_when(time, "--time"), **_context_fields(context, context_per_pair))
+                           time=_when(time, "--time"), **_context_fields(context, context_per_pair),
+                           context_policy=context_policy,
+                           context_k=None if context_k is None else _int("context_k", context_k))
         a = self._answer(q, context)
         d = a.distribution
         return Rtt(d.p_fail, d.codes, d.values_ms, d.probs, src=q.src, dst=q.dst, time=q.time, info=a.result)
 
     def rtt_many(self, pairs, context=None, context_per_pair: int | None = None, exact: bool = False,
-                 progress=None) -> Predictions:
+                 progress=None, context_policy: str = "probe", context_k: int | None = None) -> Predictions:
         """The RTT distribution of every row of `pairs` (`pingctl sample --pairs`): a CSV or
         Parquet path, a pyarrow Table or a list of dicts, with src|src_addr, dst|dst_addr and
         optionally time|event_time. A row that fails the `rtt` checks is set aside with its
         reason (Predictions.rejects); a repeated (src, dst, time) is asked once. Each row's
         context is its source's probe's measurements before its time. By default each
         distribution is exact at the quantiles it reports (`exact=True`: every code, as `rtt`).
-        `progress(done, total)` is called as batches finish."""
+        `progress(done, total)` is called as batches finish.
+        `context_policy="both"`: each prompt holds the pair's triangulation context from
+        `context` instead (`context_k`, default 16, measurements a side: its probe's to other
+        destinations, its destination's from other sources), as `rtt(..., context_policy="both")`."""
         context_per_pair = _context_fields(context, context_per_pair)["context_per_pair"]
-        Q.check_per_pair(context_per_pair)
+        QS.check_context_options(Path("context") if context is not None else None, context_per_pair, context_policy,
+                                 context_k)
         rows, label = _read_pairs(pairs)
         m = self.loaded
         if rows.has_times() and not m.timestamps:
@@ -307,11 +326,18 @@ class Model:
                                           *(f"  {r}: {e['rows']:,} ({e['meaning']}); first: {rows.unit} "
                                             f"{e['first']['row']}" for r, e in summary.items())]))
         ctx = Context.load(context) if context is not None else None
-        per_pair = m.max_per_pair if context_per_pair is None else context_per_pair
+        both = context_policy == "both"
+        if context_per_pair is not None:
+            per_pair = context_per_pair
+        else:  # as the run was trained: its plain contexts' cap, or its triangulation contexts'
+            per_pair = run_config(m.run).loader.triangulation_per_pair if both else m.max_per_pair
         cols = P.answer(m, rows, ctx.measurements if ctx else None, per_pair, exact=exact,
-                        prb=ctx.prb if ctx else None, **({"progress": progress} if progress else {}))
+                        prb=ctx.prb if ctx else None, calibration=self.calibration, policy=context_policy,
+                        k=QS.CONTEXT_K if context_k is None else context_k,
+                        **({"progress": progress} if progress else {}))
         meta = {"run": str(m.run), "step": m.step, "steps": list(m.steps), "timestamps": m.timestamps,
-                "pairs": label, "exact": exact, "calibration": None}
+                "pairs": label, "exact": exact,
+                "calibration": self.calibration.path if self.calibration is not None else None}
         return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, summary)
 
     def complete(self, src: str | None = None, dst: str | None = None, rtt: float | None = None, k: int = QS.K,
@@ -381,8 +407,8 @@ class Model:
         if context is not None:
             c = Context.load(context)
             read = dict(c.read)
-            ctx = QS.probe_context(q, c.measurements, read, c.prb)
-        return QS.answer(self.loaded, q, self.run, ctx, read)
+            ctx = QS.probe_context(q, c.measurements, read, c.prb, self.run)
+        return QS.answer(self.loaded, q, self.run, ctx, read, self.calibration)
 
 
 # ----------------------------------------------------------------- arguments

@@ -111,16 +111,32 @@ class SynthConfig(Section):
     packets: int = Field(3, ge=1, le=16, description="packets per result")
     dual_stack_share: float = Field(0.4, ge=0.0, le=1.0, description="share of hosts that also have IPv6")
     start: str = Field("2024-01-01T00:00:00Z", description="UTC start time of the generated series")
+    addresses: Literal["structured", "random"] = Field(
+        "structured", description="structured: prefixes follow region, AS and city; random: unrelated to "
+        "place, AS or prefix (only measurements tell where a host is)"
+    )
 
     _start = field_validator("start", mode="before")(_iso_time)
 
 
+class RegimesConfig(Section):
+    """`--strategy regimes`: what each test set holds out (docs/data.md)."""
+
+    time: float = Field(0.1, ge=0.0, lt=1.0,
+                        description="last share (by time) of the rows between kept sources and destinations: test_time")
+    pair: float = Field(0.05, ge=0.0, lt=1.0, description="share of the pairs between kept sources and destinations: test_pair")
+    probe: float = Field(0.05, ge=0.0, lt=1.0, description="share of sources (probe ids and addresses): test_probe")
+    target: float = Field(0.05, ge=0.0, lt=1.0, description="share of destination addresses: test_target")
+
+
 class ShardConfig(Section):
-    strategy: Literal["time", "probe", "pair", "random"] = Field(
-        "time", description="time: last fraction is test; probe/pair: held-out groups; random: per row"
+    strategy: Literal["time", "probe", "target", "pair", "random", "regimes"] = Field(
+        "time", description="time: last fraction is test; probe/target/pair: held-out groups; random: per row; "
+        "regimes: train/val and one test set per regime (time, pair, probe, target)"
     )
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of rows (or groups) for validation")
     test_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of rows (or groups) for test")
+    regimes: RegimesConfig = RegimesConfig()
     seed: int = Field(0, ge=0, description="seed of the hash that assigns groups/rows to splits")
     rows_per_shard: int = Field(2_000_000, ge=1000, description="target rows per output Parquet shard")
     memory_limit: str = Field("8GB", description="DuckDB memory limit; larger inputs spill to disk")
@@ -134,6 +150,9 @@ class ShardConfig(Section):
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError(f"val_fraction + test_fraction must be < 1, leaving rows for train "
                              f"(got {self.val_fraction} + {self.test_fraction})")
+        if self.strategy == "regimes" and self.val_fraction + self.regimes.time >= 1.0:
+            raise ValueError(f"val_fraction + regimes.time must be < 1, leaving rows for train "
+                             f"(got {self.val_fraction} + {self.regimes.time})")
         return self
 
 
@@ -149,6 +168,9 @@ class TokenizerConfig(Section):
 
 class RowsConfig(Section):
     max_row_mb: float = Field(8.0, gt=0, description="split a probe's history into records of at most this size")
+    dst_max_row_mb: float = Field(
+        1.0, gt=0, description="the same for destination records (--by destination|both): the loader reads one "
+        "per triangulation context, so small ones cost less")
     memory_limit: str = Field("2GB", description="DuckDB memory limit for grouping and sorting (peak RSS stays below ~2x)")
 
     _memory = field_validator("memory_limit", mode="before")(check_memory_limit)
@@ -186,6 +208,20 @@ class LoaderConfig(Section):
     max_per_pair: int = Field(
         0, ge=0, description="at most this many measurements of one (src, dst) pair per context (0 = no cap)"
     )
+    triangulation_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of rows packed with triangulation contexts (a query's source side, its destination "
+        "side, the query last; needs rows built with `build-rows --by both`); the rest as before",
+    )
+    triangulation_k_src: int = Field(
+        16, ge=0, le=1024, description="triangulation contexts: at most this many measurements of the query's "
+        "probe to other destinations")
+    triangulation_k_dst: int = Field(
+        16, ge=0, le=1024, description="triangulation contexts: at most this many measurements of the query's "
+        "destination from other sources")
+    triangulation_per_pair: int = Field(
+        1, ge=0, description="triangulation contexts: at most this many measurements of one pair per side, the "
+        "most recent (0 = no cap)")
     debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries")
     visualize_dir: str | None = Field(None, description="write Grain's pipeline visualization here")
 
@@ -203,6 +239,13 @@ class LoaderConfig(Section):
         if any(w < 0 for w in v) or sum(v) <= 0:
             raise ValueError("weights must be non-negative and not all zero")
         return v
+
+    @model_validator(mode="after")
+    def _triangulation_has_a_side(self):
+        if self.triangulation_share > 0 and self.triangulation_k_src == 0 and self.triangulation_k_dst == 0:
+            raise ValueError("triangulation_share > 0 needs triangulation_k_src or triangulation_k_dst above 0 "
+                             "(a context of the query alone teaches nothing of either end)")
+        return self
 
 
 class ModelConfig(Section):
@@ -270,8 +313,11 @@ class SampleConfig(Section):
 class EvalConfig(Section):
     queries: int = Field(300, ge=1, description="test packets evaluated (a seeded random subset)")
     context: int = Field(16, ge=0, description="preceding measurements of the probe in the prompt")
-    context_policy: Literal["probe", "cold", "none"] = Field(
-        "probe", description="probe: its preceding test packets; cold: excluding the queried pair; none")
+    context_policy: Literal["probe", "cold", "none", "both"] = Field(
+        "probe", description="probe: its preceding test packets; cold: excluding the queried pair; none; "
+        "both: the probe's packets to other destinations and the destination's from other sources (train split)")
+    context_dst: int | None = Field(
+        None, ge=0, description="--context-policy both: measurements of the destination side (null: as eval.context)")
     context_per_pair: int | None = Field(
         None, ge=0, description="cap per (src, dst) pair in the prompt (null: as the run was trained; 0: none)")
     seed: int = Field(0, ge=0, description="seed of the packet subset and Vivaldi")

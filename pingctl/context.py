@@ -5,6 +5,13 @@ contexts (the loader), for answers (`sample`) and for scoring (`eval`) alike (do
 A measurement's probe key is its prb_id, else its source address's code; its context is the
 probe's measurements strictly before it, the last `context` of them, at most `per_pair` of
 each (src, dst) pair when asked, and for the `cold` policy none of its own pair.
+
+The `both` policy (a *triangulation* context) gives the model evidence about both ends of a
+query (s, d): the source side is the probe's last `context` measurements to destinations other
+than d, the destination side the last `context_dst` measurements of d from sources other than
+s, both strictly before the query's time, at most `per_pair` of each pair; the two sides are
+merged in time order. `recent_others` is that one rule on one time-ordered history; the
+loader applies it to probe and destination records, eval/sample/score to tables.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import numpy as np
 
 from pingctl.errors import UsageError
 
-POLICIES = ("probe", "cold", "none")
+POLICIES = ("probe", "cold", "none", "both")
 
 
 def dict_encode(values):
@@ -95,20 +102,60 @@ def check_policy(policy: str) -> None:
         raise UsageError(f"context policy {policy!r} (--context-policy): expected one of {', '.join(POLICIES)}")
 
 
+def recent_others(time: np.ndarray, other: np.ndarray, t_query: int, exclude: int, k: int,
+                  per_pair: int = 0, n_other: int | None = None) -> np.ndarray:
+    """Positions of one side of a triangulation context in a time-ordered history: the last `k`
+    measurements strictly before `t_query` whose other end (`other`: the destination of a
+    probe's measurement, the source of a destination's) is not `exclude`, at most `per_pair`
+    (0 = no cap) of each other end, the most recent; ascending.
+
+    Only a suffix of the history is read, grown until it holds `k` (a position's rank within
+    its key counts from the end, so a suffix keeps exactly the positions the whole history
+    would), or, with `n_other` (how many distinct values `other` takes at most), until it holds
+    every other end `per_pair` times: no longer suffix could add one."""
+    hi = int(np.searchsorted(time, t_query, side="left"))
+    if k <= 0 or hi == 0:
+        return np.zeros(0, np.int64)
+    most = k if not per_pair or n_other is None else min(k, per_pair * n_other)
+    width = 4 * k * max(1, per_pair)
+    while True:
+        lo = max(0, hi - width)
+        o = other[lo:hi]
+        if per_pair == 1:  # the common cap, in fewer array calls: the last position of each value
+            last = len(o) - 1 - np.unique(o[::-1], return_index=True)[1]
+            pos = np.sort(last[o[last] != exclude]) + lo
+        else:
+            pos = np.flatnonzero(o != exclude) + lo
+            if per_pair:
+                pos = pos[last_k_per_key(np.asarray(other[pos], np.int64), per_pair)]
+        if len(pos) >= most or lo == 0:
+            return pos[-k:].astype(np.int64)
+        width *= 4
+
+
 def context_pool(test: dict, train: dict | None, policy: str) -> dict:
-    """The measurements contexts are drawn from: the test split, plus the train split for `cold`."""
+    """The measurements contexts are drawn from: the test split, plus the train split for `cold`
+    and `both`. For `both` the test split's own earlier packets are what a prompt knows of a
+    host that training never saw (a new probe's measurements to other destinations, other
+    sources' to a new destination): the context rules keep only packets before the query and
+    never its own pair. Without `train` (`pingctl score` of one table), the test split alone."""
     check_policy(policy)
-    if policy != "cold" or train is None:
+    if policy not in ("cold", "both") or train is None:
         return test
     keys = ("src", "dst", "rtt", "event_time", "prb_id", "ip_version")
     return {k: np.concatenate([np.asarray(train[k]), np.asarray(test[k])]) for k in keys}
 
 
 def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, policy: str,
-                    per_pair: int = 0) -> list[np.ndarray]:
+                    per_pair: int = 0, context_dst: int | None = None) -> list[np.ndarray]:
     """Per query packet, indices into `pool` of its context measurements, oldest first: the
     probe's last `context` measurements strictly before the packet's time (for `cold`, those
-    to other pairs only; with `per_pair`, at most that many of each pair)."""
+    to other pairs only; with `per_pair`, at most that many of each pair). For `both`, the
+    triangulation context: `context` of the source side and `context_dst` (None: `context`)
+    of the destination side, merged in time order (`recent_others`)."""
+    if policy == "both":
+        return triangulation_indices(pool, test, idx, context, context if context_dst is None else context_dst,
+                                     per_pair)
     if policy == "none" or context <= 0:
         return [np.zeros(0, np.int64) for _ in idx]
     sources = vocabulary(pool["src"], test["src"])
@@ -137,4 +184,37 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
         if pair is not None:
             prev = prev[last_k_per_key(pair[prev], per_pair)]
         out.append(prev[-context:])
+    return out
+
+
+def triangulation_indices(pool: dict, test: dict, idx: np.ndarray, k_src: int, k_dst: int,
+                          per_pair: int = 0) -> list[np.ndarray]:
+    """The `both` policy: per query packet (s, d, t), indices into `pool` of the probe's last
+    `k_src` measurements to destinations other than d and the last `k_dst` measurements of d
+    from sources other than s, all strictly before t, at most `per_pair` of each pair; never
+    the pair (s, d) itself. Merged and sorted by time (oldest first)."""
+    if (k_src <= 0 and k_dst <= 0) or len(idx) == 0:
+        return [np.zeros(0, np.int64) for _ in idx]
+    sources = vocabulary(pool["src"], test["src"])
+    dsts = vocabulary(pool["dst"], test["dst"])
+    p_src, p_dst = codes_in(pool["src"], sources), codes_in(pool["dst"], dsts)
+    q_src, q_dst = codes_in(test["src"], sources), codes_in(test["dst"], dsts)
+    pt = np.asarray(pool["event_time"], np.int64)
+    qt = np.asarray(test["event_time"], np.int64)
+    pk, qk = _probe_keys(pool, sources), _probe_keys(test, sources)
+    by_probe = np.lexsort((pt, pk))
+    by_dst = np.lexsort((pt, p_dst))
+    sides = ((by_probe, pk[by_probe], pt[by_probe], qk, p_dst[by_probe], q_dst, k_src),
+             (by_dst, p_dst[by_dst], pt[by_dst], q_dst, p_src[by_dst], q_src, k_dst))
+    out = []
+    for i in idx:
+        parts = []
+        for order, keys, times, qkeys, other, exclude, k in sides:
+            if k <= 0:
+                continue
+            lo, hi = np.searchsorted(keys, qkeys[i], side="left"), np.searchsorted(keys, qkeys[i], side="right")
+            pos = recent_others(times[lo:hi], other[lo:hi], int(qt[i]), int(exclude[i]), k, per_pair)
+            parts.append(order[lo + pos])
+        both = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        out.append(both[np.argsort(pt[both], kind="stable")])
     return out

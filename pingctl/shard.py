@@ -5,10 +5,15 @@ Strategies
           `val_fraction` before it val. Cuts fall between distinct timestamps, so every
           test row is strictly later than every train row (temporal generalization).
 - probe:  whole vantage points held out (probe = prb_id, else src_addr).
+- target: whole destinations (dst_addr) held out.
 - pair:   whole (src_addr, dst_addr) pairs held out.
 - random: each row independently.
-For probe/pair the fractions are shares of *groups*, chosen exactly (groups ranked by an
-md5 of key+seed), so row shares follow group sizes; the summary reports both.
+- regimes: train/val and four test sets from one table, one per question a user asks:
+          test_time (later packets of train pairs), test_pair (unseen pairs of seen ends),
+          test_probe (unseen sources), test_target (unseen destinations); see
+          `_label_regimes` and docs/data.md.
+For probe/target/pair the fractions are shares of *groups*, chosen exactly (groups ranked by
+an md5 of key+seed), so row shares follow group sizes; the summary reports both.
 
 Everything is computed in an on-disk DuckDB database under the output's temp directory,
 with `memory_limit` in force, so inputs far larger than memory spill instead of failing.
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from pingctl import __version__
-from pingctl.artifacts.table import SPLITS, refuse_whole_shard_output, resolve_inputs
+from pingctl.artifacts.table import REGIME_SPLITS, SPLITS, refuse_whole_shard_output, resolve_inputs
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.benchutil import run_measured
 from pingctl.config import ShardConfig
@@ -33,10 +38,27 @@ from pingctl.schema.parquet import write_canonical
 
 Progress = Callable[[str, int, int], None]
 
+_PROBE_KEY = "COALESCE('prb:' || prb_id::VARCHAR, 'src:' || src_addr)"
 _GROUP_KEY = {
-    "probe": "COALESCE('prb:' || prb_id::VARCHAR, 'src:' || src_addr)",
+    "probe": _PROBE_KEY,
+    "target": "dst_addr",
     "pair": "src_addr || '>' || dst_addr",
 }
+# Why a valid row of a regimes split is in no output (counted in the manifest, never silent).
+DROP_REASONS = {
+    "probe_and_target": "a held-out source measuring a held-out destination: both ends unseen, "
+                        "which is none of the four regimes",
+    "destination_not_in_train": "a held-out source's packet to a destination no train packet has "
+                                "(only held-out sources measure it)",
+    "source_not_in_train": "a packet to a held-out destination from a source no train packet has",
+    "pair_not_in_train": "a packet after the time cut of a pair first measured after the train cut "
+                         "(no train history to be later than)",
+}
+
+
+def splits_of(strategy: str) -> tuple[str, ...]:
+    """The output splits of a strategy, in the order they are written and reported."""
+    return REGIME_SPLITS if strategy == "regimes" else SPLITS
 
 
 def _ts(value) -> str:
@@ -53,7 +75,10 @@ def _assign_splits(con, cfg: ShardConfig) -> dict:
     if val_f + test_f >= 1.0:  # the config model refuses it; a library caller may pass a model_construct
         raise ConfigError(f"val_fraction + test_fraction must be < 1 (got {val_f} + {test_f})")
     details: dict = {}
-    if cfg.strategy == "time":
+    splits = splits_of(cfg.strategy)
+    if cfg.strategy == "regimes":
+        details = _label_regimes(con, cfg)  # creates the view `labelled` itself
+    elif cfg.strategy == "time":
         cuts = one(
             con,
             "SELECT quantile_disc(event_time, ?), quantile_disc(event_time, ?) "
@@ -92,27 +117,214 @@ def _assign_splits(con, cfg: ShardConfig) -> dict:
         u = f"(hash(msm_id, event_time, src_addr, dst_addr, rtt, _row, {int(cfg.seed)}) % 1000000) / 1e6"
         split_sql = f"CASE WHEN {u} < {test_f} THEN 'test' WHEN {u} < {test_f + val_f} THEN 'val' ELSE 'train' END"
         source = "canonical"
-    con.execute(
-        f"CREATE TEMP VIEW labelled AS SELECT *, {split_sql} AS split FROM {source} WHERE reject_reason IS NULL"
-    )
+    if cfg.strategy != "regimes":
+        con.execute(
+            f"CREATE TEMP VIEW labelled AS SELECT *, {split_sql} AS split FROM {source} WHERE reject_reason IS NULL"
+        )
     counts = dict(con.execute("SELECT split, count(*) FROM labelled GROUP BY split").fetchall())
-    shards = {s: max(1, math.ceil(counts.get(s, 0) / cfg.rows_per_shard)) for s in SPLITS}
+    details["dropped"] = {k[len("drop:"):]: v for k, v in sorted(counts.items()) if k.startswith("drop:")}
+    shards = {s: max(1, math.ceil(counts.get(s, 0) / cfg.rows_per_shard)) for s in splits}
     # Shard by a content hash: similar sizes, and the same row always lands in the same shard.
     shard_case = "CASE split " + " ".join(f"WHEN '{s}' THEN {n}" for s, n in shards.items()) + " END"
     cols = ", ".join(COLUMNS)
     con.execute(
         f"""CREATE TABLE assigned AS
         SELECT {cols}, split, (hash(src_addr, dst_addr, event_time, rtt, {int(cfg.seed)}) % ({shard_case}))::INT AS shard
-        FROM labelled ORDER BY split, shard, event_time, src_addr, dst_addr, rtt"""
+        FROM labelled WHERE split NOT LIKE 'drop:%' ORDER BY split, shard, event_time, src_addr, dst_addr, rtt"""
     )
-    details["rows"] = {s: counts.get(s, 0) for s in SPLITS}
+    details["rows"] = {s: counts.get(s, 0) for s in splits}
     details["shards"] = shards
     return details
+
+
+def _take(fraction: float) -> str:
+    """How many of `n` ranked groups a regime holds out: round(n * fraction), at least one
+    when the fraction is positive and at least one is left over (a small table still gets
+    every test set), never all."""
+    f = float(fraction)
+    return f"(CASE WHEN {f} > 0 AND n > 1 THEN least(n - 1, greatest(1, round(n * {f}))) ELSE 0 END)"
+
+
+def _held_out(con, table: str, keys_sql: str, regime: str, fraction: float, seed: int) -> dict:
+    """Create `table(k)`: the keys of `keys_sql` a regime holds out, ranked by md5 of
+    regime:key:seed (the regime in the hash keeps the rankings of sources, destinations and
+    pairs independent of each other). Returns the group counts."""
+    con.execute(
+        f"""CREATE TABLE {table} AS
+        WITH r AS (SELECT k, row_number() OVER (ORDER BY md5('{regime}:' || k || ':{int(seed)}'), k) - 1 AS rk,
+                          count(*) OVER () AS n FROM ({keys_sql}))
+        SELECT k FROM r WHERE rk < {_take(fraction)}"""
+    )
+    total = one(con, f"SELECT count(*) FROM ({keys_sql})")[0]
+    return {"groups": total, "held_out": one(con, f"SELECT count(*) FROM {table}")[0]}
+
+
+def _source_components(con) -> dict:
+    """Create `rg_src(src_addr, comp)`: sources as connected components of probe keys and
+    source addresses. A probe's v4 and v6 addresses (and a changed DHCP address) are one
+    source, and so are probes behind one shared address: holding out less than a whole
+    component would leave a held-out source's id or address in train. Label propagation in
+    SQL, on disk like the rest; it converges in as many rounds as the longest chain."""
+    con.execute("CREATE TABLE rg_edges AS SELECT DISTINCT pk, src_addr FROM rg_triples")
+    con.execute("CREATE TABLE rg_pk AS SELECT DISTINCT pk, pk AS comp FROM rg_edges")
+    rounds = 0
+    while True:
+        rounds += 1
+        con.execute("CREATE OR REPLACE TABLE rg_src AS SELECT e.src_addr, min(k.comp) AS comp "
+                    "FROM rg_edges e JOIN rg_pk k USING (pk) GROUP BY e.src_addr")
+        con.execute("CREATE OR REPLACE TABLE rg_pk_next AS SELECT e.pk, min(s.comp) AS comp "
+                    "FROM rg_edges e JOIN rg_src s USING (src_addr) GROUP BY e.pk")
+        changed = one(con, "SELECT count(*) FROM rg_pk_next n JOIN rg_pk o USING (pk) WHERE n.comp <> o.comp")[0]
+        con.execute("DROP TABLE rg_pk")
+        con.execute("ALTER TABLE rg_pk_next RENAME TO rg_pk")
+        if not changed:
+            break
+    merged = one(con, "SELECT count(*) FROM (SELECT comp FROM rg_pk GROUP BY comp HAVING count(*) > 1)")[0]
+    return {"probe_keys": one(con, "SELECT count(*) FROM rg_pk")[0],
+            "source_addresses": one(con, "SELECT count(*) FROM rg_src")[0],
+            "components_of_several_probe_keys": merged, "rounds": rounds}
+
+
+def _label_regimes(con, cfg: ShardConfig) -> dict:
+    """Create the view `labelled` (valid rows + split) for `--strategy regimes`.
+
+    Everything but the time cut is decided per (src, dst) pair, from one pass that groups
+    the rows by (probe key, src, dst):
+    1. sources (components of probe key and address, `_source_components`) and destination
+       addresses are held out by md5 rank: their rows are test_probe / test_target;
+    2. of the pairs between kept sources and kept destinations, a share is held out for
+       test_pair; the rest ("time pairs") are cut by time: rows from the cut on are
+       test_time, the `val_fraction` before it val, the rest train. The cuts are quantiles
+       of the times of all rows between kept ends, held-out pairs' included: step 3 depends
+       on the cut, so the cut must not depend on step 3's outcome (held-out pairs are a
+       hash-chosen sample, so the time pairs' share past the cut stays close to `regimes.time`);
+    3. a held-out pair with an end that no train row has goes back to the time pairs
+       (train's ends only grow by this, so one pass settles it);
+    4. rows that fit no regime are dropped with a reason (DROP_REASONS): a held-out source to
+       a held-out destination, a held-out source's row to a destination train lacks (or a
+       held-out destination's from a source train lacks), and test_time rows of a pair that
+       has no train row.
+    """
+    r, seed = cfg.regimes, int(cfg.seed)
+    val_f, time_f = cfg.val_fraction, r.time
+    con.execute(
+        f"""CREATE TABLE rg_triples AS SELECT {_PROBE_KEY} AS pk, src_addr, dst_addr, count(*) AS n,
+                   min(event_time) AS first
+            FROM canonical WHERE reject_reason IS NULL GROUP BY ALL"""
+    )
+    details: dict = {"sources": _source_components(con)}
+    details["sources"].update(_held_out(con, "rg_held_src", "SELECT DISTINCT comp AS k FROM rg_src", "probe",
+                                        r.probe, seed))
+    details["destinations"] = _held_out(con, "rg_held_dst", "SELECT DISTINCT dst_addr AS k FROM rg_triples",
+                                        "target", r.target, seed)
+    con.execute(
+        """CREATE TABLE rg_pairs AS
+        SELECT p.src_addr, p.dst_addr, p.n, p.first,
+               CASE WHEN hs.k IS NOT NULL AND hd.k IS NOT NULL THEN 'drop:probe_and_target'
+                    WHEN hs.k IS NOT NULL THEN 'probe' WHEN hd.k IS NOT NULL THEN 'target'
+                    ELSE 'time' END AS cls
+        FROM (SELECT src_addr, dst_addr, sum(n) AS n, min(first) AS first FROM rg_triples GROUP BY ALL) p
+        JOIN rg_src s USING (src_addr)
+        LEFT JOIN rg_held_src hs ON hs.k = s.comp
+        LEFT JOIN rg_held_dst hd ON hd.k = p.dst_addr"""
+    )
+    details["pairs"] = _held_out(con, "rg_held_pair", "SELECT src_addr || '>' || dst_addr AS k FROM rg_pairs "
+                                 "WHERE cls = 'time'", "pair", r.pair, seed)
+    con.execute("UPDATE rg_pairs SET cls = 'pair' WHERE src_addr || '>' || dst_addr IN (SELECT k FROM rg_held_pair)")
+    val_start = test_start = None
+    if val_f > 0 or time_f > 0:
+        val_start, test_start = one(
+            con,
+            "SELECT quantile_disc(c.event_time, ?), quantile_disc(c.event_time, ?) FROM canonical c "
+            "JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL AND p.cls IN ('time', 'pair')",
+            [1.0 - time_f - val_f, 1.0 - time_f],
+        )
+    if val_start is None:  # no time pairs at all: every row is held out or dropped
+        val_f = time_f = 0.0
+    # Rows at exactly a cut go to the later split; a pair is in train when it has a row before the cut.
+    cut = val_start if val_f > 0 else test_start if time_f > 0 else None
+    before_cut = "true" if cut is None else f"first < {_ts(cut)}"
+    train_ends = ("CREATE OR REPLACE TABLE rg_train_src AS SELECT DISTINCT src_addr FROM rg_pairs "
+                  f"WHERE cls = 'time' AND {before_cut}; "
+                  "CREATE OR REPLACE TABLE rg_train_dst AS SELECT DISTINCT dst_addr FROM rg_pairs "
+                  f"WHERE cls = 'time' AND {before_cut}")
+    con.execute(train_ends)
+    con.execute("""UPDATE rg_pairs SET cls = 'time' WHERE cls = 'pair' AND (
+                     src_addr NOT IN (SELECT src_addr FROM rg_train_src)
+                     OR dst_addr NOT IN (SELECT dst_addr FROM rg_train_dst))""")
+    details["pairs"]["returned_to_train"] = (details["pairs"]["held_out"]
+                                             - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'pair'")[0])
+    con.execute(train_ends)
+    con.execute("UPDATE rg_pairs SET cls = 'drop:destination_not_in_train' WHERE cls = 'probe' "
+                "AND dst_addr NOT IN (SELECT dst_addr FROM rg_train_dst)")
+    con.execute("UPDATE rg_pairs SET cls = 'drop:source_not_in_train' WHERE cls = 'target' "
+                "AND src_addr NOT IN (SELECT src_addr FROM rg_train_src)")
+    in_train = "true" if cut is None else f"p.first < {_ts(cut)}"
+    by_time = "".join(
+        ([f"WHEN c.event_time >= {_ts(test_start)} THEN "
+          f"CASE WHEN {in_train} THEN 'test_time' ELSE 'drop:pair_not_in_train' END "] if time_f > 0 else [])
+        + ([f"WHEN c.event_time >= {_ts(val_start)} THEN 'val' "] if val_f > 0 else [])
+    ) or "WHEN false THEN NULL "
+    con.execute(
+        f"""CREATE TEMP VIEW labelled AS
+        SELECT c.*, CASE WHEN p.cls = 'time' THEN (CASE {by_time} ELSE 'train' END)
+                         WHEN p.cls LIKE 'drop:%' THEN p.cls ELSE 'test_' || p.cls END AS split
+        FROM canonical c JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL"""
+    )
+    details.update({"val_start": val_start, "test_time_start": test_start,
+                    "fractions": {"val": val_f, **r.model_dump()}})
+    return details
+
+
+def _verify_regimes(con) -> dict:
+    """Check each regime's rule on the rows as assigned; every count must be 0."""
+    pk = _PROBE_KEY
+    train = "(SELECT * FROM assigned WHERE split = 'train')"
+
+    def count(sql: str) -> int:
+        return int(one(con, f"SELECT count(*) FROM ({sql})")[0])
+
+    def distinct(split: str, cols: str) -> str:
+        return f"SELECT DISTINCT {cols} FROM assigned WHERE split = '{split}'"
+
+    def later(split: str) -> str:
+        return (f"SELECT t.src_addr, t.dst_addr FROM (SELECT src_addr, dst_addr, min(event_time) AS lo FROM assigned "
+                f"WHERE split = '{split}' GROUP BY ALL) t JOIN (SELECT src_addr, dst_addr, max(event_time) AS hi "
+                f"FROM {train} GROUP BY ALL) r USING (src_addr, dst_addr) WHERE t.lo <= r.hi")
+
+    return {
+        # a packet = its pair and time: its split must follow from them alone
+        "packets_in_several_splits": count("SELECT src_addr, dst_addr, event_time FROM assigned GROUP BY ALL "
+                                           "HAVING count(DISTINCT split) > 1"),
+        "time_pairs_not_in_train": count(f"{distinct('test_time', 'src_addr, dst_addr')} EXCEPT "
+                                         f"SELECT src_addr, dst_addr FROM {train}"),
+        "time_rows_not_after_train": count(later("test_time")),
+        "val_rows_not_after_train": count(later("val")),
+        "pair_pairs_in_train": count(f"{distinct('test_pair', 'src_addr, dst_addr')} INTERSECT "
+                                     f"SELECT src_addr, dst_addr FROM {train}"),
+        "pair_sources_not_in_train": count(f"{distinct('test_pair', 'src_addr')} EXCEPT SELECT src_addr FROM {train}"),
+        "pair_destinations_not_in_train": count(f"{distinct('test_pair', 'dst_addr')} EXCEPT "
+                                                f"SELECT dst_addr FROM {train}"),
+        "probe_sources_in_train": count(f"{distinct('test_probe', 'src_addr')} INTERSECT SELECT src_addr FROM {train}"),
+        "probe_ids_in_train": count(f"{distinct('test_probe', pk)} INTERSECT SELECT {pk} FROM {train}"),
+        "probe_destinations_not_in_train": count(f"{distinct('test_probe', 'dst_addr')} EXCEPT "
+                                                 f"SELECT dst_addr FROM {train}"),
+        "target_destinations_in_train": count(f"{distinct('test_target', 'dst_addr')} INTERSECT "
+                                              f"SELECT dst_addr FROM {train}"),
+        "target_sources_not_in_train": count(f"{distinct('test_target', 'src_addr')} EXCEPT "
+                                             f"SELECT src_addr FROM {train}"),
+    }
 
 
 def _verify(con, strategy: str) -> dict:
     """Check disjointness from the written data itself; raises if violated."""
     checks: dict = {}
+    if strategy == "regimes":
+        checks = _verify_regimes(con)
+        checks["disjoint"] = ok = not any(checks.values())
+        if not ok:
+            raise PingctlError(f"internal check failed: a regime's rule does not hold ({checks})")
+        return checks
     if strategy == "time":
         spans = {
             s: (lo, hi)
@@ -120,7 +332,7 @@ def _verify(con, strategy: str) -> dict:
                 "SELECT split, min(event_time), max(event_time) FROM assigned GROUP BY split"
             ).fetchall()
         }
-        ordered = [spans[s] for s in SPLITS if s in spans]
+        ordered = [spans[s] for s in SPLITS if s in spans]  # time strategy: train, val, test
         ok = all(a[1] < b[0] for a, b in zip(ordered, ordered[1:]))
         checks["time_ordered"] = ok
     if strategy in _GROUP_KEY:
@@ -139,17 +351,17 @@ def _verify(con, strategy: str) -> dict:
     return checks
 
 
-def _split_stats(con) -> list[dict]:
+def _split_stats(con, splits: tuple[str, ...]) -> list[dict]:
     rows = con.execute(
         """SELECT split, count(*) AS rows, count(DISTINCT COALESCE(prb_id::VARCHAR, src_addr)) AS probes,
-                  count(DISTINCT (src_addr, dst_addr)) AS pairs, min(event_time) AS start, max(event_time) AS end,
+                  count(DISTINCT dst_addr) AS destinations, count(DISTINCT (src_addr, dst_addr)) AS pairs, min(event_time) AS start, max(event_time) AS end,
                   sum(CASE WHEN ip_version = 6 THEN 1 ELSE 0 END) AS v6_rows,
                   avg(CASE WHEN rtt = -1.0 THEN 1.0 ELSE 0.0 END) AS failure_share
            FROM assigned GROUP BY split"""
     ).fetchall()
-    names = ["split", "rows", "probes", "pairs", "start", "end", "v6_rows", "failure_share"]
+    names = ["split", "rows", "probes", "destinations", "pairs", "start", "end", "v6_rows", "failure_share"]
     by = {r[0]: dict(zip(names, r)) for r in rows}
-    return [by.get(s, {"split": s, "rows": 0}) for s in SPLITS]
+    return [by.get(s, {"split": s, "rows": 0}) for s in splits]
 
 
 def shard(
@@ -204,7 +416,7 @@ def shard(
         files_out: dict[str, list[str]] = {}
         n_files = sum(details["shards"].values())
         done = 0
-        for split in SPLITS:
+        for split in splits_of(cfg.strategy):
             (tmp / split).mkdir()
             files_out[split] = []
             for k in range(details["shards"][split]):
@@ -219,12 +431,14 @@ def shard(
                 files_out[split].append(f"{split}/{path.name}")
                 done += 1
                 progress(f"write {split} shard {k}", 3 * n_files + done, 4 * n_files)
-        stats = _split_stats(con)
+        stats = _split_stats(con, splits_of(cfg.strategy))
         con.close()
         # Reconcile from what is on disk, not from what we meant to write.
         on_disk = sum(pq.ParquetFile(tmp / f).metadata.num_rows for fs in files_out.values() for f in fs)
-        if on_disk != written or written + rejected != read:
-            raise PingctlError(f"row counts do not reconcile: read {read}, written {on_disk}, rejected {rejected} "
+        dropped = details["dropped"]
+        if on_disk != written or written + rejected + sum(dropped.values()) != read:
+            raise PingctlError(f"row counts do not reconcile: read {read}, written {on_disk}, rejected {rejected}, "
+                               f"dropped {sum(dropped.values())} "
                                "(nothing was written; the likeliest cause is a damaged input file, which DuckDB "
                                "can read differently from one query to the next)")
         import shutil
@@ -243,10 +457,13 @@ def shard(
             "rows_written": written,
             "rows_rejected": rejected,
             "rejects_by_reason": by_reason,
+            # valid rows in no split (only `regimes`: rows that fit no regime), by reason
+            "rows_dropped": sum(dropped.values()),
+            "dropped_by_reason": dropped,
             "splits": stats,
             "files": files_out,
             "checks": checks,
-            "cuts": {k: v for k, v in details.items() if k not in ("rows", "shards")},
+            "cuts": {k: v for k, v in details.items() if k not in ("rows", "shards", "dropped")},
             "config": cfg.model_dump(),
             "pingctl_version": __version__,
         }
@@ -261,7 +478,7 @@ def bench_shard(rows: int, strategies: list[str], memory_limit: str) -> dict:
     """Time `pingctl shard` per strategy on `rows` synthetic rows, each in a child process."""
     import tempfile
 
-    valid = {"time", "probe", "pair", "random"}
+    valid = {"time", "probe", "target", "pair", "random", "regimes"}
     bad = [s for s in strategies if s not in valid]
     if bad:
         raise PingctlError(f"unknown strategy {bad}; choose from {sorted(valid)}")

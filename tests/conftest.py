@@ -32,7 +32,7 @@ def pytest_configure(config):
 
 
 # Fixtures that train a model (~30 s each, built once per session by whichever worker asks first).
-TRAINED = {"tiny_run", "first50"}
+TRAINED = {"tiny_run", "first50", "tri_run"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -153,3 +153,34 @@ def time_split(synth_rows):
     from pingctl.shard import shard
 
     return build_once(synth_rows / "timesplit", lambda d: shard([synth_rows / "synth"], d, ShardConfig(strategy="time")))
+
+
+@pytest.fixture(scope="session")
+def ripe_table(tmp_path_factory) -> Path:
+    """The shared real RIPE Atlas samples as one canonical table (`pingctl ingest`, ~15 s once
+    per session; ~400k rows), read-only for its users; skipped when ../shared is absent."""
+    files = sorted(RIPE_DIR.glob("*.jsonl.bz2"))
+    if not files:
+        pytest.skip("../shared/data/ripe-atlas is not present")
+    from pingctl.config import IngestConfig
+    from pingctl.ingest.core import ingest
+
+    return build_once(shared_root(tmp_path_factory) / "ripe-table", lambda d: ingest(files, d, IngestConfig()))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node SLURM (tests/slurm_cluster.py): `.env` (os.environ plus SLURM_CONF, for
+    sbatch/squeue/scontrol) and `.dir`. Private to this worker (own ports, munge key, state), so
+    pytest-xdist workers never share or wait; installed with apt-get when missing (root).
+    Skipped with the reason where it cannot run; with PINGCTL_REQUIRE_SLURM=1 (CI) that fails."""
+    from tests import slurm_cluster as sc
+
+    try:
+        cluster = sc.start()
+    except sc.Unavailable as e:
+        if os.environ.get(sc.REQUIRE) == "1":
+            pytest.fail(f"{sc.REQUIRE}=1 but no SLURM: {e}")
+        pytest.skip(f"no SLURM on this machine: {e}")
+    yield cluster
+    cluster.stop()

@@ -318,3 +318,43 @@ def test_metadata_and_the_eval_report_beside_the_run(m, tiny_run, tmp_path):
             **base, "inputs": {"run": str(asked)}, "rows": [{"predictor": "model", "median_rel_err": err}]}))
     head = _eval_headline(run)
     assert head["median_rel_err"] == {"model": 0.2} and head["report"] == str(tmp_path / "eval" / "report.json")
+
+
+def test_a_calibrated_model_answers_with_the_map(m, tiny_run, pair, pairs_csv, tmp_path):
+    """`Model.load(..., calibration=)` recalibrates `rtt` and `rtt_many` as `sample --calibration`
+    does; an export carrying a map applies it by default; a map of another checkpoint is refused."""
+    from pingctl import Model
+    from pingctl.infer import calibration as CAL
+
+    src, dst = pair
+    cal_path = CAL.save(CAL.fit(np.random.default_rng(0).uniform(size=300) ** 2,
+                                {"run": str(tiny_run), "steps": list(m.steps), "context_policy": "none"}),
+                        tmp_path / "calibration.json")
+    cal = Model.load(tiny_run, calibration=cal_path)
+    assert cal.loaded is m.loaded and cal.calibration.path == str(cal_path)
+    raw, got = m.rtt(src, dst), cal.rtt(src, dst)
+    want = CAL.load(cal_path).apply(raw)
+    assert got.quantile(0.5) == pytest.approx(want.quantile(0.5)) and got.p_fail == raw.p_fail
+    assert got.quantile(0.5) != pytest.approx(raw.quantile(0.5))  # the map moved it
+    assert got.info["calibration"]["path"] == str(cal_path)
+    cli = _cli(tiny_run, "--src", src, "--dst", dst, "--calibration", cal_path)
+    assert got.summary()["p50_ms"] == pytest.approx(cli["p50_ms"], rel=1e-6)
+    many = cal.rtt_many(pairs_csv[0])
+    assert json.loads(many.table.schema.metadata[b"pingctl"])["calibration"] == str(cal_path)
+    raw_many = m.rtt_many(pairs_csv[0])
+    assert many.table.column("p50_ms").to_pylist() != raw_many.table.column("p50_ms").to_pylist()
+    assert cal.metadata()["calibration"]["path"] == str(cal_path) and m.metadata()["calibration"] is None
+    assert Model.load(tiny_run, calibration=False).calibration is None
+    with pytest.raises(UsageError, match="carries no calibration.json"):
+        Model.load(tiny_run, calibration=True)
+    other = CAL.save(CAL.fit(np.random.default_rng(1).uniform(size=300),
+                             {"run": str(tiny_run), "steps": [m.step + 1000], "context_policy": "none"}),
+                     tmp_path / "other.json")
+    with pytest.raises(UsageError, match="fitted for step"):
+        Model.load(tiny_run, calibration=other)
+    # an export made with --calibration applies its map unless told not to
+    out = tmp_path / "export"
+    r = runner.invoke(app, ["export", str(tiny_run), "-o", str(out), "--calibration", str(cal_path)])
+    assert r.exit_code == 0, r.output
+    assert CAL.for_model(out, m.steps).path == str(out / "calibration.json")
+    assert CAL.for_model(out, m.steps, False) is None and CAL.for_model(tiny_run, m.steps) is None

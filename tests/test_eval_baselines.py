@@ -1,5 +1,6 @@
-"""pingctl.eval baselines and report: hand-made medians and fallbacks, Vivaldi on a known
-embedding, and a baseline table on a small synthetic world (time split)."""
+"""pingctl.eval baselines and report: hand-made medians, fallbacks and CRPS, the least-squares
+embedding on a known world, the predictors that read the prompt (new hosts placed from it), and
+a baseline table on a small synthetic world (time split). Vivaldi: tests/test_vivaldi.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from pingctl.eval.baselines import (
     Groups,
     PairMedian,
     PrefixMedian,
-    Vivaldi,
     prefix_of,
 )
 
@@ -120,62 +120,140 @@ def test_group_quantiles_match_numpy_and_pit_is_uniform():
     assert g.lookup(np.array([99, -1])).tolist() == [-1, -1]
 
 
-# ---------------------------------------------------------------- Vivaldi
+# ---------------------------------------------------------------- CRPS of the medians
 
 
-def test_vivaldi_recovers_a_2d_embedding():
-    rng = np.random.default_rng(11)
-    n = 60
+def test_pair_median_crps_is_its_samples():
+    """A pair's CRPS is that of the empirical distribution of its training RTTs: by hand,
+    E|X - y| - E|X - X'|/2 over its successful packets."""
+    p = PairMedian().fit(TRAIN).predict(TEST)
+
+    def by_hand(sample, y):
+        x = np.asarray(sample, float)
+        return np.mean(np.abs(x - y)) - 0.5 * np.mean(np.abs(x[:, None] - x[None, :]))
+
+    assert p.crps[0] == pytest.approx(by_hand([10, 20, 30], 20.0))  # the seen pair
+    assert p.crps[1] == pytest.approx(by_hand([10, 20, 30, 40], 35.0))  # its /24 pair
+    assert p.crps[2] == pytest.approx(by_hand([10, 20, 30, 40, 100, 110], 50.0))  # the IPv4 family
+    assert np.isnan(p.crps[4])  # a failed packet has no RTT to score
+
+
+# ---------------------------------------------------------------- the least-squares embedding
+
+
+def _world(n, seed, access=(1.0, 6.0)):
+    """Hosts on a plane (ms) with access delays: RTT = distance + both heights + noise."""
+    rng = np.random.default_rng(seed)
     pts = rng.uniform(0, 100, (n, 2))
-    i, j = np.triu_indices(n, 1)
-    measured = rng.random(len(i)) < 0.5
-    i, j = i[measured], j[measured]
-    true_d = np.linalg.norm(pts[i] - pts[j], axis=1)
-    rtt = true_d * (1 + 0.01 * rng.standard_normal(len(i)))  # 1% noise
-    v = Vivaldi(rounds=600, seed=5).fit_edges(i, j, rtt, n)
-    I, J = np.triu_indices(n, 1)  # every pair, measured or not
-    pred = v.distance(I, J)
-    truth = np.linalg.norm(pts[I] - pts[J], axis=1)
-    assert np.median(np.abs(pred - truth) / truth) < 0.05
-    assert np.corrcoef(pred, truth)[0, 1] > 0.99
-    # same geometry up to rotation/reflection/translation: orthogonal Procrustes residual
-    a = v.pos - v.pos.mean(0)
-    b = pts - pts.mean(0)
-    u, _, vt = np.linalg.svd(a.T @ b)
-    resid = np.linalg.norm(a @ (u @ vt) - b, axis=1)
-    assert np.median(resid) < 0.03 * np.median(truth)
-    assert np.median(v.h) < 0.02 * np.median(truth)  # a flat world needs (almost) no heights
-    assert v.fit_info["train_median_rel_err"] < 0.05
-    again = Vivaldi(rounds=600, seed=5).fit_edges(i, j, rtt, n)
-    np.testing.assert_array_equal(again.pos, v.pos)  # deterministic
+    hgt = rng.uniform(*access, n)
+    addrs = np.array([f"10.{k // 200}.{k % 200}.1" for k in range(n)], dtype=object)
+    return rng, pts, hgt, addrs
 
 
-def test_vivaldi_dict_interface_and_fallback():
-    rng = np.random.default_rng(2)
-    n = 25
-    pts = rng.uniform(0, 80, (n, 2))
-    addrs = np.array([f"10.0.{k}.1" for k in range(n)], dtype=object)
-    i, j = np.triu_indices(n, 1)
-    rep = 4
-    ii, jj = np.repeat(i, rep), np.repeat(j, rep)
-    rtt = np.linalg.norm(pts[ii] - pts[jj], axis=1) + 5.0 + rng.exponential(0.5, len(ii))  # 2 x 2.5 ms access
-    rtt[rng.random(len(ii)) < 0.05] = -1.0
-    train = {"src": addrs[ii], "dst": addrs[jj], "ip_version": np.full(len(ii), 4), "rtt": rtt,
-             "event_time": np.zeros(len(ii), np.int64)}
-    v = Vivaldi(rounds=800, seed=0).fit(train)
-    test = {"src": np.array([addrs[0], addrs[3], "10.99.0.1"], dtype=object),
-            "dst": np.array([addrs[1], addrs[7], addrs[2]], dtype=object),
-            "ip_version": np.array([4, 4, 4]), "rtt": np.array([1.0, 1.0, 1.0]),
-            "event_time": np.zeros(3, np.int64)}
-    p = v.predict(test)
-    true = np.linalg.norm(pts[[0, 3]] - pts[[1, 7]], axis=1) + 5.0 + 0.5 * np.log(2)
-    np.testing.assert_allclose(p.median[:2], true, rtol=0.15)
-    assert np.isnan(p.info["raw_median"][2]) and p.level.tolist() == [0, 0, 1]
-    assert p.median[2] == pytest.approx(np.median(rtt[rtt >= 0]))  # global median fallback
-    assert p.level_shares()["global"] == pytest.approx(1 / 3)
-    assert np.median(v.h[v.trained]) > 1.0  # the access delay shows up as height
-    pv = Vivaldi(rounds=300, seed=0, samples="packets").fit(train).predict(test)
-    np.testing.assert_allclose(pv.median[:2], true, rtol=0.25)
+def _measure(rng, pts, hgt, addrs, i, j, reps=2, noise=0.02):
+    ii, jj = np.repeat(i, reps), np.repeat(j, reps)
+    base = np.linalg.norm(pts[ii] - pts[jj], axis=1) + hgt[ii] + hgt[jj]
+    rtt = base * np.exp(noise * rng.standard_normal(len(ii)))
+    return {"src": addrs[ii], "dst": addrs[jj], "ip_version": np.full(len(ii), 4), "rtt": rtt,
+            "event_time": np.arange(len(ii), dtype=np.int64)}
+
+
+def test_embedding_predicts_held_out_pairs_of_a_height_world():
+    from pingctl.eval.embedding import Embedding
+    from pingctl.eval.vivaldi import Vivaldi
+
+    rng, pts, hgt, addrs = _world(120, 4)
+    i, j = np.triu_indices(120, 1)
+    seen = rng.random(len(i)) < 0.3
+    train = _measure(rng, pts, hgt, addrs, i[seen], j[seen])
+    test = _measure(rng, pts, hgt, addrs, i[~seen], j[~seen], reps=1, noise=0.0)
+    e = Embedding(seed=0).fit(train)
+    p = e.predict(test)
+    rel = np.abs(p.median - test["rtt"]) / test["rtt"]
+    assert np.median(rel) < 0.05 and p.level_shares()["embedding"] == 1.0
+    assert e.fit_info["train_median_rel_err"] < 0.03 and (e.h >= 0).all()
+    np.testing.assert_allclose(p.crps, np.abs(p.median - test["rtt"]))  # a point forecast
+    # in the plane's own dimension the access delays come out as the heights
+    e2 = Embedding(dims=2, seed=0).fit(train)
+    assert np.corrcoef(e2.h[e2.codes(addrs)], hgt)[0, 1] > 0.9
+    # on this world the global fit beats serf's Vivaldi on pairs neither saw
+    v = Vivaldi(cycles=300, seed=0).fit(train).predict(test)
+    assert np.median(rel) < np.median(np.abs(v.median - test["rtt"]) / test["rtt"])
+    again = Embedding(seed=0).fit(train)
+    np.testing.assert_array_equal(again.x, e.x)  # deterministic
+    # an address it never saw: the family's global median
+    q = {k: v[:1] for k, v in test.items()}
+    q["src"] = np.array(["10.250.0.1"], dtype=object)
+    assert Embedding(seed=0, steps=50).fit(train).predict(q).level.tolist() == [1]
+
+
+def test_embedding_refit_places_new_hosts_and_keeps_the_known():
+    from pingctl.eval.embedding import Embedding
+
+    rng, pts, hgt, addrs = _world(60, 5)
+    i, j = np.triu_indices(50, 1)  # hosts 50..59 are new
+    e = Embedding(seed=0).fit(_measure(rng, pts, hgt, addrs, i, j))
+    x0 = e.x.copy()
+    new = np.repeat(np.arange(10), 12)  # each new host measured 12 random known ones
+    peers = rng.integers(0, 50, len(new))
+    obs = _measure(rng, pts, hgt, addrs, new + 50, peers, reps=1)
+    hosts = e.refit(new, e.codes(addrs[peers]), obs["rtt"], 10)
+    np.testing.assert_array_equal(e.x, x0)
+    others = np.arange(50)
+    vv, pp = np.repeat(np.arange(10), 50), np.tile(others, 10)
+    got = hosts.distance(vv, e.codes(addrs[pp]))
+    truth = np.linalg.norm(pts[vv + 50] - pts[pp], axis=1) + hgt[vv + 50] + hgt[pp]
+    assert np.median(np.abs(got - truth) / truth) < 0.1
+    assert hosts.fitted.all()
+
+
+# ---------------------------------------------------------------- baselines that read the prompt
+
+
+def test_prompt_median_levels_and_sample():
+    from pingctl.eval.baselines import PromptMedian
+
+    pool = _split([(A, B, 10.0), (A, B, 14.0), (A2, B, 40.0), (A2, B, -1.0), ("10.1.7.7", "10.2.9.9", 70.0),
+                   (C, F, 5.0)])
+    test = _split([(A, B, 12.0), (A3, B, 30.0), ("10.1.200.1", "10.2.200.2", 60.0), (X, C, 9.0), (A, B, -1.0)])
+    contexts = [np.array([0, 1, 2, 4]), np.array([0, 2, 3]), np.array([4, 5]), np.array([5]), np.array([], np.int64)]
+    glob = GlobalMedian().fit(TRAIN).predict(test)
+    p = PromptMedian().predict(pool, test, contexts, glob)
+    # the pair's own packets; else the same /24s; else the same /16s; else the global median
+    np.testing.assert_allclose(p.median[:4], [12.0, 25.0, 70.0, glob.median[3]])
+    assert p.level.tolist() == [0, 1, 2, 3, 3]
+    assert p.quantiles[0.25][0] == pytest.approx(11.0)
+    assert p.crps[0] == pytest.approx(np.mean([2.0, 2.0]) - 0.5 * 2.0)  # {10, 14} at 12
+    assert p.crps[3] == pytest.approx(glob.crps[3])
+    # P(failure) of the /24 level: 1 of 3 packets, shrunk towards the global rate (prior 10)
+    assert p.p_fail[1] == pytest.approx((1 + 10 * glob.p_fail[1]) / (3 + 10))
+
+
+def test_refit_prediction_uses_only_each_querys_prompt():
+    from pingctl.eval.baselines import refit_prediction
+    from pingctl.eval.embedding import Embedding
+
+    rng, pts, hgt, addrs = _world(41, 6)
+    i, j = np.triu_indices(40, 1)
+    e = Embedding(seed=0).fit(_measure(rng, pts, hgt, addrs, i, j))
+    new = addrs[40]
+    peers = rng.choice(40, 10, replace=False)
+    pool = _measure(rng, pts, hgt, addrs, np.full(10, 40), peers, reps=1)  # the new probe's measurements
+    pool["src"][5:], pool["dst"][5:] = pool["dst"][5:].copy(), pool["src"][5:].copy()  # either direction counts
+    targets = np.array([p for p in range(40) if p not in peers][:6])
+    test = _measure(rng, pts, hgt, addrs, np.array([40, 40, 40, 0, 40, 40]), targets, reps=1, noise=0.0)
+    test["dst"][3] = addrs[1]  # a query between two known hosts
+    contexts = [np.arange(10)] * 3 + [np.arange(10), np.zeros(0, np.int64), np.arange(3)]
+    glob = GlobalMedian().fit(_measure(rng, pts, hgt, addrs, i, j)).predict(test)
+    p = refit_prediction(e, pool, test, contexts, glob)
+    assert p.level.tolist() == [1, 1, 1, 0, 2, 1]  # refit, known pair, an empty prompt falls back
+    assert p.median[3] == pytest.approx(e.distance(e.codes([addrs[0]]), e.codes([addrs[1]]))[0])
+    assert p.median[4] == glob.median[4]
+    rel = np.abs(p.median[:3] - test["rtt"][:3]) / test["rtt"][:3]
+    assert np.median(rel) < 0.15
+    # a prompt of three measurements places the host less surely than one of ten: another answer
+    assert p.median[5] != p.median[0] or test["dst"][5] != test["dst"][0]
+    assert new not in set(e.vocab.to_pylist())
 
 
 # ---------------------------------------------------------------- report on a synthetic world
@@ -233,10 +311,11 @@ def test_baseline_table_on_synth(synth_split, tmp_path):
     from pingctl.eval.report import add_predictor, baseline_table, summary_rows, write_plots
 
     d, train, test = synth_split
-    report = baseline_table(train, test, truth=d / "synth", vivaldi_rounds=1000)
+    report = baseline_table(train, test, truth=d / "synth", vivaldi_cycles=500)
     json.loads(json.dumps(report))  # plain JSON
     preds = report["predictors"]
-    assert report["order"] == ["global_median", "prefix_median", "pair_median", "vivaldi"]
+    assert report["order"] == ["global_median", "prefix_median", "prefix16_median", "pair_median", "vivaldi",
+                               "embedding"]
     med = {k: v["overall"]["median_rel_err"] for k, v in preds.items()}
     floor = report["noise_floor"]["overall"]["median_rel_err"]
     assert med["pair_median"] < med["vivaldi"] < med["global_median"]
@@ -264,3 +343,25 @@ def test_baseline_table_on_synth(synth_split, tmp_path):
     assert {"error_cdf", "calibration", "scatter_oracle"} <= set(paths)
     assert all(p.stat().st_size > 1000 for p in paths.values())
     assert not [p for p in (tmp_path / "plots").iterdir() if p.name.startswith(".")]
+
+
+def test_predictions_parquet_round_trip(tmp_path):
+    """predictions.parquet: one row per packet, every predictor's figures under its name."""
+    from pingctl.artifacts.eval_output import read_predictions, write_predictions
+    from pingctl.eval.report import baseline_table, prediction_columns
+
+    report = baseline_table(TRAIN, TEST, baselines={"pair_median": PairMedian(), "global_median": GlobalMedian()})
+    packets, preds = prediction_columns(report)
+    path = write_predictions(tmp_path, packets, preds, {"test": "fixture"})
+    table, meta = read_predictions(tmp_path)
+    assert path.name == "predictions.parquet" and meta["predictors"] == ["pair_median", "global_median"]
+    d = table.to_pydict()
+    assert d["src"] == TEST["src"].tolist() and d["actual_rtt"] == TEST["rtt"].tolist()
+    ref = PairMedian().fit(TRAIN).predict(TEST)
+    np.testing.assert_allclose(d["pair_median_median"], ref.median)
+    np.testing.assert_allclose(d["pair_median_p25"], ref.quantiles[0.25])
+    np.testing.assert_allclose(d["pair_median_crps"], ref.crps, equal_nan=True)
+    assert len(set(d["pair"])) == len({(s, t) for s, t in zip(d["src"], d["dst"])})
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(PingctlError, match="not a `pingctl eval` predictions file"):
+        read_predictions(tmp_path / "other.parquet")

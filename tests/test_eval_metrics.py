@@ -158,3 +158,35 @@ def test_median_difference_by_hand_and_its_interval_resamples_pairs():
     assert by_pair["ci_low"] < -0.08 and by_pair["ci_high"] > 0.08 and by_pair["verdict"] == "tie"
     assert -0.04 < by_packet["ci_low"] < 0 < by_packet["ci_high"] < 0.04
     assert M.median_difference([NAN], [0.1], [0])["diff"] is None
+
+
+def test_crps_by_hand():
+    """CRPS = ∫ (F(x) − 1{x ≥ y})² dx worked out on paper for a point, two samples and a
+    discrete distribution, against metrics' scoringrules-backed functions."""
+    # point forecasts: the absolute error; a failed packet or no forecast: NaN
+    c = M.crps_point([5.0, 7.0, NAN], [8.0, -1.0, 3.0])
+    assert c[0] == pytest.approx(3.0) and np.isnan(c[1]) and np.isnan(c[2])
+    # samples {1, 3} at 2: F = 1/2 on [1, 3): 1·(1/2)² + 1·(1/2)² = 0.5
+    # samples {10, 20, 40} at 25: 10·(1/3)² + 5·(2/3)² + 15·(1/3)² = 45/9 = 5
+    values = np.array([1.0, 3.0, 10.0, 20.0, 40.0])
+    c = M.crps_samples([2.0, 25.0, 25.0, 25.0], values, start=[0, 2, 2, 0], count=[2, 3, 0, 2])
+    assert c[0] == pytest.approx(0.5) and c[1] == pytest.approx(5.0)
+    assert np.isnan(c[2])  # an empty sample
+    assert c[3] == pytest.approx(22.0 + 1.0 - 0.5 * 1.0)  # {1, 3} at 25: E|X−y| − E|X−X'|/2
+    # P(0) = 0.2, P(10) = 0.5, P(20) = 0.3 at 12: 10·0.2² + 2·0.7² + 8·0.3² = 0.4 + 0.98 + 0.72
+    probs = np.array([[0.2, 0.5, 0.3], [0.2, 0.5, 0.3]])
+    c = M.crps_distribution([12.0, -1.0], [0.0, 10.0, 20.0], probs)
+    assert c[0] == pytest.approx(2.1) and np.isnan(c[1])
+    assert M.crps_distribution([12.0], [0.0, 10.0, 20.0], [probs[0]])[0] == pytest.approx(2.1)  # rows as a list
+    s = M.crps_summary([3.0, 5.0, NAN, 1.0], [6.0, 10.0, 4.0, -1.0])
+    assert s == {"n": 2, "mean_crps_ms": 4.0, "median_crps_ms": 4.0, "mean_rel_crps": 0.5}
+    assert M.crps_summary([NAN], [1.0])["mean_crps_ms"] is None
+
+
+@given(st.lists(st.floats(0.1, 500.0), min_size=1, max_size=12), st.floats(0.1, 600.0))
+def test_crps_of_a_sample_is_its_equal_weight_distribution(xs, y):
+    x = np.sort(np.array(xs))
+    by_hand = np.mean(np.abs(x - y)) - 0.5 * np.mean(np.abs(x[:, None] - x[None, :]))
+    assert M.crps_samples([y], x, [0], [len(x)])[0] == pytest.approx(by_hand, rel=1e-9, abs=1e-9)
+    w = np.full((1, len(x)), 1.0 / len(x))
+    assert M.crps_distribution([y], x, w)[0] == pytest.approx(by_hand, rel=1e-9, abs=1e-9)

@@ -572,6 +572,7 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     assert plain._kv is None  # the switch kept it off
     monkeypatch.delenv("PINGCTL_KV_CACHE")
     monkeypatch.setattr(kv_cache, "MIN_TOKENS", 0)
+    monkeypatch.setattr(kv_cache, "MIN_PROMPT", 0)
     cached = LoadedModel.load(tiny_run)
     got = Q.rtt_distributions(cached, prompts)
     assert isinstance(cached._kv, kv_cache.SecondBytes)  # the cache answered
@@ -584,6 +585,11 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
         assert [g.quantile(q) for q in Q.QUANTILES] == [w.quantile(q) for q in Q.QUANTILES]
     # a cache that fails mid-way (device memory, say) leaves the whole-sequence path, same numbers
     monkeypatch.setattr(kv_cache.SecondBytes, "log_probs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("oom")))
+    # the rule is per call: prompts shorter than MIN_PROMPT never reach the built cache
+    monkeypatch.setattr(kv_cache, "MIN_PROMPT", len(prompts[0]) + 2)
+    short = Q.rtt_distributions(cached, prompts[:1])[0]
+    assert isinstance(cached._kv, kv_cache.SecondBytes) and np.abs(short.probs - want[0].probs).max() < 1e-6
+    monkeypatch.setattr(kv_cache, "MIN_PROMPT", 0)
     again = Q.rtt_distributions(cached, prompts[:1])[0]
     assert cached._kv is False and np.abs(again.probs - want[0].probs).max() < 1e-6
     # averaged weights have no single checkpoint for the engine: whole sequences, same numbers

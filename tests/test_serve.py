@@ -336,3 +336,28 @@ def test_cli_refuses_an_address_in_use_before_loading(tmp_path):
     assert r.exit_code == 1, r.output
     assert "cannot listen on 127.0.0.1" in json.loads(r.stdout)["error"]["message"]
     assert os.environ.get("PINGCTL_DEBUG") or "Traceback" not in r.output
+
+
+def test_a_calibrated_service_answers_with_the_map(served, tiny_run, pair, tmp_path):
+    """`serve --calibration` (create_app's `calibration`): /rtt's distributions are the map
+    applied to the raw ones, as `sample --calibration` answers; /metadata says which map."""
+    from pingctl.infer import calibration as CAL
+    from pingctl.infer import questions as QS
+    from pingctl.serve.app import create_app
+    from pingctl.serve.server import ServerThread
+
+    _, model, _ = served
+    cal = CAL.load(CAL.save(CAL.fit(np.random.default_rng(0).uniform(size=300) ** 2,
+                                    {"run": str(tiny_run), "steps": list(model.steps), "context_policy": "none"}),
+                            tmp_path / "calibration.json"))
+    with ServerThread(create_app(model, calibration=cal)) as srv:
+        status, got = call(srv, "POST", "/rtt", {"src": pair[0], "dst": pair[1], "exact": True})
+        assert status == 200 and got["calibration"] == cal.path, got
+        want = QS.answer(model, QS.RttQuestion(src=pair[0], dst=pair[1]), calibration=cal).result
+        same(got, want, rel=1e-9)
+        raw = QS.answer(model, QS.RttQuestion(src=pair[0], dst=pair[1])).result
+        assert got["p50_ms"] != pytest.approx(raw["p50_ms"])
+        status, lazy = call(srv, "POST", "/rtt", {"src": pair[0], "dst": pair[1]})
+        assert status == 200 and lazy["p50_ms"] == pytest.approx(want["p50_ms"], rel=1e-3)
+        status, meta = call(srv, "GET", "/metadata")
+        assert status == 200 and meta["calibration"]["path"] == cal.path

@@ -31,7 +31,7 @@ def _read_split(out, split):
     return pq.read_table(out / split)
 
 
-@pytest.mark.parametrize("strategy", ["time", "probe", "pair", "random"])
+@pytest.mark.parametrize("strategy", ["time", "probe", "target", "pair", "random"])
 def test_splits_are_disjoint_complete_and_canonical(table_dir, tmp_path, strategy):
     out = tmp_path / "out"
     cfg = ShardConfig(strategy=strategy, val_fraction=0.1, test_fraction=0.2, rows_per_shard=1000)
@@ -49,7 +49,7 @@ def test_splits_are_disjoint_complete_and_canonical(table_dir, tmp_path, strateg
         "(SELECT * FROM train UNION ALL SELECT * FROM val UNION ALL SELECT * FROM test))"
     ).fetchall()[0][0]
     assert n_distinct == 6000
-    key = {"probe": "prb_id", "pair": "src_addr || dst_addr"}.get(strategy)
+    key = {"probe": "prb_id", "target": "dst_addr", "pair": "src_addr || dst_addr"}.get(strategy)
     if key:
         overlap = con.execute(
             f"SELECT count(*) FROM (SELECT {key} k FROM train INTERSECT SELECT {key} FROM test)"

@@ -344,3 +344,122 @@ def test_time_span_outside_valid_times_is_refused_before_any_work(tmp_path, args
     r = CliRunner().invoke(app, ["synth", "-o", str(tmp_path / "s"), *args])
     assert r.exit_code == 2 and "generated times would span" in r.output and "internal error" not in r.output
     assert not (tmp_path / "s").exists()
+
+
+# ---------------------------------------------------------------- random addresses
+
+RANDOM_WORLD = dict(rows=30_000, probes=2500, targets=250, targets_per_probe=3, step=600, dual_stack_share=0.5,
+                    seed=11)
+
+
+@pytest.fixture(scope="module")
+def both_plans(tmp_path_factory):
+    """One world, generated with structured and with random addresses."""
+    d = tmp_path_factory.mktemp("plans")
+    for plan in ("structured", "random"):
+        generate(SynthConfig(**RANDOM_WORLD, addresses=plan), d / plan)
+    return d / "structured", d / "random"
+
+
+def test_random_addresses_are_public_unique_and_own_their_prefixes(both_plans):
+    _, rnd = both_plans
+    hosts = pq.read_table(rnd / "truth" / "hosts.parquet").to_pylist()
+    v4 = [h["ipv4"] for h in hosts]
+    v6 = [h["ipv6"] for h in hosts if h["ipv6"]]
+    assert len(v4) == 2750 and len(v6) > 1000
+    for a, version in [(a, 4) for a in v4] + [(a, 6) for a in v6]:
+        assert parse_address(a) == (a, version) and is_public(a), a  # what every reader of a table accepts
+        assert not ipaddress.ip_address(a).is_multicast
+    assert len(set(v4)) == len(v4) and len(set(v6)) == len(v6)
+    # A /24 or /48 per host: a prefix names at most one host, so a prefix median is the host's own.
+    # (By chance alone 2,750 hosts would share a /24 with probability ~0.3; none may.)
+    assert len({ipaddress.ip_network(f"{a}/24", strict=False) for a in v4}) == len(v4)
+    assert len({ipaddress.ip_network(f"{a}/48", strict=False) for a in v6}) == len(v6)
+    for h in hosts:  # the truth's prefixes are the host's own /24 and /48
+        assert ipaddress.ip_address(h["ipv4"]) in ipaddress.ip_network(h["v4_prefix"])
+        if h["ipv6"]:
+            assert ipaddress.ip_address(h["ipv6"]) in ipaddress.ip_network(h["v6_prefix"])
+    ases = pq.read_table(rnd / "truth" / "ases.parquet")
+    assert ases.column("v4_prefix").null_count == ases.num_rows  # ASes own no address space
+
+
+def test_random_addresses_carry_no_place_or_as(both_plans):
+    from pingctl.synth.world import V4_SLASH8
+
+    def stats(out):
+        hosts = pq.read_table(out / "truth" / "hosts.parquet").to_pylist()
+        own8 = np.mean([int(h["ipv4"].split(".")[0]) in V4_SLASH8[h["region"]] for h in hosts])
+        by_as: dict = {}
+        for h in hosts:
+            by_as.setdefault(h["asn"], []).append(int(ipaddress.IPv4Address(h["ipv4"])) >> 16)
+        # per AS of several hosts: the share of its hosts in distinct /16s
+        distinct16 = [(len(set(v)) - 1) / (len(v) - 1) for v in by_as.values() if len(v) >= 5]
+        return own8, float(np.mean(distinct16))
+
+    own8_s, distinct16_s = stats(both_plans[0])
+    own8_r, distinct16_r = stats(both_plans[1])
+    assert own8_s == 1.0 and distinct16_s == 0.0  # structured: the region's /8s, one /16 per AS
+    # random: the region's /8s only as often as they are a share of the address space (RIPE's
+    # 36 /8s are the largest list: 16%), and an AS's hosts in as many /16s as hosts
+    assert own8_r < 0.25 and distinct16_r > 0.95
+
+
+def test_random_addresses_change_nothing_but_the_addresses(both_plans):
+    from pingctl.synth.truth import truth_median_ms
+
+    st, rnd = both_plans
+    hs = pq.read_table(st / "truth" / "hosts.parquet")
+    hr = pq.read_table(rnd / "truth" / "hosts.parquet")
+    addr = {"ipv4", "ipv6", "v4_prefix", "v6_prefix"}
+    for c in hs.column_names:
+        if c not in addr:
+            assert hs.column(c).equals(hr.column(c)), c
+    for name in ("pairs", "routes", "outages"):
+        a, b = pq.read_table(st / "truth" / f"{name}.parquet"), pq.read_table(rnd / "truth" / f"{name}.parquet")
+        for c in a.column_names:
+            if c not in ("src_addr", "dst_addr", "addr"):
+                assert a.column(c).equals(b.column(c)), (name, c)
+    ts, tr = _read(st), _read(rnd)
+    assert ts.num_rows == tr.num_rows
+    for c in ts.column_names:
+        if c not in ("src_addr", "dst_addr"):
+            assert ts.column(c).equals(tr.column(c)), c
+    # the same host in both: each structured address maps to one random address, row by row
+    rename = {}
+    for s, r in zip(hs.to_pylist(), hr.to_pylist()):
+        rename[s["ipv4"]] = r["ipv4"]
+        if s["ipv6"]:
+            rename[s["ipv6"]] = r["ipv6"]
+    for c in ("src_addr", "dst_addr"):
+        assert [rename[a] for a in ts.column(c).to_pylist()] == tr.column(c).to_pylist()
+    ms = truth_median_ms(st, ts["src_addr"], ts["dst_addr"], ts["ip_version"], ts["event_time"])
+    mr = truth_median_ms(rnd, tr["src_addr"], tr["dst_addr"], tr["ip_version"], tr["event_time"])
+    assert np.isfinite(mr).all() and np.array_equal(ms, mr)
+
+
+def test_random_addresses_are_deterministic_and_follow_the_seed(tmp_path):
+    cfg = dict(rows=5_000, probes=40, targets=10, targets_per_probe=4, addresses="random")
+    generate(SynthConfig(**cfg, seed=3), tmp_path / "a")
+    generate(SynthConfig(**cfg, seed=3), tmp_path / "b")
+    generate(SynthConfig(**cfg, seed=4), tmp_path / "c")
+    a, b, c = _bytes(tmp_path / "a"), _bytes(tmp_path / "b"), _bytes(tmp_path / "c")
+    assert a == b and a["truth/hosts.parquet"] != c["truth/hosts.parquet"]
+    ha = pq.read_table(tmp_path / "a" / "truth" / "hosts.parquet").column("ipv4").to_pylist()
+    hc = pq.read_table(tmp_path / "c" / "truth" / "hosts.parquet").column("ipv4").to_pylist()
+    assert not set(ha) & set(hc)
+
+
+def test_cli_addresses_option(tmp_path):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["synth", "-o", str(out), "--rows", "3000", "--probes", "10", "--targets", "4",
+                              "--addresses", "random", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["addresses"] == "random"
+    assert json.loads((out / "manifest.json").read_text())["config"]["addresses"] == "random"
+    res = runner.invoke(app, ["synth", "-o", str(tmp_path / "x"), "--addresses", "scrambled"])
+    assert res.exit_code == 2 and "structured" in res.output

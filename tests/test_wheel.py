@@ -112,7 +112,7 @@ def test_the_wheel_installs_and_renders_runs_without_the_source_tree(installed):
     script = (work / "slurm-run" / "train.sbatch").read_text()
     maxtext = (work / "slurm-run" / "maxtext.yml").read_text()
     assert f"source {venv}/bin/activate" in script and f"cd {(work / 'slurm-run').resolve()}" in script
-    assert "python -m pingctl.train.worker" in script and "export JAX_PLATFORMS=cpu" in script
+    assert "python -m pingctl.train.slurm" in script and "export JAX_PLATFORMS=cpu" in script
     # one CPU process: MaxText must not try to join a distributed system it has no launcher for
     assert "skip_jax_distributed_system: true" in maxtext.splitlines()
     for text in (script, maxtext, r.stdout):
@@ -121,7 +121,7 @@ def test_the_wheel_installs_and_renders_runs_without_the_source_tree(installed):
     r = _run(installed, "train", "rows", "--run-dir", "modal-run", "--target", "modal", "--dry-run", "-c", "my.yaml",
              "--json")
     res = json.loads(r.stdout)
-    assert res["run_dir"] == "/data/runs/modal-run"
+    assert res["run_dir"] == f"/data/runs/{res['name']}" and res["name"].startswith("modal-run-")
     assert str(site.resolve() / "pingctl") in res["modal"]["source"] and "jax[cuda12]" in res["modal"]["image"]
     staged = (work / "modal-run" / "modal" / "maxtext.yml").read_text() + (work / "modal-run" / "modal" / "config.yaml").read_text()
     for text in (staged, r.stdout):

@@ -4,6 +4,7 @@ code that knows their layout:
 - `table`: canonical Parquet tables and `pingctl shard`'s splits directory;
 - `records`: a `pingctl build-rows` output (manifest, ArrayRecord files);
 - `run`: a `pingctl train` run directory (config, checkpoints, summary, metrics);
+- `remote`: a run's `remote.json` (where it was submitted off this machine: SLURM, Modal);
 - `eval_output`: a `pingctl eval` output (report.json);
 - `sample_output`: what `pingctl sample` writes (predictions, one pair's distribution).
 

@@ -1,19 +1,34 @@
 """A `pingctl eval` output directory: report.json (the numbers, docs/eval.md "The report")
-beside the plots."""
+beside the plots, and predictions.parquet (one row per evaluated packet: what every predictor
+said about it, docs/eval.md "Predictions")."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+
+from pingctl.atomic import atomic_file
 from pingctl.errors import PingctlError
 
 REPORT = "report.json"
 REPORT_KEYS = ("rows", "comparisons", "nll", "queries", "predictors", "inputs")
+REGIMES_MODE = "regimes"  # report.json "mode" of `pingctl eval --regimes`: a report per regime, one table
+REGIMES_KEYS = ("regimes", "table", "inputs")
+PREDICTIONS = "predictions.parquet"
+KIND = "eval-predictions"
+# per predictor P the columns P_<field>; NaN where P says nothing (no quantiles, a failed packet)
+FIELDS = ("median", "p05", "p25", "p75", "p95", "p_fail", "pit", "crps")
+PACKET_COLUMNS = ("regime", "src", "dst", "ip_version", "event_time", "pair", "actual_rtt")
 
 
 def report_path(out: Path | str) -> Path:
     return Path(out) / REPORT
+
+
+def predictions_path(out: Path | str) -> Path:
+    return Path(out) / PREDICTIONS
 
 
 def is_eval_output(path: Path | str) -> bool:
@@ -29,7 +44,57 @@ def read_report(path: Path | str) -> tuple[Path, dict]:
         report = json.loads(f.read_text())
     except (OSError, ValueError) as e:
         raise PingctlError(f"{f}: not a readable eval report ({e})") from None
-    missing = [k for k in REPORT_KEYS if k not in report] if isinstance(report, dict) else list(REPORT_KEYS)
+    keys = REGIMES_KEYS if isinstance(report, dict) and report.get("mode") == REGIMES_MODE else REPORT_KEYS
+    missing = [k for k in keys if k not in report] if isinstance(report, dict) else list(keys)
     if missing:
         raise PingctlError(f"{f}: not a `pingctl eval` report (missing {', '.join(missing) or 'everything'})")
     return f, report
+
+
+def write_predictions(out: Path | str, packets: dict, predictors: dict[str, dict], meta: dict | None = None) -> Path:
+    """OUT/predictions.parquet, atomically: the PACKET_COLUMNS of `packets` (equal-length
+    arrays; `regime` may be absent), then for each predictor P (in order) the columns
+    P_<field> for FIELDS from `predictors[P]` (missing fields are NaN). The predictor names and
+    `meta` go in the schema metadata under `pingctl` (`"kind": "eval-predictions"`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(packets["actual_rtt"])
+    cols: dict = {}
+    for c in PACKET_COLUMNS:
+        if c not in packets:
+            continue
+        v = packets[c]
+        cols[c] = (pa.array(np.asarray(v, dtype=object).tolist(), pa.string()).dictionary_encode()
+                   if c in ("regime", "src", "dst") else pa.array(np.asarray(v, np.float64 if c == "actual_rtt" else np.int64)))
+    for name, fields in predictors.items():
+        for f in FIELDS:
+            v = fields.get(f)
+            arr = np.full(n, np.nan) if v is None else np.asarray(v, np.float64)
+            if len(arr) != n:
+                raise PingctlError(f"predictions of {name}: {f} has {len(arr)} values for {n} packets")
+            cols[f"{name}_{f}"] = pa.array(arr)
+    table = pa.table(cols)
+    info = {"kind": KIND, "predictors": list(predictors), "fields": list(FIELDS), **(meta or {})}
+    table = table.replace_schema_metadata({b"pingctl": json.dumps(info, default=str).encode()})
+    path = predictions_path(out)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp)
+    return path
+
+
+def read_predictions(path: Path | str):
+    """(Arrow table, metadata) of a predictions.parquet (or the eval output holding one)."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if p.is_dir():
+        p = predictions_path(p)
+    try:
+        table = pq.read_table(p)
+        meta = json.loads((table.schema.metadata or {}).get(b"pingctl", b"{}"))
+    except (OSError, ValueError) as e:
+        raise PingctlError(f"{p}: not a readable eval predictions file ({e})") from None
+    if meta.get("kind") != KIND:
+        raise PingctlError(f"{p}: not a `pingctl eval` predictions file (no {KIND!r} metadata)")
+    return table, meta

@@ -1,5 +1,8 @@
 """A `pingctl build-rows` output: probe records in ArrayRecord files beside a manifest.json
-that lists the files and each record's measurement count (docs/rows.md)."""
+that lists the files and each record's measurement count (docs/rows.md). A destination-centric
+output (`--by destination`) adds `index`: destination address -> [[record id, first time], ...]
+(its records in time order); `--by both` puts one in `by-destination/`, named by the probe
+manifest's `destination_rows`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from pingctl.atomic import MANIFEST
 from pingctl.errors import PingctlError
 
 SUFFIX = ".arrayrecord"
+BY = ("source", "destination", "both")
+DESTINATION_DIR = "by-destination"
 
 
 def is_records_path(path: Path | str) -> bool:
@@ -63,3 +68,29 @@ def check_files(rows_dir: Path | str, manifest: dict) -> None:
         if n != len(sizes):
             raise PingctlError(f"{path}: {n} records where manifest.json lists {len(sizes)}; "
                                "rebuild with `pingctl build-rows`")
+    dst = destination_rows(rows_dir, manifest)
+    if dst is not None and dst != rows_dir:  # the destination records beside probe rows (--by both)
+        check_files(dst, read_manifest(dst))
+
+
+def destination_rows(rows_dir: Path | str, manifest: dict) -> Path | None:
+    """The destination records that belong to probe rows `rows_dir` (`build-rows --by both`), or
+    None where they were built without; a destination output itself is its own."""
+    rows_dir = Path(rows_dir)
+    if manifest.get("by") == "destination":
+        return rows_dir
+    name = manifest.get("destination_rows")
+    if name is None:
+        return None
+    if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise PingctlError(f"{rows_dir}/manifest.json: malformed destination_rows {name!r}; rerun `pingctl build-rows`")
+    return rows_dir / name
+
+
+def destination_index(rows_dir: Path | str, manifest: dict) -> dict[str, list[list[int]]]:
+    """The manifest's index of a destination output: address -> [[record id, first time], ...]."""
+    index = manifest.get("index")
+    if manifest.get("by") != "destination" or not isinstance(index, dict):
+        raise PingctlError(f"{rows_dir}: not destination records (no index in manifest.json); build them with "
+                           "`pingctl build-rows --by both` (or --by destination)")
+    return index

@@ -1,6 +1,7 @@
 """Canonical Parquet tables on disk: which files a path names (a file, a directory, a glob, or
 a pingctl output that lists its data files), and `pingctl shard`'s splits directory
-(train/, val/, test/ beside one manifest.json; docs/data.md)."""
+(train/, val/, test/ beside one manifest.json, or for `--strategy regimes` train/, val/ and one
+test_<regime>/ per regime; docs/data.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from pingctl.atomic import MANIFEST, is_pingctl_output
 from pingctl.errors import PingctlError, UsageError
 
 SPLITS = ("train", "val", "test")
+# `pingctl shard --strategy regimes`: one train/val split and a test set per regime, each in
+# test_<regime>/ (time: later packets of train pairs; pair: unseen pairs of seen ends; probe:
+# unseen sources; target: unseen destinations).
+REGIMES = ("time", "pair", "probe", "target")
+REGIME_SPLITS = ("train", "val") + tuple(f"test_{r}" for r in REGIMES)
+ALL_SPLITS = SPLITS + REGIME_SPLITS[2:]
 
 _SNIFF_FILES = 1000  # a directory's files looked at for the hint; it is only a hint
 
@@ -128,19 +135,63 @@ def _hidden(f: Path, root: Path) -> bool:
 
 
 def is_splits_dir(path: Path | str) -> bool:
-    """A directory with a train/, val/ or test/ split in it (a `pingctl shard` output)."""
+    """A directory with a train/, val/, test/ or test_<regime>/ split in it (a `pingctl shard`
+    output)."""
     path = Path(path)
-    return path.is_dir() and any((path / s).is_dir() for s in SPLITS)
+    return path.is_dir() and any((path / s).is_dir() for s in ALL_SPLITS)
+
+
+def expected_splits(path: Path | str) -> tuple[str, ...]:
+    """The split names a splits directory should hold: a regimes split's when it has any
+    test_<regime>/ directory or its manifest says so, else train/val/test."""
+    path = Path(path)
+    if _shard_strategy(path) == "regimes" or any((path / s).is_dir() for s in REGIME_SPLITS[2:]):
+        return REGIME_SPLITS
+    return SPLITS
 
 
 def split_dirs(path: Path | str) -> dict[str, Path]:
     """The splits of a splits directory that hold Parquet data, by name."""
-    return {s: Path(path) / s for s in SPLITS if (Path(path) / s).is_dir() and any((Path(path) / s).glob("*.parquet"))}
+    return {s: Path(path) / s for s in ALL_SPLITS
+            if (Path(path) / s).is_dir() and any((Path(path) / s).glob("*.parquet"))}
+
+
+def regime_test_dirs(split_dir: Path | str) -> dict[str, Path]:
+    """The test set of each regime in a `pingctl shard --strategy regimes` output, by regime
+    name in REGIMES order: {"time": SPLIT_DIR/test_time, ...}. Refuses any other directory
+    with a message saying what it is and how to make a regimes split."""
+    d = Path(split_dir)
+    make = f"make one with `pingctl shard TABLE -o {d} --strategy regimes`"
+    if not d.is_dir():
+        raise PingctlError(f"{d}: not a directory; a regimes split is a directory from `pingctl shard "
+                           f"--strategy regimes` (train/, val/, test_time/, test_pair/, test_probe/, test_target/)")
+    strategy = _shard_strategy(d)
+    if strategy is None:
+        raise PingctlError(f"{d}: no `pingctl shard` manifest.json here, so not a regimes split; {make}")
+    if strategy != "regimes":
+        raise PingctlError(f"{d}: a `pingctl shard --strategy {strategy}` output, not a regimes split (it has "
+                           f"one test/ set, not one per regime); {make}")
+    dirs = {r: d / f"test_{r}" for r in REGIMES}
+    missing = [p.name for p in dirs.values() if not p.is_dir()]
+    if missing:
+        raise PingctlError(f"{d}: regimes split without {', '.join(missing)}/ (incomplete or edited); {make} --force")
+    return dirs
+
+
+def _shard_strategy(d: Path) -> str | None:
+    """The strategy a `pingctl shard` output's manifest names; None for anything else."""
+    try:
+        m = json.loads((d / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("command") != "shard":
+        return None
+    return str(m.get("strategy"))
 
 
 def refuse_whole_shard_output(items, split: str = "train") -> None:
     """A `pingctl shard` output given, or lying inside a directory given, where one split
-    belongs: its files are train, val and test together, and reading them as one table leaks
+    belongs: its files are train, val and test (or the regime test sets) together, and reading them as one table leaks
     the held-out splits into training rows, baselines or a new split. `split` is the one to
     suggest."""
 
@@ -159,5 +210,6 @@ def refuse_whole_shard_output(items, split: str = "train") -> None:
             (m.parent for m in sorted(d.rglob(MANIFEST)) if is_shard_output(m.parent)), None)
         if found is not None:
             where = "" if found == d else f" (inside {d})"
-            raise UsageError(f"{found} is a `pingctl shard` output holding train, val and test{where}; give "
+            held = ", ".join(expected_splits(found)[:-1]) + " and " + expected_splits(found)[-1]
+            raise UsageError(f"{found} is a `pingctl shard` output holding {held}{where}; give "
                              f"one split, e.g. {found / split}")

@@ -148,9 +148,10 @@ def bench_shard(
     from pingctl.shard import bench_shard as run
 
     strategies = strategy.split(",")
-    bad = [s for s in strategies if s not in ("time", "probe", "pair", "random")]
+    known = ("time", "probe", "target", "pair", "random", "regimes")
+    bad = [s for s in strategies if s not in known]
     if bad:
-        raise UsageError(f"--strategy {strategy!r}: {', '.join(map(repr, bad))} is not one of time, probe, pair, random")
+        raise UsageError(f"--strategy {strategy!r}: {', '.join(map(repr, bad))} is not one of {', '.join(known)}")
     _memory(memory_limit)
     _check_out(out)
     report(run(rows, strategies, memory_limit), as_json, out)
@@ -213,7 +214,9 @@ def bench_loader(
 ) -> None:
     """Loader throughput (rows -> packed batches) per worker count, padding, mode shares, stages.
 
-    Other loader settings come from --config/--set (e.g. --set loader.max_per_pair=1).
+    Other loader settings come from --config/--set (e.g. --set loader.max_per_pair=1). With
+    --set loader.triangulation_share=0.5 every case is timed with triangulation on and, right
+    after, off (synthetic rows are then built with --by both).
 
     Example: pingctl bench loader --workers 0,1,2 --seq-len 1024
     """

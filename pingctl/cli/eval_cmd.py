@@ -23,8 +23,13 @@ MAX_CONTEXT = 10_000
 
 def evaluate(
     run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
-    train: Annotated[Path, typer.Option(help="Train split (canonical Parquet): baselines are fitted on it.")],
-    test: Annotated[Path, typer.Option(help="Test split (canonical Parquet).")],
+    train: Annotated[Path | None, typer.Option(
+        help="Train split (canonical Parquet): baselines are fitted on it. [required without --regimes]")] = None,
+    test: Annotated[Path | None, typer.Option(help="Test split (canonical Parquet). [required without --regimes]")] = None,
+    regimes: Annotated[Path | None, typer.Option(
+        help="A `pingctl shard --strategy regimes` output: evaluate on each regime's test set (time, pair, "
+             "probe, target) against the best classical predictor with the prompt's information, one table; "
+             "baselines fitted on its train/, intervals recalibrated on its val/. Replaces --train/--test.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.json and the plots go.")] = Path("runs/eval"),
     truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
     queries: Annotated[int | None, typer.Option(
@@ -34,7 +39,12 @@ def evaluate(
     context_policy: Annotated[str | None, typer.Option(
         help="probe: the probe's preceding test packets, as in training (adds the context_median "
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "
-             "pair; none: no context. [default: eval.context_policy, probe]")] = None,
+             "pair; none: no context; both: from the train split, the probe's measurements to other "
+             "destinations (--context of them) and the destination's from other sources (--context-dst), as "
+             "the loader's triangulation contexts. [default: eval.context_policy, probe]")] = None,
+    context_dst: Annotated[int | None, typer.Option(
+        min=0, max=MAX_CONTEXT, help="--context-policy both: measurements of the destination side. "
+                                     "[default: eval.context_dst, else --context]")] = None,
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
@@ -56,8 +66,13 @@ def evaluate(
 
     Held-out pairs without their own history: shard with --strategy pair and use --context-policy cold.
 
+    Both ends in the prompt (rows built with --by both, trained with loader.triangulation_share):
+    --context-policy both --context 16 --context-dst 16.
+
     Calibrated intervals: every eval writes OUT/calibration.json, fitted on its packets. Evaluate
     on val first, then on test with --calibration VAL_OUT/calibration.json.
+
+    Every regime at once: pingctl eval RUN --regimes runs/demo/regimes --context-policy both -o runs/demo/eval-regimes
     """
     from pingctl.errors import UsageError
     from pingctl.eval.run import evaluate as run_eval
@@ -65,17 +80,38 @@ def evaluate(
 
     steps = parse_steps(step)
     cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
-                                "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair}).eval
+                                "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair,
+                                "eval.context_dst": context_dst}).eval
     for key, value, most in (("queries", cfg.queries, MAX_QUERIES), ("context", cfg.context, MAX_CONTEXT)):
         if value > most:  # the options are bounded by Typer; a --set or --config value here
             raise UsageError(f"eval.{key} {value:,} is beyond the bound of {most:,} (see --{key} in "
                              "`pingctl eval --help`)")
     queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
-    context_per_pair = cfg.context_per_pair
+    if context_dst is not None and context_policy != "both":
+        raise UsageError(f"--context-dst is the destination side of --context-policy both (this eval: {context_policy})")
+    context_per_pair, context_dst = cfg.context_per_pair, cfg.context_dst
+    if regimes is not None:
+        if train is not None or test is not None or calibration is not None:
+            raise UsageError("--regimes takes the train, val and test sets from the regimes split; "
+                             "leave out --train, --test and --calibration")
+        from pingctl.eval.regimes import evaluate_regimes
+
+        with step_progress("eval") as report_progress:
+            result = evaluate_regimes(run, regimes, out, truth, queries, context, seed, steps, policy=context_policy,
+                                      per_pair=context_per_pair, hardware=hardware, context_dst=context_dst,
+                                      progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+        if as_json:
+            emit(dict(result), True)
+            return
+        print_regimes(result, out / "report.json")
+        return
+    if train is None or test is None:
+        raise UsageError("give --train and --test (the splits to fit baselines on and to evaluate), or --regimes")
 
     with step_progress("eval") as report_progress:
         report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
-                          per_pair=context_per_pair, hardware=hardware, calibration=calibration, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                          per_pair=context_per_pair, hardware=hardware, calibration=calibration,
+                          context_dst=context_dst, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return
@@ -85,6 +121,9 @@ def evaluate(
 def print_report(report: dict, path) -> None:
     """The eval table, the model-minus-baseline intervals, the verdict and the NLL; also what
     `pingctl inspect EVAL_DIR` prints from a saved report.json."""
+    if report.get("mode") == "regimes":
+        print_regimes(report, path)
+        return
     info = report["predictors"]["model"]["info"]
     emit(dict(report), False, results_table(report, report["inputs"]["test"], info.get("context_policy", "?")))
     # report.json is written with sorted keys: restore the table's order; model_calibrated
@@ -120,10 +159,12 @@ def results_table(report: dict, test, context_policy: str):
 
     t = grid_table(f"eval on {report['queries']} held-out packets ({test}), context policy {context_policy}, "
                    f"model: {steps_label(report['predictors']['model']['info']['steps'])}",
-                   ["predictor", "median\nrel err", "p90\nrel err", "MAE ms", "cov50", "cov90", "fail\nAUC",
+                   ["predictor", "median\nrel err", "p90\nrel err", "CRPS ms", "cov50", "cov90", "fail\nAUC",
                     "fall-\nback"], left=("predictor",))
     for r in report["rows"]:
-        t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), _ms(r.get("mae_ms")),
+        # CRPS, not MAE: for a point predictor the two are equal, and CRPS also scores a distribution
+        crps = r.get("crps_ms", r.get("mae_ms"))  # a report written before CRPS: its MAE
+        t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), _ms(crps),
                   _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")), _pct(r.get("fallback_share")))
     return t
 
@@ -164,3 +205,50 @@ def _pct(v) -> str:
 
 def register(app) -> None:
     app.command("eval")(handle_errors(evaluate))
+
+
+def print_regimes(result: dict, path) -> None:
+    """`eval --regimes`: one row per regime, the model against the best classical predictor with
+    the same information; also what `pingctl inspect` prints from its report.json."""
+    p = result.get("prompt") or {}
+    t = grid_table(f"eval by regime ({result['inputs']['splits']}), context policy {p.get('context_policy', '?')}, "
+                   f"{p.get('context_measurements', '?')} context measurements",
+                   ["regime", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err", "its\nCRPS ms",
+                    "ratio", "model − it\n95% interval", "verdict"],
+                   left=("regime", "best classical"),
+                   whole=("regime", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
+                          "its\nCRPS ms", "ratio", "verdict"), listing=True)
+    for r in result["table"]:
+        if not r.get("packets"):
+            t.add_row(r["regime"], "-", "-", r.get("best", "-"), "-", "-", "-", r.get("note") or "no packets", "-")
+            continue
+        ci = ("-" if r.get("diff") is None else
+              f"{100 * r['diff']:+.1f} [{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}]")
+        t.add_row(r["regime"], _pct(r.get("model_median_rel_err")), _crps(r.get("model_crps_ms")), r["best"],
+                  _pct(r.get("best_median_rel_err")), _crps(r.get("best_crps_ms")),
+                  "-" if r.get("ratio") is None else f"{r['ratio']:.2f}", ci, r.get("verdict") or "-")
+    emit(dict(result), False, t)
+    done = [r for r in result["table"] if r.get("packets")]
+    cal = result.get("calibration") or {}
+
+    def each(f):
+        return ", ".join(f"{r['regime']} {f(r)}" for r in done)
+
+    console.print("packets (pairs): " + each(lambda r: f"{r['packets']} ({r['pairs']})"), highlight=False, soft_wrap=True)
+    console.print("model's 90% interval covers, raw → recalibrated on val: "
+                  + each(lambda r: f"{_pct(r.get('cov90'))} → {_pct(r.get('cov90_calibrated'))}")
+                  + ("" if cal.get("fitted") else f" (no map: {cal.get('reason')})"), highlight=False, soft_wrap=True)
+    console.print("model's CRPS below every baseline's: " + each(lambda r: fmt(r.get("crps_below_every_baseline"))),
+                  highlight=False, soft_wrap=True)
+    for r in done:
+        if r.get("best_on_test") not in (None, r["best"]):
+            console.print(f"{r['regime']}: on these test packets {r['best_on_test']} did better than {r['best']} "
+                          f"({_pct(r.get('best_on_test_median_rel_err'))}); the comparison stays with the one chosen "
+                          "before testing", highlight=False, soft_wrap=True)
+    console.print("ratio: model rel err / the baseline's; model − it: in points, interval over (src, dst) pairs",
+                  highlight=False, soft_wrap=True)
+    console.print(f"report: {path}   predictions: {result.get('predictions', '-')}", highlight=False)
+
+
+def _crps(v) -> str:
+    return "-" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"

@@ -7,7 +7,11 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, emit, handle_errors, kv_table, load, progress, say
+from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, grid_table, handle_errors,
+                                kv_table, load, progress, say)
+
+SLURM = "SLURM (--target slurm)"
+MODAL = "Modal (--target modal)"
 
 
 def _rows(s: dict) -> list[tuple[str, object]]:
@@ -36,11 +40,49 @@ def _rows(s: dict) -> list[tuple[str, object]]:
         *[(f"  rejected: {k}", v) for k, v in s["rejected"].items()],
         ("first result (UTC)", s["first_time"]),
         ("last result (UTC)", s["last_time"]),
-        ("workers", s["workers"]),
+        *_engine_rows(s),
         ("results/s", s["results_per_s"]),
         ("elapsed s", s["elapsed_s"]),
     ]
     return rows
+
+
+def _engine_rows(s: dict) -> list[tuple[str, object]]:
+    if s.get("target", "local") == "local":
+        return [("workers", s["workers"])]
+    rows: list[tuple[str, object]] = [("target", s["target"]), ("tasks", s["tasks"]),
+                                      ("  run now", s["tasks_run"]), ("  kept from an earlier run", s["tasks_reused"])]
+    if s.get("jobs"):
+        rows.append(("SLURM job(s)", ", ".join(s["jobs"])))
+    return rows
+
+
+def _plan_report(r: dict, as_json: bool) -> None:
+    """--dry-run: the tasks, what they read, what would run (and the SLURM script / Modal app)."""
+    if as_json:
+        emit(r, True)
+        return
+    t = grid_table(f"ingest --target {r['target']} --dry-run: plan", ["task", "input", "bytes", "state"],
+                   left=("input", "state"))
+    for row in r["plan"]:
+        t.add_row(str(row["task"]), row["path"], "-" if row["bytes"] is None else f"{row['bytes']:,}", row["state"])
+    console.print(t)
+    for i, script in enumerate(r.get("scripts", [])):
+        console.rule(f"SLURM job array script{'' if len(r['scripts']) == 1 else f' {i + 1}'} (sbatch)")
+        console.print(script, markup=False, highlight=False, soft_wrap=True)
+    if r.get("modal"):
+        console.rule("Modal")
+        console.print("\n".join(f"{k}: {v}" for k, v in r["modal"].items()), markup=False, highlight=False,
+                      soft_wrap=True)
+    rows: list[tuple[str, object]] = [("output", r["out"]), ("files", r["files"]),
+                                      ("input MB", None if r["input_bytes"] is None else r["input_bytes"] / 1e6)]
+    if r["target"] == "local":
+        rows.append(("workers", r["workers"]))
+    else:
+        rows += [("tasks", r["tasks"]), ("  to run", r["tasks_run"]), ("  MB to read", r["bytes_to_run"] / 1e6),
+                 ("  kept from an earlier run", r["tasks_reused"]), ("work directory", r["work"])]
+    rows.append(("written", r["files_written"]))
+    emit(r, False, kv_table(f"ingest --target {r['target']} --dry-run", rows))
 
 
 def ingest(
@@ -66,6 +108,25 @@ def ingest(
     row_group_rows: Annotated[int | None, typer.Option(help="Parquet row-group size.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any record was rejected.")] = False,
+    target: Annotated[str, typer.Option(
+        "--target", help="local: worker processes here; slurm: a job array, one task per file; modal: Modal "
+        "function calls, one per file. A rerun of slurm/modal redoes only the tasks not done.")] = "local",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan (tasks, files, bytes; the SLURM script "
+                                          "or the Modal app) and run nothing.")] = False,
+    partition: Annotated[str | None, typer.Option(help="SLURM partition.", rich_help_panel=SLURM)] = None,
+    account: Annotated[str | None, typer.Option(help="SLURM account.", rich_help_panel=SLURM)] = None,
+    qos: Annotated[str | None, typer.Option(help="SLURM quality of service.", rich_help_panel=SLURM)] = None,
+    cpus_per_task: Annotated[int, typer.Option(help="CPUs per task (one file; .bz2 blocks decode in parallel).",
+                                               rich_help_panel=SLURM)] = 2,
+    mem: Annotated[str, typer.Option(help="Memory per task.", rich_help_panel=SLURM)] = "4G",
+    time_limit: Annotated[str, typer.Option(help="Time limit per task.", rich_help_panel=SLURM)] = "02:00:00",
+    max_parallel: Annotated[int, typer.Option(help="At most this many tasks at once (0 = no limit).",
+                                              rich_help_panel=SLURM)] = 0,
+    setup: Annotated[str, typer.Option(help="Shell lines each task runs first, e.g. 'module load python'.",
+                                       rich_help_panel=SLURM)] = "",
+    volume: Annotated[str, typer.Option(help="Modal Volume holding the inputs and the tasks' parts.",
+                                        rich_help_panel=MODAL)] = "pingctl-data",
+    modal_cpu: Annotated[float, typer.Option(help="CPUs per Modal call.", rich_help_panel=MODAL)] = 2.0,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -75,6 +136,8 @@ def ingest(
     Streams JSON lines or JSON arrays (plain, .bz2, .gz, .zst, .xz), one process per file; bad records go to OUT/rejects.jsonl with file, line and reason. See docs/ingest.md.
 
     Example: pingctl ingest ../shared/data/ripe-atlas/*.jsonl.bz2 -o runs/ingest --af 6 --msm 2001
+
+    Fanned out: pingctl ingest dumps/ -o runs/month --target slurm --partition cpu --dry-run (then without --dry-run)
     """
     cfg = load(
         config,
@@ -94,6 +157,39 @@ def ingest(
     ).data.ingest
 
     from pingctl.ingest.core import exit_status
+
+    if target not in ("local", "slurm", "modal"):
+        from pingctl.errors import UsageError
+
+        raise UsageError(f"--target {target!r}: choose local, slurm or modal")
+    if target != "local":
+        from pingctl.ingest.fanout.modal_map import ModalSettings
+        from pingctl.ingest.fanout.slurm import SlurmSettings
+
+        engine = {
+            "slurm_settings": SlurmSettings(partition=partition, account=account, qos=qos, cpus_per_task=cpus_per_task,
+                                            mem=mem, time=time_limit, max_parallel=max_parallel, setup=setup),
+            "modal_settings": ModalSettings(volume=volume, cpu=modal_cpu),
+        }
+        summary = _fanout(inputs, out, cfg, target, force, dry_run, as_json, engine)
+        if summary is None:
+            return
+    elif dry_run:
+        from pingctl.ingest.fanout.driver import local_dry_run
+
+        _plan_report(local_dry_run(inputs, out, cfg, force), as_json)
+        return
+    else:
+        summary = _local(inputs, out, cfg, force)
+    code, message = exit_status(summary, strict)
+    summary["exit_code"] = code
+    emit(summary, as_json, kv_table(f"ingest -> {out}", _rows(summary)))
+    if message:
+        say(message, err=True, label="error: ")
+        raise typer.Exit(code)
+
+
+def _local(inputs, out, cfg, force) -> dict:
     from pingctl.ingest.core import ingest as run
 
     with progress(transient=True) as bar:
@@ -102,13 +198,24 @@ def ingest(
         def on_start(total_bytes: int, n_files: int) -> None:
             bar.update(task, total=total_bytes, description=f"ingest {n_files} file(s), bytes")
 
-        summary = run(inputs, out, cfg, force=force, on_start=on_start, on_bytes=lambda n: bar.advance(task, n))
-    code, message = exit_status(summary, strict)
-    summary["exit_code"] = code
-    emit(summary, as_json, kv_table(f"ingest -> {out}", _rows(summary)))
-    if message:
-        say(message, err=True, label="error: ")
-        raise typer.Exit(code)
+        return run(inputs, out, cfg, force=force, on_start=on_start, on_bytes=lambda n: bar.advance(task, n))
+
+
+def _fanout(inputs, out, cfg, target, force, dry_run, as_json, engine: dict) -> dict | None:
+    from pingctl.ingest.fanout.driver import fanout
+
+    if dry_run:
+        _plan_report(fanout(inputs, out, cfg, target, force=force, dry_run=True, **engine), as_json)
+        return None
+    with progress(transient=True) as bar:
+        task = bar.add_task(f"ingest --target {target}", total=None)
+
+        def on_start(n: int) -> None:
+            bar.update(task, total=n, description=f"ingest --target {target}, tasks")
+
+        return fanout(inputs, out, cfg, target, force=force, **engine,
+                      on_event=lambda msg: err_console.print(msg, markup=False, highlight=False),
+                      on_start=on_start, on_progress=lambda k: bar.update(task, completed=k))
 
 
 def register(app) -> None:

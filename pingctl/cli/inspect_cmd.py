@@ -102,12 +102,15 @@ def inspect(
     # the title holds the whole path; a column header of it would be cut at 80 columns
     parts = result["splits"] if result["kind"] == "splits" else {Path(path).name or str(path): result}
     tables: list = []
-    if parts:
-        t = Table(title=f"{result['kind']}: {path}", title_justify="left")
+    # three splits to a table fit 80 columns (a regimes split has six)
+    names = list(parts)
+    for k in range(0, len(names), 3):
+        chunk = names[k:k + 3]
+        t = Table(title=f"{result['kind']}: {path}" if k == 0 else None, title_justify="left")
         t.add_column("", style="bold")
-        for name in parts:
+        for name in chunk:
             t.add_column(name, justify="right")
-        labelled = [_table_rows(d) for d in parts.values()]
+        labelled = [_table_rows(parts[name]) for name in chunk]
         for i, (label, _) in enumerate(labelled[0]):
             if label.startswith("  invalid:"):
                 continue

@@ -29,6 +29,12 @@ def sample(
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair from --context, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
+    context_policy: Annotated[str | None, typer.Option(
+        help="probe: the --context rows of --src's probe (as plain training contexts); both: a triangulation "
+             "context from --context, the probe's measurements to other destinations and --dst's from other "
+             "sources (--context-k a side; an RTT distribution only). [default: probe]")] = None,
+    context_k: Annotated[int | None, typer.Option(
+        min=1, help="--context-policy both: measurements of each side [default: 16].")] = None,
     n: Annotated[int | None, typer.Option(
         "--n", min=1, help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
     measurements: Annotated[int | None, typer.Option(
@@ -78,6 +84,8 @@ def sample(
     Streams of one day: pingctl sample runs/demo/train --n 4 --since 2021-06-01 --until 2021-06-02 -o streams.parquet
 
     Calibrated quantiles: pingctl sample runs/demo/train --src A --dst B --calibration runs/demo/eval-val/calibration.json
+
+    Both ends in the prompt: pingctl sample RUN --src A --dst B --context runs/demo/splits/train --context-policy both
     """
     from pingctl.artifacts.run import parse_steps
     from pingctl.infer import questions as QS
@@ -88,7 +96,8 @@ def sample(
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     # every option is checked, and every size bounded, before a file is read or the model loads
     q = QS.question_from_options(
-        src=src, dst=dst, rtt=rtt, time=time, context=context, context_per_pair=context_per_pair, n=n,
+        src=src, dst=dst, rtt=rtt, time=time, context=context, context_per_pair=context_per_pair,
+        context_policy=context_policy, context_k=context_k, n=n,
         measurements=measurements, timestamps=timestamps, since=since, until=until, k=k, out=out, plot=plot,
         pairs=pairs, calibration=calibration, exact=exact, seed=seed, temperature=temperature, top_p=top_p,
         sampling=cfg.sample)
@@ -99,10 +108,10 @@ def sample(
         from pingctl.cli import sample_pairs
 
         sample_pairs.answer_pairs(run, q.pairs, ctx, ctx_read, q.context_per_pair, q.out, q.exact, steps, as_json,
-                                  ctx_prb, hardware, cal)
+                                  ctx_prb, hardware, cal, q.context_policy, q.context_k)
         return
     if ctx is not None:
-        ctx = _probe_context(q, ctx, ctx_read, context, ctx_prb)
+        ctx = _probe_context(q, ctx, ctx_read, context, ctx_prb, run)
     QS.check_run(q, run)
     with err_console.status(f"loading {run} ..."):
         model = LoadedModel.load(run, steps, hardware)
@@ -156,10 +165,27 @@ def _print_distribution(a, label: str, cal, as_json: bool) -> None:
 
         rows.append(("calibration", calibration_label(cal)))
     emit(result, False, kv_table(f"RTT {q.src} -> {q.dst} ({label})", rows))
+    if result.get("context_policy") == "both":
+        _print_triangulation(result)
     _histogram(d)
     for what, path in (("plot", q.plot), ("distribution", q.out)):
         if path:
             console.print(f"{what}: {path}")
+
+
+def _print_triangulation(result: dict) -> None:
+    """What a `both` prompt holds: its measurements, oldest first, marked by side."""
+    dst = result["dst"]
+    rows = result["context"]
+    n_src = sum(r["dst"] != dst for r in rows)
+    console.print(f"prompt context (both, --context-k {result['context_k']}): {n_src} measurement(s) of the probe to "
+                  f"other destinations, {len(rows) - n_src} of {dst} from other sources:", highlight=False)
+    t = grid_table("", ["side", "time", "src", "dst", "rtt_ms"], left=("side", "src", "dst", "time"),
+                   whole=("time", "rtt_ms"), listing=True)
+    for r in rows:
+        t.add_row("destination" if r["dst"] == dst else "source", *(_cell(c, r.get(c)) for c in ("time", "src", "dst",
+                                                                                                  "rtt_ms")))
+    console.print(t)
 
 
 def _share(p: float) -> str:
@@ -185,12 +211,14 @@ def _read_context(path: Path):
         raise PingctlError(e if str(e).startswith("--context") else f"--context {path}: {e}") from None
 
 
-def _probe_context(q, ctx, read: dict, path: Path, prb):
+def _probe_context(q, ctx, read: dict, path: Path, prb, run: Path):
     """The file's measurements of the question's source's probe (before --time), named when
     that leaves rows out."""
     from pingctl.infer.questions import probe_context
 
-    picked = probe_context(q, ctx, read, prb)
+    picked = probe_context(q, ctx, read, prb, run)
+    if q.context_policy == "both":
+        return picked
     if "rows_used" in read and read["rows_used"] < len(ctx):
         t_query = getattr(q, "time", None)
         before = f" before --time {utc_text(t_query)}" if t_query is not None else ""

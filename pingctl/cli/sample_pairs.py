@@ -23,10 +23,12 @@ def calibration_label(cal) -> str:
 
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
                  out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
-                 hardware: str | None = None, calibration=None) -> None:
+                 hardware: str | None = None, calibration=None, context_policy: str = "probe",
+                 context_k: int | None = None) -> None:
     from pingctl.artifacts import sample_output as SO
-    from pingctl.infer import pairs as P
     from pingctl.artifacts.run import run_config
+    from pingctl.infer import pairs as P
+    from pingctl.infer import questions as QS
     from pingctl.infer.model import LoadedModel, trained_with_timestamps
 
     pairs = P.read_pairs(pairs_path)
@@ -49,13 +51,18 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         from pingctl.infer.calibration import check_fits
 
         check_fits(calibration, run, model.steps)
-    per_pair = model.max_per_pair if context_per_pair is None else context_per_pair
+    both = context_policy == "both"
+    if context_per_pair is not None:
+        per_pair = context_per_pair
+    else:  # as the run was trained: its plain contexts' cap, or its triangulation contexts'
+        per_pair = run_config(run).loader.triangulation_per_pair if both else model.max_per_pair
+    k = QS.CONTEXT_K if context_k is None else context_k
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
         task = bar.add_task("pairs", total=len(pairs.src))
         cols = P.answer(model, pairs, ctx, per_pair, exact=exact,
                         progress=lambda done, total: bar.update(task, completed=done, total=total), prb=ctx_prb,
-                        calibration=calibration)
+                        calibration=calibration, policy=context_policy, k=k)
     elapsed = _time.perf_counter() - t0
     meta = {"run": str(run), "step": model.step, "steps": list(model.steps), "timestamps": model.timestamps,
             "pairs": str(pairs_path), "exact": exact, "calibration": calibration.path if calibration else None}
@@ -65,6 +72,9 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
+        result["context_policy"] = context_policy
+        if both:
+            result["context_k"] = k
     if out is not None:
         SO.write_predictions(cols, out, meta)
         SO.write_rejects(pairs.rejects, SO.rejects_path(out))

@@ -29,7 +29,9 @@ def score(
         min=0, max=MAX_CONTEXT, help="Preceding measurements of the probe in each prompt.")] = 16,
     context_policy: Annotated[str, typer.Option(
         help="probe: the probe's preceding rows of the table, as in training; cold: the same without the "
-             "scored pair's own; none: no context.")] = "probe",
+             "scored pair's own; none: no context; both: the probe's rows to other destinations and the "
+             "destination's rows from other sources, --context of each (a model trained with "
+             "loader.triangulation_share).")] = "probe",
     limit: Annotated[int | None, typer.Option(
         min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
     step: StepOpt = None,

@@ -38,6 +38,11 @@ def serve(
     max_wait_ms: Annotated[float, typer.Option(
         min=0.0, max=MAX_WAIT_MS, help="How long the model's worker waits for more questions once it "
                                        "has one, ms.")] = 5.0,
+    calibration: Annotated[Path | None, typer.Option(
+        help="A calibration.json `pingctl eval` fitted for this run and step(s): /rtt answers recalibrated "
+             "(default: the map an export carries, if any).")] = None,
+    no_calibration: Annotated[bool, typer.Option(
+        "--no-calibration", help="Answer with the raw distributions even where an export carries a map.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Serve the model over HTTP JSON: RTT distributions (micro-batched), completions, search, scores.
@@ -50,6 +55,7 @@ def serve(
     import logging
 
     from pingctl.artifacts.run import parse_steps
+    from pingctl.infer.calibration import for_model
     from pingctl.infer.model import LoadedModel
     from pingctl.infer.runtime import check_hardware
     from pingctl.serve import server as SV
@@ -61,14 +67,16 @@ def serve(
     try:
         with err_console.status(f"loading {run} ..."):
             model = LoadedModel.load(run, steps, hardware)
-        app = create_app(model, max_batch=max_batch, max_wait_ms=max_wait_ms, log_requests=True)
+        cal = for_model(model.run, model.steps, False if no_calibration else calibration)
+        app = create_app(model, max_batch=max_batch, max_wait_ms=max_wait_ms, log_requests=True, calibration=cal)
         url = SV.url(sock)
         info = {"url": url, "docs": f"{url}/docs", "run": str(model.run), "step": model.step,
                 "steps": list(model.steps), "device": model.device, "max_batch": app.state.batcher.max_batch,
-                "max_wait_ms": max_wait_ms}
+                "max_wait_ms": max_wait_ms, "calibration": cal.path if cal is not None else None}
         emit(info, as_json, kv_table(f"pingctl serve ({model.label})", [
             ("listening", url), ("docs", f"{url}/docs"), ("run", str(model.run)), ("device", model.device),
-            ("max batch", info["max_batch"]), ("max wait ms", max_wait_ms)]))
+            ("max batch", info["max_batch"]), ("max wait ms", max_wait_ms),
+            ("calibration", info["calibration"] or "none")]))
         sys.stdout.flush()
         sys.__stdout__.flush()  # a script waiting for the --json line reads it now, not at exit
         handler = logging.StreamHandler(sys.stderr)

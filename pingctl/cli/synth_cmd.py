@@ -25,6 +25,9 @@ def synth(
     ] = None,
     start: Annotated[str | None, typer.Option(help="UTC start, ISO 8601.  [config: data.synth.start]")] = None,
     seed: Annotated[int | None, typer.Option(help="World and noise seed.  [config: data.synth.seed]")] = None,
+    addresses: Annotated[str | None, typer.Option(
+        help="structured (prefixes follow region, AS and city) or random (no relation to place, AS or prefix: "
+        "only measurements tell where a host is).  [config: data.synth.addresses]")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")] = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -33,6 +36,8 @@ def synth(
     """Generate a realistic synthetic ping dataset with ground truth (cities, ASes, routes, diurnal load).
 
     Example: pingctl synth -o runs/demo/synth --rows 1000000 --seed 1
+
+    Example: pingctl synth -o runs/demo/synth-random --addresses random
     """
     from pingctl.synth.generate import generate
 
@@ -49,6 +54,7 @@ def synth(
             "data.synth.dual_stack_share": dual_stack_share,
             "data.synth.start": start,
             "data.synth.seed": seed,
+            "data.synth.addresses": addresses,
         },
     )
     with progress(transient=True) as bar:
@@ -82,6 +88,7 @@ def synth(
                 ("pairs (probe, target)", result["pairs"]),
                 ("streams (pair, ip_version)", result["streams"]),
                 ("ASes", result["ases"]),
+                ("addresses", result["addresses"]),
                 ("start", result["start"]),
                 ("end", result["end"]),
                 ("span", f"{result['span_s'] / 3600:.1f} h"),

@@ -13,7 +13,8 @@ from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, err_c
 
 
 def train(
-    rows: Annotated[Path | None, typer.Argument(help="Training rows (`pingctl build-rows` output).")] = None,
+    rows: Annotated[Path | None, typer.Argument(
+        help="Training rows (`pingctl build-rows` output); with --status/--follow, the run directory.")] = None,
     eval_rows: Annotated[Path | None, typer.Option("--eval", help="Validation rows for eval loss.")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Run directory.")] = None,
     preset: Annotated[str | None, typer.Option(help="Model preset: tiny | mini | small | base.")] = None,
@@ -24,6 +25,14 @@ def train(
     hardware: Annotated[str | None, typer.Option(help="cpu | gpu | tpu.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run directory and start over.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="slurm/modal: show what would run, submit nothing.")] = False,
+    status: Annotated[bool, typer.Option(
+        "--status", help="Report a run submitted with --target slurm|modal: job state, checkpoints, log.")] = False,
+    follow: Annotated[bool, typer.Option(
+        "--follow", help="Stream a submitted run's log until its job ends; exit 0 only if the job succeeded.")] = False,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="modal: the remote run's name (default: the run directory's name + a hash of its path).")] = None,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="modal: submit and return; then --status/--follow and `pingctl pull RUN`.")] = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -33,7 +42,12 @@ def train(
     Example: pingctl train runs/demo/rows/train --eval runs/demo/rows/val --preset tiny --steps 200
 
     Bounded time: --max-minutes 90 stops at the first checkpoint after 90 minutes; the same command run again resumes there.
+
+    Submitted runs: pingctl train runs/demo/run --status (or --follow), after pingctl train ROWS --run-dir runs/demo/run --target slurm
     """
+    if status or follow:
+        _submitted(rows, run_dir, status, follow, config, set_, as_json)
+        return
     cfg = load(
         config,
         set_,
@@ -49,6 +63,10 @@ def train(
         },
     )
     run = Path(cfg.train.run_dir)
+    if (name or detach) and cfg.train.target != "modal":
+        from pingctl.errors import UsageError
+
+        raise UsageError(f"--name and --detach are for --target modal (this run's target: {cfg.train.target})")
     if cfg.train.target == "slurm":
         from pingctl.train.slurm import submit
 
@@ -58,7 +76,7 @@ def train(
     if cfg.train.target == "modal":
         from pingctl.train.modal_app import launch
 
-        result = launch(cfg, run, fresh=fresh, dry_run=dry_run)
+        result = launch(cfg, run, fresh=fresh, dry_run=dry_run, detach=detach, name=name)
         _remote_report(result, as_json)
         return
     from pingctl.train.local import run_local
@@ -133,6 +151,53 @@ def _stopped(info: dict | None) -> str:
     if not info:
         return "no"
     return f"{info['reason']} ({info['max_minutes']:g} min) after checkpoint {info['checkpoint']}; rerun to continue"
+
+
+def _submitted(arg: Path | None, run_dir: Path | None, status: bool, follow: bool, config, set_, as_json: bool) -> None:
+    """--status / --follow: the run directory is --run-dir, else the argument, else train.run_dir;
+    the engine is the one its remote.json names. Each engine module has `status(run_dir) -> dict`
+    and `follow(run_dir) -> dict` (streams the log to sys.stdout, returns the final status); `ok`
+    False in what follow returns makes the exit status 1."""
+    from pingctl.artifacts.remote import read_remote
+    from pingctl.errors import PingctlError, UsageError
+
+    if status and follow:
+        raise UsageError("--status and --follow: give one")
+    # --run-dir first: the submitting command with --status added (ROWS --run-dir RUN) asks about RUN
+    run = run_dir or arg or Path(load(config, set_).train.run_dir)
+    if not run.is_dir():
+        raise PingctlError(f"{run}: no such run directory")
+    record = read_remote(run)
+    if record is None:
+        raise PingctlError(f"{run}: nothing was submitted from this run directory (no remote.json); --status and "
+                           f"--follow are for runs trained with --target slurm or modal (a local run: `pingctl inspect {run}`)")
+    if record["target"] == "slurm":
+        from pingctl.train import slurm as engine
+    elif record["target"] == "modal":
+        from pingctl.train import modal_app as engine
+    else:
+        raise PingctlError(f"{run}/remote.json: unknown target {record['target']!r} (slurm or modal)")
+    if status:
+        result = engine.status(run)
+        emit(result, as_json, kv_table(f"{run} ({record['target']})", _status_rows(result)))
+        return
+    result = engine.follow(run)  # with --json, what it prints goes to stderr (handle_errors)
+    emit(result, as_json, kv_table(f"{run} ({record['target']})", _status_rows(result)))
+    if result.get("ok") is False:
+        if as_json:  # the status above is the answer; a second JSON object would break it
+            raise typer.Exit(1)
+        where = f"; see {result['log']}" if result.get("log") else ""
+        raise PingctlError(f"job {result.get('job_id', '')} ended {result.get('state', 'unsuccessfully')}"
+                           f"{' (exit code ' + result['exit_code'] + ')' if result.get('exit_code') else ''}{where}")
+
+
+def _status_rows(s: dict) -> list[tuple[str, object]]:
+    """The fields a status holds, in reading order (an engine's own extra fields last)."""
+    order = ["job_id", "state", "reason", "exit_code", "restarts", "elapsed", "nodes", "submitted_at",
+             "last_step", "steps_total", "last_checkpoint", "log", "summary"]
+    skip = {"target", "run_dir", "checkpoints", "active", "ok", "source"}
+    keys = [k for k in order if k in s] + [k for k in s if k not in order and k not in skip]
+    return [(k.replace("_", " "), "-" if s[k] is None else s[k]) for k in keys]
 
 
 def _remote_report(result: dict, as_json: bool) -> None:

@@ -1,4 +1,6 @@
-"""Classical RTT predictors: the baselines the model is compared with in `pingctl eval`.
+"""Classical RTT predictors: the baselines the model is compared with in `pingctl eval`
+(the medians here; Vivaldi in eval/vivaldi.py, the least-squares embedding in
+eval/embedding.py; the predictors built from a prompt's own measurements at the end).
 
 Common interface:
 
@@ -15,7 +17,7 @@ Common interface:
 Everything is vectorized NumPy/Arrow: addresses are dictionary-encoded once and mapped to
 integer codes (`pyarrow.compute.index_in` against the training vocabulary); per-group medians,
 quantiles and PIT values come from one lexsort of (group, rtt). Python loops run only over
-*distinct* addresses (for prefixes) and over Vivaldi rounds.
+*distinct* addresses (for prefixes) and over distinct sample sizes (for CRPS).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from functools import lru_cache
 import numpy as np
 
 from pingctl.context import codes_in, vocabulary
+from pingctl.eval import metrics as M
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 _ALIASES = {"src": ("src", "src_addr"), "dst": ("dst", "dst_addr")}
@@ -43,10 +46,12 @@ class Prediction:
     median     float64[n] predicted median RTT (ms); NaN where nothing could answer
     level      int8[n] index into `level_names` of the level that answered the median
                (e.g. pair / prefix / global); -1 where none did
-    quantiles  {q: float64[n]} for q in QUANTILES, or None (Vivaldi has no distribution)
+    quantiles  {q: float64[n]} for q in QUANTILES, or None (a point predictor: Vivaldi)
     pit        float64[n] randomized PIT of the actual RTT under the predictive distribution
                (NaN for failed packets or no distribution), or None
     p_fail     float64[n] predicted probability that the packet fails, or None
+    crps       float64[n] CRPS (ms) of the actual RTT under the predictive distribution (the
+               absolute error for a point predictor; NaN for failed packets), or None
     """
 
     median: np.ndarray
@@ -56,6 +61,7 @@ class Prediction:
     pit: np.ndarray | None = None
     p_fail: np.ndarray | None = None
     info: dict = field(default_factory=dict)
+    crps: np.ndarray | None = None
 
     def level_shares(self) -> dict[str, float]:
         """Share of measurements answered by each level (and 'none')."""
@@ -147,6 +153,7 @@ class Groups:
         self.sk_count = np.bincount(sk_g, minlength=g).astype(np.int64)
         self.sk_start = np.cumsum(self.sk_count) - self.sk_count
         self.sk_key = (sk_g << _US_BITS) | _us(sk_v)
+        self.sk_val = sk_v
 
     def lookup(self, keys: np.ndarray, min_count: int = 1) -> np.ndarray:
         """Group index per key, -1 where unknown or with fewer than `min_count` successes."""
@@ -179,6 +186,15 @@ class Groups:
         u = rng.random(len(g))
         out[ok] = (less + u * (leq - less + 1)) / (self.sk_count[g] + 1)
         return out
+
+
+    def crps(self, gidx: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """CRPS (ms) of x under each group's empirical distribution (its sketch); NaN for
+        gidx < 0 and failed packets."""
+        g = np.maximum(gidx, 0)
+        count = np.where(gidx >= 0, self.sk_count[g] if len(self.sk_count) else 0, 0)
+        start = self.sk_start[g] if len(self.sk_start) else np.zeros(len(g), np.int64)
+        return M.crps_samples(x, self.sk_val, start, count)
 
 
 def _us(v: np.ndarray) -> np.ndarray:
@@ -246,7 +262,9 @@ class Hierarchical:
             self._groups.append(Groups(keys, rtt, sketch=self.sketch))
         return self
 
-    def predict(self, test: dict) -> Prediction:
+    def predict(self, test: dict, scores: bool = True) -> Prediction:
+        """Medians, quantiles and P(failure); with `scores`, also the PIT and the CRPS of the
+        actual RTTs (a fallback that only needs the medians skips them)."""
         if not self._groups:
             raise RuntimeError(f"{type(self).__name__}.predict before fit")
         n = len(_rtt(test))
@@ -262,6 +280,7 @@ class Hierarchical:
         median = np.full(n, np.nan)
         quant = {q: np.full(n, np.nan) for q in QUANTILES}
         pit = np.full(n, np.nan)
+        crps = np.full(n, np.nan)
         rng = np.random.default_rng(self.seed)
         for li, g in enumerate(self._groups):
             sel = level == li
@@ -270,7 +289,9 @@ class Hierarchical:
             gi = gidx[sel]
             for q in QUANTILES:
                 quant[q][sel] = g.q[q][gi]
-            pit[sel] = g.pit(gi, actual[sel], rng)
+            if scores:
+                pit[sel] = g.pit(gi, actual[sel], rng)
+                crps[sel] = g.crps(gi, actual[sel])
         median[:] = quant[0.5]
         # failure probability, coarsest level first, each finer level shrunk towards it
         p_fail = np.full(n, np.nan)
@@ -281,7 +302,8 @@ class Hierarchical:
             parent = np.where(np.isnan(p_fail), g.fail_rate(gi), p_fail)
             shrunk = (g.n_failed[gsafe] + self.prior * parent) / (g.n_total[gsafe] + self.prior)
             p_fail = np.where(have, shrunk, p_fail)
-        return Prediction(median, level, tuple(self.levels), quant, pit, p_fail)
+        return Prediction(median, level, tuple(self.levels), quant, pit if scores else None, p_fail,
+                          crps=crps if scores else None)
 
 
 class GlobalMedian(Hierarchical):
@@ -298,6 +320,17 @@ class PrefixMedian(Hierarchical):
     name = "prefix_median"
 
 
+class Prefix16Median(Hierarchical):
+    """PrefixMedian on wider networks: (source /16|/32, destination /16|/32), then the family."""
+
+    levels = ("prefix", "global")
+    name = "prefix16_median"
+
+    def __init__(self, min_count: int = 1, prior: float = 10.0, sketch: int = 1024, seed: int = 0,
+                 prefix_bits: tuple[int, int] = (16, 32)):
+        super().__init__(min_count, prior, sketch, seed, prefix_bits)
+
+
 class PairMedian(Hierarchical):
     """Median per (src, dst) pair; unseen pairs fall back to PrefixMedian, then GlobalMedian."""
 
@@ -305,190 +338,141 @@ class PairMedian(Hierarchical):
     name = "pair_median"
 
 
-# ---------------------------------------------------------------- Vivaldi
 
 
-class Vivaldi:
-    """Vivaldi network coordinates (Dabek, Cox, Kaashoek, Morris, SIGCOMM 2004).
+# ---------------------------------------------------------------- point predictors
 
-    Each address is a node with a `dims`-D Euclidean position v, a height h ≥ 0 (the
-    height-vector model: ‖(v_i,h_i) − (v_j,h_j)‖ = ‖v_i − v_j‖ + h_i + h_j) and an error
-    estimate e (starts at 1). One sample (rtt to node j) updates node i as in the paper's
-    adaptive-timestep algorithm:
 
-        w     = e_i / (e_i + e_j)
-        e_s   = | dist − rtt | / rtt
-        e_i  <- e_s · ce · w + e_i · (1 − ce · w)
-        δ     = cc · w
-        x_i  <- x_i + δ · (rtt − dist) · u(x_i − x_j)
-                u = (v_i − v_j, h_i + h_j) / dist,  h_i clamped at ≥ min_height
+def point_prediction(raw: np.ndarray, fallback: Prediction, levels: tuple[str, ...], test: dict) -> Prediction:
+    """A point predictor's Prediction: `raw` (ms) where finite (level 0), else the fallback's
+    median (the last level). Its CRPS is its absolute error (all mass on one value)."""
+    raw = np.asarray(raw, np.float64)
+    have = np.isfinite(raw)
+    level = np.where(have, 0, np.where(fallback.level >= 0, len(levels) - 1, -1)).astype(np.int8)
+    median = np.where(have, raw, fallback.median)
+    return Prediction(median, level, tuple(levels), info={"raw_median": raw}, crps=M.crps_point(median, _rtt(test)))
 
-    Deviation from the paper (documented in docs/eval.md): rounds are *synchronous*. In each
-    round every node with measurements draws one of its samples uniformly (seeded) and all
-    nodes update at once from the round-start coordinates (a Jacobi sweep, vectorized over
-    nodes), instead of asynchronous per-sample updates. A measured pair is a sample for both
-    of its ends. Samples are the per-pair median RTTs of the training split
-    (`samples="median"`, default) or the individual successful packets (`samples="packets"`).
 
-    Prediction: ‖v_src − v_dst‖ + h_src + h_dst; measurements with an address that had no
-    successful training packet fall back to the family's global median (level 'global').
-    """
+# ---------------------------------------------------------------- predictors that read the prompt
+#
+# `pool` is the table the prompts were drawn from and `contexts[k]` the pool rows in query k's
+# prompt (pingctl/eval/model.py returns both), so these predictors see exactly what the model
+# sees about each query, nothing more.
 
-    name = "vivaldi"
-    levels = ("vivaldi", "global")
 
-    def __init__(
-        self,
-        dims: int = 2,
-        rounds: int = 2000,
-        cc: float = 0.25,
-        ce: float = 0.25,
-        height: bool = True,
-        samples: str = "median",
-        seed: int = 0,
-        init_error: float = 1.0,
-        min_rtt: float = 1e-3,
-        min_height: float = 0.01,
-    ):
-        if samples not in ("median", "packets"):
-            raise ValueError("samples must be 'median' or 'packets'")
-        self.dims, self.rounds, self.cc, self.ce = dims, rounds, cc, ce
-        self.height, self.samples, self.seed = height, samples, seed
-        self.init_error, self.min_rtt, self.min_height = init_error, min_rtt, min_height
-        self.vocab = None
-        self.pos = self.h = self.err = None
-        self.trained = None
-        self.fit_info: dict = {}
-        self._global = GlobalMedian()
+def flat_contexts(contexts) -> tuple[np.ndarray, np.ndarray]:
+    """(query index, pool row) of every context measurement."""
+    lens = np.array([len(c) for c in contexts], np.int64)
+    if not lens.sum():
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.repeat(np.arange(len(contexts)), lens), np.concatenate(contexts).astype(np.int64)
 
-    # -- fitting
 
-    def fit(self, train: dict) -> "Vivaldi":
-        rtt = _rtt(train)
-        self._global.fit(train)
-        self.vocab = vocabulary(column(train, "src"), column(train, "dst"))
-        s = codes_in(column(train, "src"), self.vocab)
-        t = codes_in(column(train, "dst"), self.vocab)
-        ok = (rtt >= 0) & (s >= 0) & (t >= 0) & (s != t)
-        s, t, r = s[ok], t[ok], rtt[ok]
-        n_nodes = len(self.vocab)
-        if self.samples == "median":
-            key = s * max(n_nodes, 1) + t
-            g = Groups(key, r, quantiles=(0.5,), sketch=2)
-            s, t, r = g.keys // max(n_nodes, 1), g.keys % max(n_nodes, 1), g.q[0.5]
-        return self.fit_edges(s, t, r, n_nodes)
+def _objects(values) -> np.ndarray:
+    return np.asarray(values, dtype=object)
 
-    def fit_edges(self, src: np.ndarray, dst: np.ndarray, rtt: np.ndarray, n_nodes: int) -> "Vivaldi":
-        """Run Vivaldi on samples (src[k], dst[k], rtt[k]) between nodes 0..n_nodes-1."""
+
+class PromptMedian:
+    """The median of the prompt's measurements that match the query: those of the same
+    (src, dst) pair, else of the same (/24, /24) networks (/48 for IPv6), else of the same
+    (/16, /16) (/32); where none match, the fallback (the family's global median). Quantiles,
+    PIT and CRPS come from that sample; P(failure) is its failure share shrunk towards the
+    next coarser level's with `prior` pseudo-packets, as `Hierarchical`."""
+
+    name = "prompt_median"
+    levels = ("pair", "prefix", "prefix16", "global")
+    _bits = (None, (24, 48), (16, 32))
+
+    def __init__(self, prior: float = 10.0, seed: int = 0):
+        self.prior, self.seed = prior, seed
+
+    def predict(self, pool: dict, test: dict, contexts, fallback: Prediction) -> Prediction:
+        n = len(_rtt(test))
+        actual = _rtt(test)
+        q, rows = flat_contexts(contexts)
+        psrc, pdst = _objects(column(pool, "src"))[rows], _objects(column(pool, "dst"))[rows]
+        qsrc, qdst = _objects(column(test, "src")), _objects(column(test, "dst"))
+        rtt = np.asarray(column(pool, "rtt"), np.float64)[rows]
+        groups, gidx = [], []
+        for bits in self._bits:
+            tf = None if bits is None else (lambda a, b=bits: prefix_of(a, *b))
+            vocab = vocabulary(psrc, pdst, qsrc, qdst, transform=tf)
+            cs, cd = codes_in(psrc, vocab, tf), codes_in(pdst, vocab, tf)
+            match = (cs >= 0) & (cd >= 0) & (cs == codes_in(qsrc, vocab, tf)[q]) & (cd == codes_in(qdst, vocab, tf)[q])
+            g = Groups(np.where(match, q, -1), rtt)
+            groups.append(g)
+            gidx.append(g.lookup(np.arange(n), min_count=0))
+        level = np.full(n, len(self._bits), np.int8)  # the fallback's level unless a prompt level answers
+        answer = np.full(n, -1, np.int64)
+        for li in reversed(range(len(self._bits))):
+            gi = groups[li].lookup(np.arange(n), min_count=1)
+            level[gi >= 0] = li
+            answer[gi >= 0] = gi[gi >= 0]
+        median = fallback.median.copy()
+        quant = {k: (fallback.quantiles or {}).get(k, np.full(n, np.nan)).copy() for k in QUANTILES}
+        pit = fallback.pit.copy() if fallback.pit is not None else np.full(n, np.nan)
+        crps = fallback.crps.copy() if fallback.crps is not None else M.crps_point(median, actual)
         rng = np.random.default_rng(self.seed)
-        src = np.asarray(src, np.int64)
-        dst = np.asarray(dst, np.int64)
-        rtt = np.maximum(np.asarray(rtt, np.float64), self.min_rtt)
-        # each sample serves both ends: CSR adjacency of the directed samples by node
-        a = np.concatenate([src, dst])
-        b = np.concatenate([dst, src])
-        w = np.concatenate([rtt, rtt])
-        order = np.argsort(a, kind="stable")
-        a, b, w = a[order], b[order], w[order]
-        deg = np.bincount(a, minlength=n_nodes).astype(np.int64)
-        off = np.cumsum(deg) - deg
-        active = np.flatnonzero(deg > 0)
-        scale = float(np.median(rtt)) if len(rtt) else 1.0
-        pos = rng.normal(0.0, 1e-3 * scale, size=(n_nodes, self.dims))
-        # Heights start at (and never go below) min_height: the update moves h_i in proportion
-        # to h_i + h_j, so heights that start at 0 would stay 0 (Serf's HeightMin does the same).
-        h0 = self.min_height if self.height else 0.0
-        h = np.full(n_nodes, h0)
-        err = np.full(n_nodes, float(self.init_error))
-        cc, ce = self.cc, self.ce
-        tiny = 1e-9 * max(scale, 1e-9)
-        for _ in range(self.rounds if len(active) else 0):
-            e = off[active] + (rng.random(len(active)) * deg[active]).astype(np.int64)
-            i, j, r = active, b[e], w[e]
-            dv = pos[i] - pos[j]
-            nv = np.sqrt(np.einsum("ij,ij->i", dv, dv))
-            small = nv < tiny
-            if small.any():  # coincident positions: a random direction
-                rnd = rng.normal(size=(int(small.sum()), self.dims))
-                rnd /= np.linalg.norm(rnd, axis=1, keepdims=True)
-                dv[small] = rnd * tiny
-                nv[small] = tiny
-            hsum = h[i] + h[j]
-            dist = nv + hsum
-            wgt = err[i] / np.maximum(err[i] + err[j], 1e-12)
-            es = np.abs(dist - r) / r
-            err[i] = es * ce * wgt + err[i] * (1.0 - ce * wgt)
-            step = cc * wgt * (r - dist) / dist
-            pos[i] += step[:, None] * dv
-            if self.height:
-                h[i] = np.maximum(h[i] + step * hsum, h0)
-        self.pos, self.h, self.err = pos, h, err
-        self.trained = deg > 0
-        pred = self.distance(src, dst)
-        rel = np.abs(pred - rtt) / rtt
-        self.fit_info = {
-            "nodes": int(n_nodes),
-            "nodes_with_samples": int(len(active)),
-            "samples": int(len(rtt)),
-            "rounds": int(self.rounds),
-            "dims": int(self.dims),
-            "height": bool(self.height),
-            "cc": cc,
-            "ce": ce,
-            "sample_kind": self.samples,
-            "train_median_rel_err": float(np.median(rel)) if len(rel) else None,
-            "median_node_error": float(np.median(err[active])) if len(active) else None,
-        }
-        return self
-
-    # -- prediction
-
-    def distance(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-        """Predicted RTT between node indices (NaN where either is < 0 or untrained)."""
-        i = np.asarray(i, np.int64)
-        j = np.asarray(j, np.int64)
-        ok = (i >= 0) & (j >= 0)
-        ii, jj = np.where(ok, i, 0), np.where(ok, j, 0)
-        ok &= self.trained[ii] & self.trained[jj]
-        d = np.linalg.norm(self.pos[ii] - self.pos[jj], axis=1) + self.h[ii] + self.h[jj]
-        return np.where(ok, d, np.nan)
-
-    def predict(self, test: dict) -> Prediction:
-        if self.pos is None:
-            raise RuntimeError("Vivaldi.predict before fit")
-        s = codes_in(column(test, "src"), self.vocab)
-        t = codes_in(column(test, "dst"), self.vocab)
-        d = self.distance(s, t)
-        g = self._global.predict(test)
-        have = np.isfinite(d)
-        level = np.where(have, 0, np.where(g.level >= 0, 1, -1)).astype(np.int8)
-        median = np.where(have, d, g.median)
-        return Prediction(median, level, self.levels, info={"raw_median": d})
+        for li, g in enumerate(groups):
+            sel = level == li
+            if not sel.any():
+                continue
+            gi = answer[sel]
+            for k in QUANTILES:
+                quant[k][sel] = g.q[k][gi]
+            median[sel] = g.q[0.5][gi]
+            pit[sel] = g.pit(gi, actual[sel], rng)
+            crps[sel] = g.crps(gi, actual[sel])
+        p_fail = fallback.p_fail.copy() if fallback.p_fail is not None else np.full(n, np.nan)
+        for g, gi in zip(reversed(groups), reversed(gidx)):
+            have = gi >= 0
+            gs = np.maximum(gi, 0)
+            parent = np.where(np.isfinite(p_fail), p_fail, 0.0)
+            if len(g.keys):
+                shrunk = (g.n_failed[gs] + self.prior * parent) / (g.n_total[gs] + self.prior)
+                p_fail = np.where(have, shrunk, p_fail)
+        lv = np.where(level == len(self._bits), np.where(fallback.level >= 0, level, -1), level).astype(np.int8)
+        return Prediction(median, lv, self.levels, quant, pit, p_fail, crps=crps)
 
 
-# ---------------------------------------------------------------- registry
+def refit_prediction(base, pool: dict, test: dict, contexts, fallback: Prediction) -> Prediction:
+    """A coordinate predictor (`base`: a fitted Vivaldi or Embedding) that also places hosts it
+    has never seen, from the prompt. Per query: both ends known, `base` answers (level
+    `known`); one end new, that end is placed from the prompt's measurements between it and
+    known hosts, the known ones held still (`base.refit`: one new host per query, from that
+    query's prompt only), and measured to the known end (level `refit`); otherwise, or where
+    the prompt holds no such measurement, the fallback's median (level `global`). A point
+    predictor: its CRPS is its absolute error."""
+    levels = ("known", "refit", "global")
+    n = len(_rtt(test))
+    qsrc, qdst = _objects(column(test, "src")), _objects(column(test, "dst"))
+    qs, qd = base.codes(qsrc), base.codes(qdst)
+    tr = base.trained
 
+    def known(c):
+        return (c >= 0) & (tr[np.maximum(c, 0)] if len(tr) else False)
 
-def default_baselines(seed: int = 0, vivaldi_rounds: int = 2000) -> dict[str, object]:
-    """The baselines of `baseline_table`, by report name."""
-    return {
-        "global_median": GlobalMedian(seed=seed),
-        "prefix_median": PrefixMedian(seed=seed),
-        "pair_median": PairMedian(seed=seed),
-        "vivaldi": Vivaldi(rounds=vivaldi_rounds, seed=seed),
-    }
-
-
-__all__ = [
-    "QUANTILES",
-    "Prediction",
-    "Groups",
-    "GlobalMedian",
-    "PrefixMedian",
-    "PairMedian",
-    "Vivaldi",
-    "default_baselines",
-    "column",
-    "prefix_of",
-    "group_quantile",
-]
+    ks, kd = known(qs), known(qd)
+    raw = np.full(n, np.nan)
+    both = ks & kd
+    raw[both] = base.distance(qs[both], qd[both])
+    one = ks ^ kd
+    if one.any():
+        vid = np.cumsum(one) - 1  # the new host of query k is new host vid[k]
+        new_addr = np.where(ks, qdst, qsrc)
+        q, rows = flat_contexts(contexts)
+        keep = one[q]
+        q, rows = q[keep], rows[keep]
+        psrc, pdst = _objects(column(pool, "src"))[rows], _objects(column(pool, "dst"))[rows]
+        na = new_addr[q]
+        as_src, as_dst = psrc == na, pdst == na
+        use = as_src ^ as_dst
+        peer = base.codes(np.where(as_src, pdst, psrc)[use])
+        prtt = np.asarray(column(pool, "rtt"), np.float64)[rows][use]
+        ptime = np.asarray(pool["event_time"])[rows][use] if "event_time" in pool else None
+        hosts = base.refit(vid[q[use]], peer, prtt, int(one.sum()), ptime)
+        raw[one] = hosts.distance(vid[one], np.where(ks, qs, qd)[one])
+    have = np.isfinite(raw)
+    level = np.where(both & have, 0, np.where(one & have, 1, np.where(fallback.level >= 0, 2, -1))).astype(np.int8)
+    median = np.where(have, raw, fallback.median)
+    return Prediction(median, level, levels, info={"raw_median": raw}, crps=M.crps_point(median, _rtt(test)))

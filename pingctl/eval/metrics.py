@@ -158,7 +158,7 @@ def pit_histogram(pit, bins: int = 10, mask=None) -> dict:
     }
 
 
-def _quantile_columns(quantiles, levels) -> dict[float, np.ndarray]:
+def quantile_columns(quantiles, levels) -> dict[float, np.ndarray]:
     if isinstance(quantiles, dict):
         return {float(k): _f(v) for k, v in quantiles.items()}
     q = _f(quantiles)
@@ -175,7 +175,7 @@ def coverage(actual, quantiles, levels=QUANTILE_LEVELS, mask=None) -> dict:
     (n, 4) array with columns in `levels` order.
     """
     a = _f(actual)
-    cols = _quantile_columns(quantiles, levels)
+    cols = quantile_columns(quantiles, levels)
     base = _mask(len(a), mask) & successful(a)
     out: dict = {}
     n_all = None
@@ -192,6 +192,77 @@ def coverage(actual, quantiles, levels=QUANTILE_LEVELS, mask=None) -> dict:
         out[name.replace("cov", "width") + "_ms"] = _num(np.median(hi[m] - lo[m])) if n else None
     out["n"] = int(n_all or 0)
     return out
+
+
+# ---------------------------------------------------------------- CRPS
+
+
+def crps_point(pred, actual) -> np.ndarray:
+    """CRPS of a point forecast (all mass on `pred`): its absolute error, ms; NaN for failed
+    packets and missing predictions."""
+    p, a = np.broadcast_arrays(_f(pred), _f(actual))
+    out = np.full(a.shape, np.nan)
+    ok = successful(a) & np.isfinite(p)
+    out[ok] = np.abs(p[ok] - a[ok])
+    return out
+
+
+_CHUNK = 1 << 22  # ensemble values handed to scoringrules at once (32 MB of float64)
+
+
+def crps_samples(actual, values, start, count) -> np.ndarray:
+    """CRPS (ms) of each packet's empirical distribution, the sorted sample
+    values[start[k] : start[k] + count[k]], at its actual RTT (scoringrules' `crps_ensemble`,
+    the quantile-decomposition estimator: the exact CRPS of the empirical CDF). NaN for failed
+    packets and empty samples. Rows are batched by sample size, so no padding is scored."""
+    import scoringrules as sr
+
+    a = _f(actual)
+    v = _f(values)
+    start, count = np.asarray(start, np.int64), np.asarray(count, np.int64)
+    out = np.full(len(a), np.nan)
+    ok = np.flatnonzero(successful(a) & (count > 0))
+    if not len(ok):
+        return out
+    for m in np.unique(count[ok]):
+        rows = ok[count[ok] == m]
+        step = max(1, _CHUNK // int(m))
+        for c in range(0, len(rows), step):
+            r = rows[c : c + step]
+            ens = v[start[r, None] + np.arange(m)]
+            out[r] = sr.crps_ensemble(a[r], ens, estimator="qd", sorted_ensemble=True, backend="numpy")
+    return out
+
+
+def crps_distribution(actual, values, probs) -> np.ndarray:
+    """CRPS (ms) of discrete distributions at the actual RTTs: packet k's distribution puts
+    probs[k][j] on values[j], values ascending and shared by all packets (`probs`: a 2-D array
+    or a sequence of 1-D arrays, stacked a chunk at a time); scoringrules' weighted
+    `crps_ensemble`, exact for a discrete distribution. NaN for failed packets."""
+    import scoringrules as sr
+
+    a = _f(actual)
+    v = _f(values)
+    out = np.full(len(a), np.nan)
+    ok = np.flatnonzero(successful(a))
+    step = max(1, _CHUNK // max(len(v), 1))
+    for c in range(0, len(ok), step):
+        r = ok[c : c + step]
+        p = np.stack([_f(probs[k]) for k in r])
+        out[r] = sr.crps_ensemble(a[r], np.broadcast_to(v, p.shape), ens_w=p, estimator="qd", sorted_ensemble=True,
+                                  backend="numpy")
+    return out
+
+
+def crps_summary(crps, actual, mask=None) -> dict:
+    """n (successful packets with a CRPS), mean and median CRPS (ms), and the mean of
+    CRPS / actual (a scale-free figure: for a point forecast it is the mean relative error)."""
+    c, a = _f(crps), _f(actual)
+    m = _mask(len(a), mask) & successful(a) & np.isfinite(c)
+    if not m.any():
+        return {"n": 0, "mean_crps_ms": None, "median_crps_ms": None, "mean_rel_crps": None}
+    return {"n": int(m.sum()), "mean_crps_ms": _num(c[m].mean()), "median_crps_ms": _num(np.median(c[m])),
+            "mean_rel_crps": _num((c[m] / a[m]).mean())}
 
 
 # ---------------------------------------------------------------- comparing two predictors

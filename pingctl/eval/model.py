@@ -17,10 +17,17 @@ Context policies:
   queried (src, dst) pair* — the model must predict a pair it has never seen, from its
   addresses and the probe's RTTs to other destinations.
 - `none`: no context; the prompt is the packet alone.
+- `both`: a triangulation context, as the loader builds them (`loader.triangulation_share`):
+  the probe's last `context` measurements to destinations other than the queried one and
+  the queried destination's last `context_dst` measurements from sources other than the
+  queried one, all before the packet, merged in time order, drawn from the train split (the
+  table the baselines are fitted on, so the model holds no evidence they lack). The pair
+  itself is never in it, so it answers held-out pairs, probes and destinations alike.
 
 `per_pair` caps the prompt at the most recent `per_pair` measurements of each (src, dst)
-pair (0 = no cap), as `loader.max_per_pair` shapes training contexts; `pingctl eval`
-takes the run's own setting unless told otherwise.
+pair (0 = no cap), as `loader.max_per_pair` shapes training contexts (for `both`:
+`loader.triangulation_per_pair`); `pingctl eval` takes the run's own setting unless told
+otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from pingctl.context import context_indices, context_pool
+from pingctl.eval import metrics as M
 from pingctl.infer import queries as Q
 from pingctl.infer.score import prompts, teacher_forced  # noqa: F401 - one prompt builder for eval and score
 from pingctl.tokenizer.spec import get_spec
@@ -58,15 +66,17 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
 
 def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
             train: dict | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
-            calibration=None, progress=lambda done, total: None) -> dict:
+            calibration=None, context_dst: int | None = None, progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
     `idx` of `test`; `progress(done, total)` after every `chunk` packets. With a
     `calibration` (pingctl/infer/calibration.py) also the same read from the recalibrated
-    distributions, under "calibrated" (no extra model passes: only more refined reads)."""
+    distributions, under "calibrated" (no extra model passes: only more refined reads).
+    `context_dst`: the destination side of the `both` policy (None: `context`). The prompts'
+    context measurements are returned under "contexts" (indices into "pool")."""
     levels = (0.5, *QS)
     reads = levels if calibration is None else (*levels, *calibration.raw_level(np.array(levels)))
     pool = context_pool(test, train, policy)
-    contexts = context_indices(pool, test, idx, context, policy, per_pair)
+    contexts = context_indices(pool, test, idx, context, policy, per_pair, context_dst)
     ps, fulls = prompts(model, test, idx, pool, contexts)
     actual = np.asarray(test["rtt"], np.float64)[idx]
     dists: list = []
@@ -83,19 +93,37 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     n_ctx = np.array([len(c) for c in contexts])
     out = {**_reads(dists, actual), "nll": nll, "context_median": context_median(pool, test, idx, contexts),
            "context_sizes": {"mean": float(n_ctx.mean()) if len(n_ctx) else 0.0,
-                             "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0}}
+                             "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0},
+           "contexts": contexts, "pool": pool, "prompts": ps,
+           "context_examples": context_examples(pool, test, idx, contexts)}
     if calibration is not None:
         out["calibrated"] = _reads([calibration.apply(d) for d in dists], actual)
     return out
 
 
+def context_examples(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray], n: int = 3) -> list[dict]:
+    """The first `n` prompts in words, for the report: the query packet and its context
+    measurements (src, dst, time, rtt ms) in prompt order."""
+    def row(d: dict, i) -> dict:
+        return {"src": str(d["src"][i]), "dst": str(d["dst"][i]), "time": int(d["event_time"][i]),
+                "rtt": float(d["rtt"][i])}
+
+    return [{"query": row(test, i), "context": [row(pool, j) for j in c]} for i, c in zip(idx[:n], contexts[:n])]
+
+
 def _reads(dists: list, actual: np.ndarray) -> dict:
     """What the report takes from each packet's distribution: median, the QS quantiles, the
-    PIT of the actual RTT (NaN for a failed packet) and P(failure)."""
+    PIT of the actual RTT (NaN for a failed packet), P(failure) and the CRPS (ms) of the actual
+    RTT under the RTT distribution (NaN for a failed packet)."""
+    values = dists[0].values_ms if dists else np.zeros(0)
+    same = all(d.values_ms is values or np.array_equal(d.values_ms, values) for d in dists)
+    crps = (M.crps_distribution(actual, values, [d.probs for d in dists]) if same else
+            np.array([M.crps_distribution([a], d.values_ms, [d.probs])[0] for d, a in zip(dists, actual)]))
     return {"median": np.array([d.quantile(0.5) for d in dists]),
             "quantiles": np.array([[d.quantile(q) for q in QS] for d in dists]).reshape(len(dists), len(QS)),
             "pit": np.array([d.cdf(a) if a >= 0 else np.nan for d, a in zip(dists, actual)]),
-            "p_fail": np.array([d.p_fail for d in dists])}
+            "p_fail": np.array([d.p_fail for d in dists]),
+            "crps": crps.reshape(len(dists))}
 
 
 FIELDS = ("time", "src", "dst", "result")  # the query's block order; the names are compact.BLOCKS

@@ -25,7 +25,10 @@ from pingctl.atomic import inside_pingctl_output
 from pingctl.context import codes_in, dict_encode, vocabulary
 from pingctl.errors import PingctlError
 from pingctl.eval import metrics as M, plots
-from pingctl.eval.baselines import Prediction, column, default_baselines
+from pingctl.eval.baselines import (GlobalMedian, PairMedian, Prediction, Prefix16Median, PrefixMedian, PromptMedian,
+                                    column, refit_prediction)
+from pingctl.eval.embedding import Embedding
+from pingctl.eval.vivaldi import Vivaldi
 from pingctl.schema.columns import COLUMNS
 from pingctl.schema.duck import refuse_rejects
 from pingctl.schema.parquet import check_parquet_columns, read_table
@@ -33,6 +36,19 @@ from pingctl.synth.truth import truth_median_ms
 from pingctl.tokenizer.measurements import event_seconds, MeasurementError, parse_addresses
 
 NOISE_FLOOR = "noise_floor"
+QUANTILE_COLUMNS = {0.05: "p05", 0.25: "p25", 0.75: "p75", 0.95: "p95"}
+
+
+def default_baselines(seed: int = 0, vivaldi_cycles: int = 1000) -> dict[str, object]:
+    """The baselines of `baseline_table`, by report name (unfitted)."""
+    return {
+        "global_median": GlobalMedian(seed=seed),
+        "prefix_median": PrefixMedian(seed=seed),
+        "prefix16_median": Prefix16Median(seed=seed),
+        "pair_median": PairMedian(seed=seed),
+        "vivaldi": Vivaldi(cycles=vivaldi_cycles, seed=seed),
+        "embedding": Embedding(seed=seed),
+    }
 
 
 class Report(dict):
@@ -204,11 +220,12 @@ def _slice_sizes(masks: dict, actual: np.ndarray) -> dict:
 # ---------------------------------------------------------------- scoring
 
 
-def _entry(median, actual, masks, quantiles=None, pit=None, p_fail=None) -> dict:
+def _entry(median, actual, masks, quantiles=None, pit=None, p_fail=None, crps=None) -> dict:
     failed = np.asarray(actual) < 0
     entry: dict = {
         "overall": M.error_summary(median, actual),
         "slices": M.sliced_summary(median, actual, masks),
+        "crps": None if crps is None else {k: M.crps_summary(crps, actual, m) for k, m in masks.items()},
         "calibration": None,
         "failure": None,
     }
@@ -222,8 +239,9 @@ def _entry(median, actual, masks, quantiles=None, pit=None, p_fail=None) -> dict
     return entry
 
 
-def _prediction_arrays(median, quantiles=None, pit=None, p_fail=None) -> dict:
+def _prediction_arrays(median, quantiles=None, pit=None, p_fail=None, crps=None) -> dict:
     return {
+        "crps": None if crps is None else np.asarray(crps, np.float64),
         "median": np.asarray(median, dtype=np.float64),
         "quantiles": None if quantiles is None else (
             {float(k): np.asarray(v, np.float64) for k, v in quantiles.items()} if isinstance(quantiles, dict)
@@ -247,16 +265,18 @@ def baseline_table(
     truth=None,
     *,
     baselines: dict | None = None,
-    vivaldi_rounds: int = 2000,
+    vivaldi_cycles: int = 1000,
     seed: int = 0,
     extra_masks: dict | None = None,
     rtt_buckets=M.RTT_BUCKETS,
+    fitted: bool = False,
 ) -> Report:
     """Fit every baseline on `train`, predict `test`, and score them overall and per slice.
 
     truth: per-test-packet true conditional medians (array), or a `pingctl synth` directory /
     `Truth` to compute them with `truth_median_ms`; adds the noise floor. `baselines` replaces
-    the default set (name -> unfitted predictor). `extra_masks` adds caller slices.
+    the default set (name -> unfitted predictor; already fitted on `train` with `fitted=True`,
+    e.g. to score one fit on several test sets). `extra_masks` adds caller slices.
     """
     # Encode the address columns once; every predictor reuses the Arrow dictionaries.
     train = dict(train, src=dict_encode(column(train, "src")), dst=dict_encode(column(train, "dst")))
@@ -280,16 +300,17 @@ def baseline_table(
         noise_floor=None,
     )
     report.ctx.update(actual=actual, ip_version=ipv, masks=masks, predictions={}, truth_median=None,
-                      pair=pair_groups(test_enc))
-    for name, pred in (baselines or default_baselines(seed=seed, vivaldi_rounds=vivaldi_rounds)).items():
+                      pair=pair_groups(test_enc), test=test)
+    for name, pred in (baselines or default_baselines(seed=seed, vivaldi_cycles=vivaldi_cycles)).items():
         t0 = time.perf_counter()
-        pred.fit(train)
+        if not fitted:
+            pred.fit(train)
         t1 = time.perf_counter()
         p: Prediction = pred.predict(test_enc)
         t2 = time.perf_counter()
-        entry = add_predictor(report, name, p.median, quantiles=p.quantiles, pit=p.pit, p_fail=p.p_fail)
-        entry["fallback"] = p.level_shares()
+        entry = add_prediction(report, name, p)
         entry["time_s"] = {"fit": round(t1 - t0, 4), "predict": round(t2 - t1, 4)}
+        report.ctx.setdefault("fitted", {})[name] = pred
         info = getattr(pred, "fit_info", None)
         if info:
             entry["info"] = dict(info)
@@ -308,15 +329,25 @@ def baseline_table(
     return report
 
 
+def add_prediction(report: dict, name: str, p: Prediction, info: dict | None = None) -> dict:
+    """`add_predictor` of a baseline's Prediction, with its fallback shares."""
+    entry = add_predictor(report, name, p.median, quantiles=p.quantiles, pit=p.pit, p_fail=p.p_fail, crps=p.crps,
+                          info=info)
+    entry["fallback"] = p.level_shares()
+    return entry
+
+
 def add_predictor(report: dict, name: str, median, quantiles=None, pit=None, p_fail=None, *,
-                  test: dict | None = None, info: dict | None = None) -> dict:
+                  test: dict | None = None, info: dict | None = None, crps=None) -> dict:
     """Score another predictor (e.g. the model) on the report's test packets and add it.
 
     median: float[n_test] predicted median RTT (NaN = no prediction); quantiles: {0.05, 0.25,
     0.75, 0.95 -> float[n]} (extra keys ignored) or an (n, 4) array in that order; pit:
     float[n] predictive CDF at the actual RTT (NaN for failed packets); p_fail: float[n]
-    failure probability. `test` is needed only for a report without `.ctx` (e.g. re-read
-    from JSON). Returns the new entry (report["predictors"][name]).
+    failure probability; crps: float[n] CRPS (ms) of the actual RTT under the predictive
+    distribution (None: for a point predictor, without quantiles, its absolute error; else
+    not scored). `test` is needed only for a report without `.ctx` (e.g. re-read from JSON).
+    Returns the new entry (report["predictors"][name]).
     """
     ctx = getattr(report, "ctx", None)
     if not ctx:
@@ -331,11 +362,14 @@ def add_predictor(report: dict, name: str, median, quantiles=None, pit=None, p_f
             report.ctx = ctx
     actual = ctx["actual"]
     n = len(actual)
-    for label, arr in (("median", median), ("pit", pit), ("p_fail", p_fail)):
+    for label, arr in (("median", median), ("pit", pit), ("p_fail", p_fail), ("crps", crps)):
         if arr is not None and len(np.asarray(arr)) != n:
             raise ValueError(f"{name}: {label} has {len(np.asarray(arr))} values for {n} test packets")
-    arrays = _prediction_arrays(median, quantiles, pit, p_fail)
-    entry = _entry(arrays["median"], actual, ctx["masks"], arrays["quantiles"], arrays["pit"], arrays["p_fail"])
+    if crps is None and quantiles is None:
+        crps = M.crps_point(median, actual)  # a point forecast: all its mass on the median
+    arrays = _prediction_arrays(median, quantiles, pit, p_fail, crps)
+    entry = _entry(arrays["median"], actual, ctx["masks"], arrays["quantiles"], arrays["pit"], arrays["p_fail"],
+                   arrays["crps"])
     entry["fallback"] = None
     if info:
         entry["info"] = dict(info)
@@ -368,6 +402,7 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
         s = e["slices"].get(slice) or {}
         cal = e.get("calibration") or {}
         cov = cal.get("coverage") or {}
+        crps = (e.get("crps") or {}).get(slice) or {}
         pit = cal.get("pit") or {}
         fail = e.get("failure") or {}
         fb = e.get("fallback") or {}
@@ -377,6 +412,7 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
             "median_rel_err": s.get("median_rel_err"),
             "p90_rel_err": s.get("p90_rel_err"),
             "mae_ms": s.get("mae_ms"),
+            "crps_ms": crps.get("mean_crps_ms"),
             "cov50": cov.get("cov50"),
             "cov90": cov.get("cov90"),
             "pit_ks": pit.get("ks"),
@@ -388,7 +424,8 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
     if nf:
         s = nf["slices"].get(slice) or {}
         rows.append({"predictor": NOISE_FLOOR, "n": s.get("n"), "median_rel_err": s.get("median_rel_err"),
-                     "p90_rel_err": s.get("p90_rel_err"), "mae_ms": s.get("mae_ms"), "cov50": None, "cov90": None,
+                     "p90_rel_err": s.get("p90_rel_err"), "mae_ms": s.get("mae_ms"), "crps_ms": None,
+                     "cov50": None, "cov90": None,
                      "pit_ks": None, "brier": None, "auc": None, "fallback_share": None})
     return rows
 
@@ -420,3 +457,61 @@ def write_plots(report: Report, out_dir, names: list[str] | None = None, fmt: st
     for n in names:
         paths[f"scatter_{n}"] = plots.plot_scatter(preds[n]["median"], actual, out_dir / f"scatter_{n}.{fmt}", name=n)
     return paths
+
+
+# ---------------------------------------------------------------- baselines that read the prompt
+
+
+def add_prompt_baselines(report: Report, pool: dict, contexts, seed: int = 0, refit: bool | None = None) -> list[str]:
+    """Add the predictors that see what the model's prompts hold (`pool`, `contexts`: as
+    `eval.model.predict` returns them) to a `baseline_table` report of the same packets:
+    `prompt_median` (the prompt's measurements of the pair, else of its /24|/48, else /16|/32
+    networks) and, where some query has an end the training split never saw (`refit` None: only
+    then; True: always), `vivaldi_refit` and `embedding_refit` (that end placed from the
+    prompt). Returns the names added."""
+    ctx = report.ctx
+    test = ctx["test"]
+    fitted = ctx.get("fitted") or {}
+    glob = fitted["global_median"].predict(test)
+    names = []
+    p = PromptMedian(seed=seed).predict(pool, test, contexts, glob)
+    add_prediction(report, "prompt_median", p)
+    names.append("prompt_median")
+    for base in ("vivaldi", "embedding"):
+        b = fitted.get(base)
+        if b is None:
+            continue
+        if refit is None:
+            s, d = b.codes(column(test, "src")), b.codes(column(test, "dst"))
+            tr = b.trained
+            ks = (s >= 0) & tr[np.maximum(s, 0)]
+            kd = (d >= 0) & tr[np.maximum(d, 0)]
+            if not (ks ^ kd).any():
+                continue
+        t0 = time.perf_counter()
+        pr = refit_prediction(b, pool, test, contexts, glob)
+        entry = add_prediction(report, f"{base}_refit", pr)
+        entry["time_s"] = {"refit": round(time.perf_counter() - t0, 4)}
+        names.append(f"{base}_refit")
+    return names
+
+
+def prediction_columns(report: Report) -> tuple[dict, dict]:
+    """(packet columns, {predictor: {field: float[n]}}) of a report's packets for
+    `artifacts.eval_output.write_predictions`, predictors in report order."""
+    ctx = report.ctx
+    test = ctx["test"]
+    packets = {"src": np.asarray(column(test, "src"), dtype=object), "dst": np.asarray(column(test, "dst"), dtype=object),
+               "ip_version": ctx["ip_version"], "event_time": np.asarray(column(test, "event_time"), np.int64),
+               "pair": ctx["pair"], "actual_rtt": ctx["actual"]}
+    preds = {}
+    for name in report["order"]:
+        a = ctx["predictions"][name]
+        q = a["quantiles"]
+        if q is not None and not isinstance(q, dict):
+            q = M.quantile_columns(q, M.QUANTILE_LEVELS)
+        fields = {"median": a["median"], "p_fail": a["p_fail"], "pit": a["pit"], "crps": a["crps"]}
+        for lv, col in QUANTILE_COLUMNS.items():
+            fields[col] = None if q is None else q.get(lv)
+        preds[name] = fields
+    return packets, preds

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.eval_output import report_path
+from pingctl.artifacts.eval_output import report_path, write_predictions
 from pingctl.artifacts.run import run_config
 from pingctl.atomic import unwritable_reason, write_json
 from pingctl.context import check_policy
 from pingctl.errors import PingctlError, UsageError
 from pingctl.eval.model import predict
-from pingctl.eval.report import (add_predictor, baseline_table, compare, is_plot_name, load_split, summary_rows,
-                                 take, write_plots)
+from pingctl.eval.report import (add_predictor, add_prompt_baselines, baseline_table, compare, is_plot_name,
+                                 load_split, prediction_columns, summary_rows, take, write_plots)
 from pingctl.infer import calibration as CAL
 from pingctl.infer.model import LoadedModel
 from pingctl.infer.runtime import check_hardware
@@ -22,32 +22,43 @@ from pingctl.infer.queries import check_per_pair
 from pingctl.synth.truth import load_truth
 
 
+def check_options(policy: str, hardware: str | None, per_pair: int | None, queries: int, context: int,
+                  context_dst: int | None, seed: int) -> None:
+    """The options every eval checks before it reads a split or loads the model."""
+    check_policy(policy)
+    check_hardware(hardware)
+    check_per_pair(per_pair)
+    if queries < 1 or context < 0:
+        raise UsageError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
+    if context_dst is not None and context_dst < 0:
+        raise UsageError(f"--context-dst {context_dst}: a count >= 0 of the destination side (--context-policy both)")
+    if seed < 0:
+        raise UsageError(f"seed must be >= 0 (got {seed})")
+
+
 def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Path | None = None,
              queries: int = 300, context: int = 16, seed: int = 0, step: int | list[int] | None = None,
-             vivaldi_rounds: int = 2000, policy: str = "probe", per_pair: int | None = None,
-             hardware: str | None = None, calibration: Path | None = None,
+             vivaldi_cycles: int = 1000, policy: str = "probe", per_pair: int | None = None,
+             hardware: str | None = None, calibration: Path | None = None, context_dst: int | None = None,
              progress=lambda _step, _done=0, _total=None: None) -> dict:
-    """Model and baselines on the same `queries` test packets; writes report.json and plots.
+    """Model and baselines on the same `queries` test packets; writes report.json, plots and
+    predictions.parquet (one row per packet, every predictor's figures: artifacts.eval_output).
 
-    `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none;
+    `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none | both
+    (`context` of the source side, `context_dst` of the destination side, from `train_path`);
     `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained);
     `hardware` (cpu | gpu) runs the model there (None: as the run was trained).
     `calibration`: a calibration.json fitted by an eval of the same run on other packets (val);
     adds the predictor model_calibrated. Every eval writes the map fitted on its own packets to
     `out`/calibration.json (pingctl/infer/calibration.py).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
-    check_policy(policy)  # before the splits and the model are loaded
-    check_hardware(hardware)
-    check_per_pair(per_pair)
-    if queries < 1 or context < 0:
-        raise UsageError(f"need queries >= 1 and context >= 0 (got {queries}, {context})")
-    if seed < 0:
-        raise UsageError(f"seed must be >= 0 (got {seed})")
+    # before the splits and the model are loaded
+    check_options(policy, hardware, per_pair, queries, context, context_dst, seed)
     # fail on an unusable --out now, not after minutes of predictions
     out = Path(out)
-    _check_out_dir(out)
+    check_out_dir(out)
     # the cheap checks of the run and the truth before minutes of splits, baselines and model
-    run_config(run)
+    trained = run_config(run)
     if truth is not None:
         load_truth(truth)
     cal = CAL.load(calibration) if calibration is not None else None
@@ -66,33 +77,39 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     idx = np.sort(rng.choice(len(test["rtt"]), size=min(queries, len(test["rtt"])), replace=False))
     sub = take(test, idx)
     progress("fitting baselines")
-    report = baseline_table(train, sub, truth=str(truth) if truth else None, vivaldi_rounds=vivaldi_rounds, seed=seed)
+    report = baseline_table(train, sub, truth=str(truth) if truth else None, vivaldi_cycles=vivaldi_cycles, seed=seed)
     progress(f"loading the model from {run}")
     model = LoadedModel.load(run, step, hardware)
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
-    per_pair = model.max_per_pair if per_pair is None else per_pair
+    if per_pair is None:  # as the run's training contexts were shaped
+        per_pair = trained.loader.triangulation_per_pair if policy == "both" else model.max_per_pair
     prompt = {"context_policy": policy, "context_measurements": context, "context_per_pair": per_pair}
+    if policy == "both":
+        prompt["context_dst"] = context if context_dst is None else context_dst
     if cal is not None:
         CAL.check_fits(cal, run, model.steps, prompt)
     pred = predict(model, test, idx, context=context, train=train, policy=policy, per_pair=per_pair,
-                   calibration=cal, progress=lambda done, total: progress("model predictions", done, total))
+                   calibration=cal, context_dst=prompt.get("context_dst"), progress=lambda done, total: progress("model predictions", done, total))
     model_s = time.perf_counter() - t1
     q = pred["quantiles"]
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
-                  pit=pred["pit"], p_fail=pred["p_fail"],
+                  pit=pred["pit"], p_fail=pred["p_fail"], crps=pred["crps"],
                   info={"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
-                        "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "device": model.device, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2)})
+                        "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "device": model.device, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2),
+                        "context_dst": prompt.get("context_dst"), "context_examples": pred["context_examples"]})
     if cal is not None:
         c = pred["calibrated"]
         cq = c["quantiles"]
         add_predictor(report, "model_calibrated", c["median"],
                       quantiles={0.05: cq[:, 0], 0.25: cq[:, 1], 0.75: cq[:, 2], 0.95: cq[:, 3]},
-                      pit=c["pit"], p_fail=c["p_fail"],
+                      pit=c["pit"], p_fail=c["p_fail"], crps=c["crps"],
                       info={"calibration": cal.path, "fitted_on": cal.meta.get("fitted_on"),
                             "packets": cal.meta.get("packets")})
     if policy == "probe":
         _add_context_median(report, pred["context_median"])
+    if policy != "none":  # what the prompts hold, read by classical predictors
+        add_prompt_baselines(report, pred["pool"], pred["contexts"], seed=seed)
     # show the model first
     first = ["model", "model_calibrated"]
     report["order"] = [n for n in first if n in report["order"]] + [n for n in report["order"] if n not in first]
@@ -106,7 +123,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     report["queries"] = int(len(idx))
     report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
     out.mkdir(parents=True, exist_ok=True)
-    report["calibration"] = _fit_calibration(pred["pit"], out, {
+    report["calibration"] = fit_calibration(pred["pit"], out, {
         "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(Path(test_path).resolve()),
         "seed": seed, **prompt}) | {"applied": cal.path if cal is not None else None}
     progress("writing plots")
@@ -114,12 +131,15 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     _drop_stale_plots(out, plots.values())
     report["plots"] = {k: str(v) for k, v in plots.items()}
     report["rows"] = summary_rows(report)
+    packets, columns = prediction_columns(report)
+    report["predictions"] = str(write_predictions(out, packets, columns, {"run": str(run), "test": str(test_path),
+                                                                          **prompt}))
     report["elapsed_s"] = time.perf_counter() - t0
     write_json(report_path(out), dict(report))
     return report
 
 
-def _fit_calibration(pit, out: Path, meta: dict) -> dict:
+def fit_calibration(pit, out: Path, meta: dict) -> dict:
     """The recalibration map of these packets into out/calibration.json, for use on others;
     too few successful packets: no map (and none left from an earlier eval here)."""
     path = out / "calibration.json"
@@ -142,7 +162,7 @@ def _drop_stale_plots(out: Path, written) -> None:
             p.unlink()
 
 
-def _check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path) -> None:
     """The report directory can be created (without creating it: a failed run leaves nothing)."""
     if reason := unwritable_reason(report_path(out)):
         raise PingctlError(f"--out {out}: cannot create the report directory ({reason})")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts import export as EX
 from pingctl.artifacts.export import source_run
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
@@ -169,3 +170,22 @@ def check_fits(cal: Calibration, run: Path, steps, prompt: dict | None = None, s
     if scored is not None and Path(cal.meta.get("fitted_on", "")).resolve() == Path(scored).resolve():
         raise UsageError(f"{where} was fitted on {scored}, the split being evaluated: its coverage there "
                          "would be calibrated by construction; fit it on the val split")
+
+
+def for_model(model_dir: Path, steps, calibration=None) -> Calibration | None:
+    """The map a loaded model answers with: `calibration` a calibration.json path (checked
+    against the model's run and step(s)), False for none, None for the default: the map an
+    exported model directory carries (`pingctl export --calibration`), else none."""
+    if calibration is False:
+        return None
+    if calibration is None or calibration is True:
+        carried = Path(model_dir) / EX.CALIBRATION
+        if not (EX.is_export_dir(model_dir) and carried.is_file()):
+            if calibration is True:
+                raise UsageError(f"calibration=True: {model_dir} carries no {EX.CALIBRATION} (only an export made "
+                                 "with `pingctl export --calibration` does); give a calibration.json path")
+            return None
+        calibration = carried
+    cal = load(Path(calibration), "calibration")
+    check_fits(cal, Path(model_dir), list(steps))
+    return cal

@@ -26,6 +26,16 @@ from pingctl.infer.runtime import inference_config
 
 SLOTS = 32  # decode slots per step: candidate bytes (of one or several prompts) scored together
 MIN_TOKENS = 100_000  # below this many sequence tokens the uncached passes finish before the engine is built
+# Per call: a decode step attends over the whole cache and every prompt is prefilled and copied into
+# its slots, which a short prompt's whole-sequence passes undercut (a context-free question: 15 ms
+# uncached, 116 ms through the cache on this CPU); from ~8 context measurements on, the cache wins
+# once its slots fill (docs/benchmarks.md, "Serve").
+MIN_PROMPT = 128
+
+
+def worth_it(shortest_prompt: int, candidates: int) -> bool:
+    """Whether a second-byte call with these prompts should go through the shared cache."""
+    return shortest_prompt >= MIN_PROMPT and candidates >= SLOTS
 
 
 def _register_result_tokens(engine_api) -> None:

@@ -23,7 +23,7 @@ from pingctl.infer import kv_cache, weights
 from pingctl.infer.runtime import check_hardware, inference_config, prepare_env, require_gpu
 from pingctl.tokenizer import C, GrammarState, decode, get_vocab
 
-LENGTH_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_BATCHES = (8,)
 
 
@@ -227,10 +227,13 @@ class LoadedModel:
     def second_byte_log_probs(self, firsts: list[np.ndarray], candidates: list[np.ndarray]) -> list[np.ndarray]:
         """[len(candidates[i]), vocab]: log P(next | firsts[i] + [byte b]) for each candidate
         byte b of each prompt (prompts ending with RttStart). A large batch shares each
-        prompt's key-value cache (`kv_cache`); otherwise, or where the cache cannot be built
+        prompt's key-value cache (`kv_cache`) when the prompts are long enough for it to pay
+        (`kv_cache.worth_it`, decided per call); otherwise, or where the cache cannot be built
         (averaged weights, PINGCTL_KV_CACHE=0), whole sequences are run."""
         byte0 = get_vocab(self.scheme).byte_offset
-        kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
+        kv = None
+        if firsts and kv_cache.worth_it(min(len(f) for f in firsts), sum(len(c) for c in candidates)):
+            kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
         if kv is not None:
             try:
                 return [r[:, : self.vocab_size] for r in kv.log_probs(firsts, candidates, self._bucket)]

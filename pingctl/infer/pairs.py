@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.context import context_indices
+from pingctl.context import context_indices, triangulation_indices
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import queries as Q
 from pingctl.schema.times import parse_when
@@ -249,6 +249,20 @@ def _parquet_times(col) -> list:
 # ----------------------------------------------------------------- answering
 
 
+def triangulation_contexts(pairs: Pairs, ctx, rows: np.ndarray, k: int, per_pair: int,
+                           prb: np.ndarray | None = None) -> list:
+    """Per pair `rows[k]`, its `--context-policy both` context from `ctx` (a `Measurements`):
+    `k` measurements of its probe to other destinations and `k` of its destination from other
+    sources, before the pair's time (all rows where it has none), at most `per_pair` of each
+    pair, never the pair itself, oldest first — `triangulation_indices`, the rule of eval and
+    of the loader's triangulation contexts. None where there are none."""
+    if ctx is None or len(ctx) == 0:
+        return [None] * len(rows)
+    pool, query = _pool_and_queries(pairs, ctx, prb)
+    picked = triangulation_indices(pool, query, np.asarray(rows, np.int64), k, k, per_pair)
+    return [ctx.take(i) if len(i) else None for i in picked]
+
+
 def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_ROWS_MAX,
              prb: np.ndarray | None = None) -> list:
     """Per pair `rows[k]`, the context's measurements of the pair's probe strictly before the
@@ -261,13 +275,7 @@ def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_
     if ctx is None or len(ctx) == 0:
         return [None] * len(rows)
 
-    pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
-            "event_time": ctx.time_s,
-            "prb_id": np.full(len(ctx), -1, np.int64) if prb is None else np.asarray(prb, np.int64)}
-    big = np.iinfo(np.int64).max
-    query = {"src": np.array(pairs.src, object), "dst": np.array(pairs.dst, object),
-             "event_time": np.array([big if t is None else t for t in pairs.time], np.int64),
-             "prb_id": probe_of(pool["src"], pool["prb_id"], pairs.src)}
+    pool, query = _pool_and_queries(pairs, ctx, prb)
     rows = np.asarray(rows, np.int64)
     known = query["prb_id"][rows] >= 0
     out: list = [None] * len(rows)
@@ -277,6 +285,19 @@ def contexts(pairs: Pairs, ctx, rows: np.ndarray, per_source_max: int = CONTEXT_
         for k, i in zip(np.flatnonzero(sel), context_indices(p, q, rows[sel], per_source_max, "probe")):
             out[k] = ctx.take(i) if len(i) else None
     return out
+
+
+def _pool_and_queries(pairs: Pairs, ctx, prb: np.ndarray | None) -> tuple[dict, dict]:
+    """The context's and the pairs' columns as pingctl.context takes them; a pair without a
+    time asks after every row, and its probe is the one whose rows have its source."""
+    pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
+            "event_time": ctx.time_s,
+            "prb_id": np.full(len(ctx), -1, np.int64) if prb is None else np.asarray(prb, np.int64)}
+    big = np.iinfo(np.int64).max
+    query = {"src": np.array(pairs.src, object), "dst": np.array(pairs.dst, object),
+             "event_time": np.array([big if t is None else t for t in pairs.time], np.int64),
+             "prb_id": probe_of(pool["src"], pool["prb_id"], pairs.src)}
+    return pool, query
 
 
 def probe_of(pool_src: np.ndarray, pool_prb: np.ndarray, srcs: list[str]) -> np.ndarray:
@@ -299,12 +320,14 @@ def context_of(ctx, src: str, time: int | None, prb: np.ndarray | None = None):
 
 
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
-           progress=lambda done, total: None, prb: np.ndarray | None = None, calibration=None) -> dict:
+           progress=lambda done, total: None, prb: np.ndarray | None = None, calibration=None,
+           policy: str = "probe", k: int = 16) -> dict:
     """Column arrays of the predictions, one entry per valid pair, in file order. A row that
-    repeats an earlier (src, dst, time) has the same prompt (its context depends on the source
-    and time only), so it is answered once and copied: a measurement table given as pairs costs
-    its distinct pairs, not its rows. A `calibration` recalibrates every distribution (its
-    quantiles are then read exactly where the recalibrated ones fall)."""
+    repeats an earlier (src, dst, time) has the same prompt, so it is answered once and copied:
+    a measurement table given as pairs costs its distinct pairs, not its rows. A `calibration`
+    recalibrates every distribution (its quantiles are then read exactly where the recalibrated
+    ones fall). `policy` "both": each prompt holds the pair's triangulation context from `ctx`
+    (`k` a side, `per_pair` of each pair per side) instead of its probe's history."""
     reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
 
     slot = pairs.slots
@@ -312,7 +335,11 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     n = len(distinct)
     budget = model.seq_len - 64
     timed = model.timestamps
-    ctxs = contexts(pairs, ctx, distinct, prb=prb)
+    if policy == "both":
+        ctxs = triangulation_contexts(pairs, ctx, distinct, k, per_pair, prb=prb)
+        per_pair = 0  # capped when they were picked; the prompt keeps every one
+    else:
+        ctxs = contexts(pairs, ctx, distinct, prb=prb)
     cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms",
                                              *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))}
     n_ctx: list[int] = []

@@ -27,13 +27,14 @@ import numpy as np
 from pingctl.artifacts import sample_output as SO
 from pingctl.artifacts.run import run_config
 from pingctl.atomic import unwritable_reason
+from pingctl.context import triangulation_indices
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import queries as Q
 from pingctl.infer.model import trained_with_timestamps, untimed_run
-from pingctl.infer.pairs import AddressError, check_measurable, context_of
+from pingctl.infer.pairs import AddressError, check_measurable, context_of, probe_of
 from pingctl.infer.plots import plot_distribution
 from pingctl.schema.times import generated_time_range, parse_when, utc_text
-from pingctl.tokenizer import Measurements
+from pingctl.tokenizer import Measurements, decode
 from pingctl.tokenizer.rtt_codec import MAX_MS
 
 # ----------------------------------------------------------------- defaults and bounds
@@ -147,10 +148,29 @@ def generation_period(since: str | None, until: str | None) -> tuple[int, int]:
     return lo, hi
 
 
-def check_context_options(context: Path | None, context_per_pair: int | None) -> None:
+# --context-policy: `probe` the probe's own measurements from --context (as training contexts
+# without triangulation); `both` a triangulation context from it (docs/sample.md): the probe's
+# measurements to other destinations and the destination's from other sources, CONTEXT_K a side.
+CONTEXT_POLICIES = ("probe", "both")
+CONTEXT_K = 16
+MAX_CONTEXT_K = 10_000  # a prompt holds at most seq_len tokens, >= 12 a measurement (eval's bound)
+
+
+def check_context_options(context: Path | None, context_per_pair: int | None, context_policy: str = "probe",
+                          context_k: int | None = None) -> None:
     Q.check_per_pair(context_per_pair)
     if context_per_pair is not None and context is None:
         raise UsageError("--context-per-pair caps measurements from --context; give --context too")
+    if context_policy not in CONTEXT_POLICIES:
+        raise UsageError(f"--context-policy {context_policy!r}: expected one of {', '.join(CONTEXT_POLICIES)}")
+    if context_policy == "both" and context is None:
+        raise UsageError("--context-policy both picks its measurements from --context; give --context TABLE too")
+    if context_k is not None:
+        if context_policy != "both":
+            raise UsageError("--context-k is the size of each side of --context-policy both")
+        _at_least_one("--context-k", context_k)
+        _bound("--context-k", context_k, MAX_CONTEXT_K, "a prompt holds at most the run's seq_len tokens, at "
+                                                         "least 12 a measurement")
 
 
 def _check_writable(*named: tuple[str, Path | None]) -> None:
@@ -170,12 +190,17 @@ class Question:
     mode: ClassVar[str] = ""
     context: Path | None = None
     context_per_pair: int | None = None
+    context_policy: str = "probe"
+    context_k: int | None = None
 
     def __post_init__(self) -> None:
         self.check()
 
     def check(self) -> None:
-        check_context_options(self.context, self.context_per_pair)
+        check_context_options(self.context, self.context_per_pair, self.context_policy, self.context_k)
+        if self.context_policy == "both" and self.mode not in ("distribution", "pairs"):
+            raise UsageError(f"--context-policy both is for an RTT distribution (--src IP --dst IP), not "
+                             f"{MODE_NAMES.get(self.mode, 'a --pairs file')}: its context needs both ends")
 
     def needs_run_rules(self) -> bool:
         """Whether `check_run` must read the run's config."""
@@ -326,6 +351,7 @@ class GenerateQuestion(Question):
 
 def question_from_options(*, src: str | None = None, dst: str | None = None, rtt: str | None = None,
                           time: str | None = None, context: Path | None = None, context_per_pair: int | None = None,
+                          context_policy: str | None = None, context_k: int | None = None,
                           n: int | None = None, measurements: int | None = None, timestamps: bool | None = None,
                           since: str | None = None, until: str | None = None, k: int | None = None,
                           out: Path | None = None, plot: Path | None = None, pairs: Path | None = None,
@@ -354,7 +380,8 @@ def question_from_options(*, src: str | None = None, dst: str | None = None, rtt
             raise UsageError(f"{', '.join(unused)}: --pairs computes each pair's RTT distribution exactly "
                              "(no sampling, no ranking), so this would change nothing; drop it")
         q = PairsQuestion(pairs=pairs, out=out, exact=exact, calibration=calibration, context=context,
-                          context_per_pair=context_per_pair)
+                          context_per_pair=context_per_pair, context_policy=context_policy or "probe",
+                          context_k=context_k)
         if out is not None:
             _check_writable(*(("--out", p) for p in (out, SO.rejects_path(out))))
         return q
@@ -388,14 +415,15 @@ def question_from_options(*, src: str | None = None, dst: str | None = None, rtt
         dst = dst or Q.any_address(fam_src)
     t_query = time_option(time)
     period = generation_period(since, until) if since is not None or until is not None else None
-    check_context_options(context, context_per_pair)
+    check_context_options(context, context_per_pair, context_policy or "probe", context_k)
     rtt_lo, rtt_hi = rtt_range(rtt) if rtt is not None else (None, None)
     if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
         raise UsageError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
                          "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in SO.SINGLE_SUFFIXES:
         raise UsageError(f"--out {out}: written as .parquet or .json")
-    common = {"context": context, "context_per_pair": context_per_pair}
+    common = {"context": context, "context_per_pair": context_per_pair, "context_policy": context_policy or "probe",
+              "context_k": context_k}
     s = {"seed": _given(seed, sampling, "seed", 0), "temperature": _given(temperature, sampling, "temperature", 1.0)}
     if mode == "distribution":
         q: Question = RttQuestion(src=src, dst=dst, time=t_query, out=out, plot=plot, calibration=calibration,
@@ -461,16 +489,43 @@ def check_run(question: Question, run: Path) -> None:
                          "result_last < 1, or ask this one for the RTT distribution of candidate pairs")
 
 
-def probe_context(question: Question, ctx: Measurements, read: dict, prb=None) -> Measurements | None:
+def probe_context(question: Question, ctx: Measurements, read: dict, prb=None, run: Path | str | None = None
+                  ) -> Measurements | None:
     """The context a question with a whole --src is asked with: that source's probe's
     measurements (before --time), as a --pairs row's; training contexts hold one probe's past.
-    Sets read["rows_used"] (a caller may say how many of the file's rows that left)."""
+    With --context-policy both, the triangulation context (`triangulation_context`; `run` gives
+    its per-pair cap when --context-per-pair does not). Sets read["rows_used"] (a caller may say
+    how many of the file's rows that left)."""
     src = getattr(question, "src", None)
+    if question.context_policy == "both":
+        per_pair = question.context_per_pair
+        if per_pair is None:
+            per_pair = run_config(run).loader.triangulation_per_pair if run is not None else 1
+        k = CONTEXT_K if question.context_k is None else question.context_k
+        idx = triangulation_context(ctx, prb, question.src, question.dst, question.time, k, per_pair)
+        read["rows_used"] = len(idx)
+        return ctx.take(idx) if len(idx) else None
     if src is None or is_pattern(src):
         return ctx
     picked = context_of(ctx, str(ipaddress.ip_address(src)), getattr(question, "time", None), prb)
     read["rows_used"] = 0 if picked is None else len(picked)
     return picked
+
+
+def triangulation_context(ctx: Measurements, prb, src: str, dst: str, time: int | None, k: int,
+                          per_pair: int) -> np.ndarray:
+    """Indices into `ctx` of the `both` context of src -> dst (before `time`, all rows without
+    one): `k` measurements of src's probe to other destinations and `k` of dst from other
+    sources, at most `per_pair` of each pair, oldest first (pingctl.context.triangulation_indices,
+    the rule of eval and of the loader's triangulation contexts)."""
+    pool = {"src": np.array(ctx.src_text(), object), "dst": np.array(ctx.dst_text(), object),
+            "event_time": ctx.time_s,
+            "prb_id": np.full(len(ctx), -1, np.int64) if prb is None else np.asarray(prb, np.int64)}
+    src_c, dst_c = str(ipaddress.ip_address(src)), str(ipaddress.ip_address(dst))
+    query = {"src": np.array([src_c], object), "dst": np.array([dst_c], object),
+             "event_time": np.array([np.iinfo(np.int64).max if time is None else time], np.int64),
+             "prb_id": probe_of(pool["src"], pool["prb_id"], [src_c])}
+    return triangulation_indices(pool, query, np.zeros(1, np.int64), k, k, per_pair)[0]
 
 
 # ----------------------------------------------------------------- answers
@@ -502,10 +557,19 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     if context is not None:
         per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair
-        ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64, per_pair, timed=model.timestamps)
+        # a `both` context was capped per pair when it was picked (probe_context)
+        ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64,
+                                              0 if q.context_policy == "both" else per_pair, timed=model.timestamps)
         result["context_per_pair"] = per_pair
         result["context_rows"] = context_read
     result["context_tokens"] = int(len(ctx_tokens))
+    if q.context_policy == "both":
+        # the prompt's context measurements as the model reads them (src, dst, time, rtt)
+        m = decode(ctx_tokens, "compact").measurements
+        result["context_policy"] = "both"
+        result["context_k"] = CONTEXT_K if q.context_k is None else q.context_k
+        result["context"] = [{"src": a, "dst": b, "time": int(t) if h else None, "rtt_ms": float(r)}
+                             for a, b, t, h, r in zip(m.src_text(), m.dst_text(), m.time_s, m.has_time, m.rtt_ms)]
     if isinstance(q, RttQuestion):
         d = Q.rtt_distribution(model, Q.query_prefix(q.src, q.dst, q.time, ctx_tokens, last_t))
         if calibration is not None:

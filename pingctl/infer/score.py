@@ -27,7 +27,8 @@ prompt settings (`score_meta`).
 
 Context policies (pingctl/context.py): `probe` (default) the probe's preceding measurements in
 the scored table itself, any destination, as in training; `cold` the same without the queried
-(src, dst) pair's own; `none` no context. Only the table is searched for context: score a
+(src, dst) pair's own; `none` no context; `both` a triangulation context from the table (the
+probe's rows to other destinations and the destination's from other sources, `context` a side). Only the table is searched for context: score a
 pair's history with it, or its first packets are scored with little context.
 """
 
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import resolve_inputs
 from pingctl.context import check_policy, context_indices, context_pool, dict_encode
 from pingctl.errors import PingctlError, UsageError
@@ -270,7 +272,9 @@ def score_rows(model, got: ScoreInput, *, context: int = CONTEXT, context_policy
         raise PingctlError(f"scoring needs a model trained with the compact scheme (this one: {model.scheme})")
     progress = progress or (lambda done, total: None)
     rows = _arrays(got.table)
-    per_pair = model.max_per_pair if per_pair is None else per_pair
+    if per_pair is None:  # as the run's training contexts were shaped
+        per_pair = (run_config(model.run).loader.triangulation_per_pair if context_policy == "both"
+                    else model.max_per_pair)
     cols = _score(model, rows, context, context_policy, per_pair, chunk, progress)
     out = got.table.select(list(COLUMNS))
     for name in SCORE_COLUMNS:

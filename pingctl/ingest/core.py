@@ -12,6 +12,8 @@ Files are processed in parallel (one process per file, largest first; all in thi
 process when an input is a pipe, which only this process can read); each worker streams
 its file and writes its own part, so memory is bounded by a few row groups per worker
 whatever the input size, and the output does not depend on the worker count.
+`--target slurm|modal` runs the same per-file task (`ingest_file`) elsewhere, one task per
+file, and finishes the output the same way (`write_output`): pingctl.ingest.fanout.
 Within a `.bz2` file, blocks are decoded in parallel by indexed_bzip2 on cores // workers
 threads (so one big dump uses every core); the output does not depend on that either.
 """
@@ -162,8 +164,13 @@ def ingest_file(
     on_bytes: Callable[[int], None] | None = None,
     threaded: bool = True,
     bz2_threads: int = 0,
+    label: str | None = None,
 ) -> dict:
     """Ingest one input file into `tmpdir/part-INDEX.parquet` (+ a hidden rejects piece).
+
+    This is the per-file task of every target: the local process pool and each task of a
+    fanned-out run (pingctl.ingest.fanout) call it. `label`: the name the manifest and the
+    rejects give the file (default `path`), for a copy read elsewhere (a Modal volume).
 
     With `tmpdir=None` nothing is written (rows are counted, rejects kept in memory).
     `threaded`: decompress in a second thread (worth it when a core is spare).
@@ -174,6 +181,7 @@ def ingest_file(
     a file never depend on the decoder.
     """
     p = Path(path)
+    name = path if label is None else label
     try:
         raw = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as e:
@@ -205,7 +213,7 @@ def ingest_file(
             else:
                 read_chunk = functools.partial(next, par, b"")
             try:
-                done = _parse_file(index, path, out, opts, read_chunk)
+                done = _parse_file(index, name, out, opts, read_chunk)
                 decoder = f"indexed_bzip2 x{bz2_threads}"
             except ParallelBz2Failed:
                 if chunks is not None:
@@ -230,7 +238,7 @@ def ingest_file(
                 sys.setswitchinterval(2e-4)
                 chunks = ThreadedChunks(decoded_chunks(codec, hr))
                 read_chunk = chunks.read
-            done = _parse_file(index, path, out, opts, read_chunk)
+            done = _parse_file(index, name, out, opts, read_chunk)
             if chunks is not None:
                 chunks.close()  # stop the decoder thread before reading the raw file here
         counts, wrote, kept = done
@@ -245,7 +253,7 @@ def ingest_file(
             gc.enable()
     return {
         "index": index,
-        "path": str(path),
+        "path": str(name),
         "bytes": hr.nbytes,
         "sha256": hr.sha.hexdigest(),
         "codec": codec,
@@ -264,7 +272,7 @@ def _parse_file(index: int, path: str, out: Path | None, opts: Options, read_chu
     try:
         if out is not None:
             writer = PartWriter(out / part_name(index), opts.row_group_rows)
-            rej_fh = open(out / f".rejects-{index:05d}.jsonl", "wb")  # noqa: SIM115
+            rej_fh = open(out / rejects_piece(index), "wb")  # noqa: SIM115
         rejects = Rejects(str(path), rej_fh)
         batch = Batch()
 
@@ -405,48 +413,66 @@ def ingest(
     t0 = time.perf_counter()
     with atomic_dir(out) as tmp:
         results = run_files(files, tmp, opts, workers, on_bytes)
-        with open(tmp / REJECTS, "wb") as dst:
-            for r in results:
-                piece = tmp / f".rejects-{r['index']:05d}.jsonl"
-                with open(piece, "rb") as src:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                piece.unlink()
-        totals = new_counts()
+        manifest, totals = write_output(tmp, results, cfg)
+    return summarize(manifest, totals, results, out, workers, time.perf_counter() - t0)
+
+
+def rejects_piece(index: int) -> str:
+    """The rejects of input `index`, as `ingest_file` writes them beside its part."""
+    return f".rejects-{index:05d}.jsonl"
+
+
+def write_output(tmp: Path, results: list[dict], cfg) -> tuple[dict, dict]:
+    """Finish an output in `tmp` that holds each result's part and rejects piece: the pieces
+    joined into rejects.jsonl in input order, the counts summed and reconciled, manifest.json
+    written. The one way an ingest output is finished, by a local run and by the merge of a
+    fanned-out one (pingctl.ingest.fanout). Returns (manifest, summed counts)."""
+    with open(tmp / REJECTS, "wb") as dst:
         for r in results:
-            merge_counts(totals, r["counts"])
-        config = cfg.model_dump(mode="json")
-        config.pop("workers", None)  # does not change the output
-        manifest = {
-            "kind": "pingctl-ingest",
-            "pingctl_version": __version__,
-            "columns": list(COLUMNS),
-            "config": config,
-            "inputs": [
-                {
-                    "path": r["path"],
-                    "bytes": r["bytes"],
-                    "sha256": r["sha256"],
-                    "codec": r["codec"],
-                    "part": r["part"],
-                    "records": r["counts"]["records"],
-                    "rows": r["counts"]["rows"],
-                    "rejected": sum(r["counts"]["rejected"].values()),
-                }
-                for r in results
-            ],
-            "data_files": [r["part"] for r in results if r["part"]],  # what downstream commands read
-            "rejects": REJECTS,
-            "counts": _public_counts(totals),
-        }
-        problems = reconcile(totals)
-        if problems:  # a bug, never the input's fault: refuse to publish
-            raise RuntimeError("ingest counts do not reconcile: " + "; ".join(problems))
-        write_json(tmp / MANIFEST, manifest)
-    elapsed = time.perf_counter() - t0
+            piece = tmp / rejects_piece(r["index"])
+            with open(piece, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            piece.unlink()
+    totals = new_counts()
+    for r in results:
+        merge_counts(totals, r["counts"])
+    config = cfg.model_dump(mode="json")
+    config.pop("workers", None)  # does not change the output
+    manifest = {
+        "kind": "pingctl-ingest",
+        "pingctl_version": __version__,
+        "columns": list(COLUMNS),
+        "config": config,
+        "inputs": [
+            {
+                "path": r["path"],
+                "bytes": r["bytes"],
+                "sha256": r["sha256"],
+                "codec": r["codec"],
+                "part": r["part"],
+                "records": r["counts"]["records"],
+                "rows": r["counts"]["rows"],
+                "rejected": sum(r["counts"]["rejected"].values()),
+            }
+            for r in results
+        ],
+        "data_files": [r["part"] for r in results if r["part"]],  # what downstream commands read
+        "rejects": REJECTS,
+        "counts": _public_counts(totals),
+    }
+    problems = reconcile(totals)
+    if problems:  # a bug, never the input's fault: refuse to publish
+        raise RuntimeError("ingest counts do not reconcile: " + "; ".join(problems))
+    write_json(tmp / MANIFEST, manifest)
+    return manifest, totals
+
+
+def summarize(manifest: dict, totals: dict, results: list[dict], out: Path, workers: int, elapsed: float) -> dict:
+    """The command's summary: the manifest's counts, with where, how many and how fast."""
     summary = dict(manifest["counts"])
     summary.update(
         out=str(out),
-        files=len(files),
+        files=len(results),
         workers=workers,
         elapsed_s=round(elapsed, 3),
         results_per_s=round(totals["records"] / elapsed, 1) if elapsed > 0 else None,

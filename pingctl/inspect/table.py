@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pingctl.artifacts.table import SPLITS, resolve_inputs, split_dirs
+from pingctl.artifacts.table import SPLITS, expected_splits, resolve_inputs, split_dirs
 from pingctl.errors import PingctlError
 from pingctl.schema.duck import canonical_query, connect, one, reject_counts
 
@@ -57,5 +57,5 @@ def describe_splits(path: Path, sample: int = 0) -> dict:
         rows = [s for s in SPLITS if (Path(path) / s / "manifest.json").exists()]
         hint = f" (these are probe rows: inspect {Path(path) / rows[0]})" if rows else ""
         raise PingctlError(f"{path}: no Parquet data in train/, val/ or test/{hint}")
-    missing = [s for s in SPLITS if s not in splits]
+    missing = [s for s in expected_splits(path) if s not in splits]
     return {"kind": "splits", "path": str(path), "splits": splits, "missing": missing}

@@ -1,4 +1,7 @@
-"""`pingctl bench loader`: end-to-end throughput per worker count, and time per stage."""
+"""`pingctl bench loader`: end-to-end throughput per worker count, and time per stage.
+
+With `loader.triangulation_share` > 0 every case is also timed with it off, right after, on
+the same rows (the machine's speed drifts between runs; back to back the two compare)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ import numpy as np
 
 from pingctl.artifacts.records import read_manifest
 from pingctl.config import LoaderConfig, SynthConfig
-from pingctl.loader.pipeline import element_plan, make_dataset, to_features
+from pingctl.loader.pipeline import element_plan, make_dataset, to_features, triangulation
 from pingctl.loader.sequences import choose_contexts, pack, tokenize
+from pingctl.loader.triangulation import concat_rows, pack_triangulation
 from pingctl.records.build import build_rows
 from pingctl.records.layout import decode
 from pingctl.synth.generate import generate
@@ -20,12 +24,12 @@ from pingctl.synth.generate import generate
 SEED_ANCHOR = "seed pipeline: 320-850k tokens/s on 8 CPUs (~40-106k per CPU); MaxText Grain on C4: ~58k tokens/s per worker"
 
 
-def _ensure_rows(rows_dir: Path | None, tmp: Path, synth_rows: int) -> Path:
+def _ensure_rows(rows_dir: Path | None, tmp: Path, synth_rows: int, by: str = "source") -> Path:
     if rows_dir is not None:
         return Path(rows_dir)
 
     generate(SynthConfig(rows=synth_rows, step=900), tmp / "synth")
-    build_rows([tmp / "synth"], tmp / "rows")
+    build_rows([tmp / "synth"], tmp / "rows", by=by)
     return tmp / "rows"
 
 
@@ -39,7 +43,10 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
     rng = np.random.default_rng(0)
     pick = rng.choice(len(plan), size=min(elements, len(plan)), replace=False)
     mode_p = np.asarray(cfg.mode_weights, float) / sum(cfg.mode_weights)
+    tri, destinations = triangulation(rows_dir, manifest, cfg, scheme)
     t = dict(read=0.0, decode=0.0, sample=0.0, tokenize=0.0, pack=0.0)
+    if tri.share > 0:
+        t["triangulate"] = 0.0  # choosing, reading destination records, tokenizing and packing them
     tokens = rows = 0
     for rec_id, n_rows in plan[pick]:
         t0 = time.perf_counter()
@@ -47,16 +54,26 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
         t1 = time.perf_counter()
         rec = decode(raw)
         t2 = time.perf_counter()
-        p = choose_contexts(rec, rng, int(n_rows), cfg.seq_len, mode_p, scheme, cfg.max_per_pair)
+        n_tri = int((rng.random(int(n_rows)) < tri.share).sum()) if tri.share > 0 else 0
+        n_plain = int(n_rows) - n_tri
+        p = choose_contexts(rec, rng, n_plain, cfg.seq_len, mode_p, scheme, cfg.max_per_pair)
         t3 = time.perf_counter()
         enc = tokenize(rec, rng, p, scheme, cfg.result_last)
         t4 = time.perf_counter()
-        out = pack(p, enc, int(n_rows), cfg.seq_len)
+        out = pack(p, enc, n_plain, cfg.seq_len)
+        t5 = time.perf_counter()
+        if n_tri:
+            out = concat_rows(out, pack_triangulation(rec, rng, n_tri, cfg.seq_len, mode_p, scheme, tri,
+                                                      destinations.lookup(), cfg.result_last))
+        t6 = time.perf_counter()
         to_features({"tokens": out.tokens, "segment": out.segment, "position": out.position,
                      "modes": out.modes, "measurements": out.measurements})
-        t5 = time.perf_counter()
-        for k, a, b in (("read", t0, t1), ("decode", t1, t2), ("sample", t2, t3), ("tokenize", t3, t4), ("pack", t4, t5)):
+        t7 = time.perf_counter()
+        for k, a, b in (("read", t0, t1), ("decode", t1, t2), ("sample", t2, t3), ("tokenize", t3, t4),
+                        ("pack", t4, t5), ("pack", t6, t7)):
             t[k] += b - a
+        if n_tri:
+            t["triangulate"] += t6 - t5
         tokens += int((out.segment > 0).sum())
         rows += int(n_rows)
     total = sum(t.values())
@@ -94,17 +111,23 @@ def bench_loader(
 ) -> dict:
     """`loader`: the other loader settings (e.g. shaping) of the timed cases; default the defaults."""
     base = (loader or LoaderConfig()).model_copy(update={"seq_len": seq_len, "batch_size": batch_size, "workers": 0})
+    share = base.triangulation_share
     with tempfile.TemporaryDirectory(prefix="pingctl-bench-loader-") as d:
-        rows = _ensure_rows(rows_dir, Path(d), synth_rows)
+        rows = _ensure_rows(rows_dir, Path(d), synth_rows, "both" if share > 0 else "source")
         stages = _stage_times(rows, base, scheme, elements=60)
         table = []
-        for w in workers:
-            cfg = base.model_copy(update={"workers": w})
+        # with triangulation on, the same case with it off right after: today's figure beside it
+        cases = [(w, s) for w in workers for s in ((share, 0.0) if share > 0 else (0.0,))]
+        for w, s in cases:
+            cfg = base.model_copy(update={"workers": w, "triangulation_share": s})
             r = _end_to_end(rows, cfg, scheme, batches)
             cores_used = max(1, w)
+            label = f"{w} worker{'s' if w != 1 else ''}"
+            if share > 0:
+                label += f", triangulation {s:g}" if s > 0 else ", triangulation off"
             table.append(
                 {
-                    "case": f"{w} worker{'s' if w != 1 else ''}",
+                    "case": label,
                     "tokens_per_s": int(r["tokens_per_s"]),
                     "tokens_per_s_per_core": int(r["tokens_per_s"] / cores_used),
                     "seq_per_s": round(r["sequences_per_s"], 1),
@@ -125,7 +148,10 @@ def bench_loader(
         "stages": stage_rows,
         "stage_tokens_per_s_one_core": int(stages["tokens_per_s"]),
         "config": {"seq_len": seq_len, "batch_size": batch_size, "scheme": scheme, "batches": batches,
-                   "result_last": base.result_last, "max_per_pair": base.max_per_pair},
+                   "result_last": base.result_last, "max_per_pair": base.max_per_pair,
+                   "triangulation_share": share, "triangulation_k_src": base.triangulation_k_src,
+                   "triangulation_k_dst": base.triangulation_k_dst,
+                   "triangulation_per_pair": base.triangulation_per_pair},
         "cpus": os.cpu_count(),
         "notes": [
             f"in-process stage sum: {int(stages['tokens_per_s']):,} tokens/s on one core; "

@@ -16,7 +16,10 @@ element keep every stretch of steps mixed. The eval pass is shuffled with its ow
 seed, so MaxText's first `eval_steps` batches sample many records, not the first few.
 Grain derives every element's RNG from the seed, the epoch and the element index, so the
 pipeline is deterministic and its iterator state (Grain checkpointing) restores the exact
-data position.
+data position. With `loader.triangulation_share`, a share of each element's rows are packed
+with triangulation contexts (`triangulation.py`), which read destination records at random
+from inside the element's map, with the same RNG: the plan, the state and the determinism
+stay Grain's.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.records import read_manifest
+from pingctl.artifacts.records import destination_index, destination_rows, read_manifest
 from pingctl.config import LoaderConfig
 from pingctl.errors import PingctlError
 from pingctl.loader.sequences import pack_sequences, Shaping
+from pingctl.loader.triangulation import (DestinationIndex, DestinationReader, NO_TRIANGULATION, Triangulation,
+                                          concat_rows, pack_triangulation)
 from pingctl.processes import die_with_parent
 from pingctl.records.layout import decode
 from pingctl.tokenizer.spec import fields, get_spec, token_fields
@@ -87,7 +92,8 @@ def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | No
 
 
 def _transforms(
-    files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep, shaping
+    files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep, shaping,
+    tri: Triangulation = NO_TRIANGULATION, destinations: DestinationReader | None = None,
 ):
     import grain
 
@@ -100,7 +106,12 @@ def _transforms(
         def random_map(self, element, rng: np.random.Generator):
             record_id, n_rows = int(element[0]), int(element[1])
             rec = decode(self.reader.get(record_id))
-            seqs = pack_sequences(rec, rng, n_rows, seq_len, mode_p, scheme, shaping)
+            # drawn only when on, so rows without triangulation stay exactly as they were
+            n_tri = int((rng.random(n_rows) < tri.share).sum()) if tri.share > 0 else 0
+            seqs = pack_sequences(rec, rng, n_rows - n_tri, seq_len, mode_p, scheme, shaping)
+            if n_tri:
+                seqs = concat_rows(seqs, pack_triangulation(rec, rng, n_tri, seq_len, mode_p, scheme, tri,
+                                                            destinations.lookup(), shaping.result_last))
             out = {
                 "tokens": seqs.tokens,
                 "segment": seqs.segment,
@@ -119,6 +130,34 @@ def _transforms(
             return [{k: v[i] for k, v in element.items()} for i in range(len(element["tokens"]))]
 
     return PackSequences(), SplitSequences()
+
+
+def triangulation(rows_dir: Path, manifest: dict, cfg: LoaderConfig, scheme: str = "compact"
+                  ) -> tuple[Triangulation, DestinationReader | None]:
+    """The triangulation settings and the destination records they read (None when off):
+    those `build-rows --by both` put beside the probe rows."""
+    tri = Triangulation(cfg.triangulation_share, cfg.triangulation_k_src, cfg.triangulation_k_dst,
+                        cfg.triangulation_per_pair)
+    if tri.share <= 0:
+        return NO_TRIANGULATION, None
+    if manifest.get("by") == "destination":
+        raise PingctlError(f"{rows_dir}: destination records; triangulation contexts (loader.triangulation_share) "
+                           "draw their queries from probe rows: give the probe rows built with --by both")
+    dst_dir = destination_rows(rows_dir, manifest)
+    if dst_dir is None:
+        raise PingctlError(f"{rows_dir}: built without destination records, which loader.triangulation_share "
+                           f"{cfg.triangulation_share} needs: rebuild with `pingctl build-rows SPLIT -o {rows_dir} "
+                           "--by both --force`, or set loader.triangulation_share=0")
+    dst_manifest = read_manifest(dst_dir)
+    index = DestinationIndex(destination_index(dst_dir, dst_manifest))
+    return tri, DestinationReader(index, _RecordReader([str(dst_dir / f) for f in dst_manifest["files"]]), scheme)
+
+
+def check_triangulation(rows_dir: Path | str, cfg: LoaderConfig) -> None:
+    """Refuse, before a training worker starts, rows that `loader.triangulation_share` cannot
+    use (a PingctlError naming the rows and the fix), as make_dataset would inside it."""
+    if cfg.triangulation_share > 0:
+        triangulation(Path(rows_dir), read_manifest(rows_dir), cfg)
 
 
 def _worker_dies_with(parent: int, _index: int, _count: int) -> None:
@@ -181,7 +220,9 @@ def make_dataset(
     keep = loss_keep_table(cfg.loss_keep, scheme) if train else None  # eval loss stays the plain NLL
     # Shaping changes which rows exist, so train and eval share it (the gap stays comparable).
     shaping = Shaping(cfg.result_last, cfg.max_per_pair)
-    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping)
+    tri, destinations = triangulation(rows_dir, manifest, cfg, scheme)  # train and eval alike, as shaping
+    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping,
+                                        tri, destinations)
     ds = grain.MapDataset.source(plan)
     if train:
         ds = ds.seed(cfg.seed).shuffle().repeat(num_epochs)

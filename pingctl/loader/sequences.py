@@ -30,7 +30,7 @@ MAX_CONTEXTS_PER_ROW = 64
 FILL_RETRIES = 4  # fresh windows tried when the next context's first measurement does not fit
 # compact: MeasurementStart + Src(1+4|16) + Dst(1+4|16) + RttStart+2 | Failed
 _FULL_V4, _FULL_V6 = 45, 69  # the full scheme always carries every block
-_RTT_BLOCK = {"compact": "result", "full": "rtt"}
+RTT_BLOCK = {"compact": "result", "full": "rtt"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def min_measurement_tokens(scheme: str) -> int:
     return 12 if scheme == "compact" else _FULL_V4
 
 
-def _base_lengths(rec: ProbeRecord, scheme: str) -> np.ndarray:
+def base_lengths(rec: ProbeRecord, scheme: str) -> np.ndarray:
     """Tokens per measurement without its timestamp block."""
     v6 = rec.src_v6[rec.src_idx]
     if scheme == "full":
@@ -73,7 +73,7 @@ def _base_lengths(rec: ProbeRecord, scheme: str) -> np.ndarray:
     return 1 + np.where(v6, 17, 5) + np.where(dv6, 17, 5) + np.where(rec.rtt_ms < 0, 1, 3)
 
 
-def _time_lengths(t: np.ndarray, has_time: np.ndarray) -> np.ndarray:
+def time_lengths(t: np.ndarray, has_time: np.ndarray) -> np.ndarray:
     """Compact timestamp tokens of a context in its final order (the tokenizer's rule:
     first timestamp absolute, later ones delta1/delta4 to the previous timestamped one,
     absolute again when the delta is negative or >= 2**32)."""
@@ -107,7 +107,7 @@ def _even_in_time(t: np.ndarray, k: int) -> np.ndarray:
     return idx
 
 
-def _arrange(idx: np.ndarray, mode: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def arrange(idx: np.ndarray, mode: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Order and timestamp flags of a time-ordered context for its mode."""
     n = len(idx)
     if mode == FULL:
@@ -156,7 +156,7 @@ def choose_contexts(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
     max_per_pair: int = 0,
 ) -> Plan:
-    base = _base_lengths(rec, scheme)
+    base = base_lengths(rec, scheme)
     cum = np.concatenate([[0], np.cumsum(base)])
     t = rec.time_s
     floor = min_measurement_tokens(scheme)
@@ -186,10 +186,10 @@ def choose_contexts(
                 est += 7 + 2 * len(idx) * (1 if mode == FULL else 0.5)
             if est > room:
                 idx = idx[_even_in_time(t[idx], max(1, int(len(idx) * room / est)))]
-            idx, has_time = _arrange(idx, mode, rng)
+            idx, has_time = arrange(idx, mode, rng)
             lens = base[idx]
             if scheme == "compact":
-                lens = lens + _time_lengths(t[idx], has_time)
+                lens = lens + time_lengths(t[idx], has_time)
             cs = np.cumsum(lens)
             keep = int(np.searchsorted(cs, room, side="right"))  # a prefix keeps its lengths
             if keep == 0:
@@ -213,16 +213,16 @@ def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str
     sizes = np.array([len(i) for i in plan.idx])
     m = to_measurements(rec, np.concatenate(plan.idx), np.concatenate(plan.has_time))
     # Without result_last the encoder draws the orders itself (the rows stay as they were).
-    order = _orders_result_last(int(sizes.sum()), scheme, rng, result_last) if result_last > 0 else None
+    order = orders_result_last(int(sizes.sum()), scheme, rng, result_last) if result_last > 0 else None
     return encode(m, scheme, rng=rng, order=order, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
 
 
-def _orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: float) -> np.ndarray:
+def orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: float) -> np.ndarray:
     """int8[n, k] uniform block orders, a `share` of them redrawn among those ending in the RTT block."""
     names = blocks(scheme)
     order = field_order(n, names, rng)
     perms = permutations(len(names))
-    ending = perms[perms[:, -1] == names.index(_RTT_BLOCK[scheme])]
+    ending = perms[perms[:, -1] == names.index(RTT_BLOCK[scheme])]
     move = rng.random(n) < share
     order[move] = ending[rng.integers(0, len(ending), int(move.sum()))]
     return order

@@ -1,8 +1,12 @@
-"""`build-rows`: canonical Parquet (one split) -> probe-centric ArrayRecord records.
+"""`build-rows`: canonical Parquet (one split) -> probe-centric ArrayRecord records, and/or
+destination-centric ones (`by`: source | destination | both; docs/rows.md).
 
 DuckDB validates, maps every distinct address to an integer id and sorts by
-(probe, time); Python only walks probe boundaries (one step per record, not per
-measurement) and serializes NumPy slices. Addresses are parsed once per distinct string.
+(probe, time) — or (destination, time); Python only walks group boundaries (one step per
+record, not per measurement) and serializes NumPy slices. Addresses are parsed once per
+distinct string. `both` validates once and writes the destination records into
+`OUT/by-destination/`, which the source manifest names, so the loader finds them from the
+source rows (triangulation contexts, docs/loader.md).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import numpy as np
 from pingctl import __version__
 from pingctl.artifacts.table import resolve_inputs
 from pingctl.artifacts.table import refuse_whole_shard_output
+from pingctl.artifacts.records import BY, DESTINATION_DIR
 from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.benchutil import run_measured
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.records.layout import BYTES_PER_MEASUREMENT, ProbeRecord, VERSION, encode
 from pingctl.schema.duck import all_rejected, canonical_query, connect, one
 from pingctl.tokenizer.measurements import parse_addresses
@@ -58,8 +63,9 @@ def _address_tables(con) -> tuple[np.ndarray, np.ndarray]:
 class _Writer:
     """Rolls ArrayRecord files at ~FILE_TARGET_BYTES."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, prefix: str = "rows"):
         self.out = out
+        self.prefix = prefix
         self.files: list[str] = []
         self.records = 0
         self.sizes: list[list[int]] = []  # measurements per record, per file
@@ -71,7 +77,7 @@ class _Writer:
 
         if self._w is None or self._bytes >= FILE_TARGET_BYTES:
             self.close()
-            name = f"rows-{len(self.files):05d}.arrayrecord"
+            name = f"{self.prefix}-{len(self.files):05d}.arrayrecord"
             self._w = array_record_module.ArrayRecordWriter(str(self.out / name), WRITER_OPTIONS)
             self.files.append(name)
             self.sizes.append([])
@@ -87,11 +93,13 @@ class _Writer:
             self._w = None
 
 
-def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray, v6: np.ndarray, max_n: int) -> int:
-    """Write rows [lo, hi) of one probe as one or more records of <= max_n measurements."""
+def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray, v6: np.ndarray, max_n: int
+                ) -> list[tuple[int, int]]:
+    """Write rows [lo, hi) of one probe (or destination) as one or more records of <= max_n
+    measurements; returns (record id, first time) of each."""
     prb = cols["prb_id"][lo]
     key = cols["probe_key"][lo]
-    parts = 0
+    parts = []
     for part, start in enumerate(range(lo, hi, max_n)):
         end = min(start + max_n, hi)
         src_u, src_idx = np.unique(cols["src_id"][start:end], return_inverse=True)
@@ -112,9 +120,18 @@ def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray,
             dst_addr=addr[dst_u],
             dst_v6=v6[dst_u],
         )
+        parts.append((writer.records, int(cols["t"][start])))
         writer.write(encode(rec), end - start)
-        parts += 1
     return parts
+
+
+# The group key and sort order of each layout. Sub-second precision is dropped: the
+# measurement language counts whole seconds.
+_GROUPS = {
+    "source": ("CASE WHEN c.prb_id IS NOT NULL THEN 'prb:' || c.prb_id ELSE 'src:' || c.src_addr END",
+               "COALESCE(c.prb_id, -1)", "probe_key, t, dst_id, rtt"),
+    "destination": ("'dst:' || c.dst_addr", "-1", "probe_key, t, src_id, rtt"),
+}
 
 
 def build_rows(
@@ -126,101 +143,183 @@ def build_rows(
     force: bool = False,
     progress: Progress = _noop,
     config: dict | None = None,
+    by: str = "source",
+    dst_max_row_mb: float | None = None,
 ) -> dict:
+    """Rows of one split into `out`. `by`: `source` (probe records), `destination` (destination
+    records, with an index from destination address to records in the manifest) or `both`
+    (probe records in `out`, destination records in `out`/by-destination, named by the probe
+    manifest). `dst_max_row_mb` cuts destination records (None: `max_row_mb`): the loader
+    reads one per triangulation context, so smaller records cost less there."""
+    if by not in BY:
+        raise UsageError(f"--by {by!r}: expected one of {', '.join(BY)}")
     t0 = time.perf_counter()
     refuse_whole_shard_output(inputs)
     files = resolve_inputs(inputs)
     out = Path(out)
     check_replaceable(out, force, inputs=files)
-    max_n = max(1, int(max_row_mb * 1e6 // BYTES_PER_MEASUREMENT))
+    max_n = max_measurements(max_row_mb)
+    dst_max_n = max_measurements(max_row_mb if dst_max_row_mb is None else dst_max_row_mb)
     with atomic_dir(out) as tmp:
-        work = tmp / ".work"
-        work.mkdir()
-        con = connect(memory_limit, threads, temp_dir=work / "spill")
-        canonical_query(con, files)
-        progress("validate and index addresses", 0, 1)
-        read, rejected = one(con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical")
-        if read == rejected:
-            raise all_rejected(con, files, read)
-        by_reason = dict(
-            con.execute("SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1").fetchall()
-        )
-        if rejected:
-            con.execute(
-                f"""COPY (SELECT _file AS file, _row AS row, reject_reason AS reason FROM canonical
-                    WHERE reject_reason IS NOT NULL ORDER BY _file, _row) TO '{tmp / 'rejects.jsonl'}' (FORMAT json)"""
-            )
-        addr, v6 = _address_tables(con)
-        # Sub-second precision is dropped: the measurement language counts whole seconds.
-        reader = con.sql(
-            """SELECT CASE WHEN c.prb_id IS NOT NULL THEN 'prb:' || c.prb_id ELSE 'src:' || c.src_addr END AS probe_key,
-                      COALESCE(c.prb_id, -1) AS prb_id, epoch(c.event_time)::BIGINT AS t, c.rtt,
-                      c.msm_id, s.id AS src_id, d.id AS dst_id, c.size::INTEGER AS size,
-                      c.packet_error_count::INTEGER AS errors
-               FROM canonical c JOIN addr_ids s ON s.a = c.src_addr JOIN addr_ids d ON d.a = c.dst_addr
-               WHERE c.reject_reason IS NULL
-               ORDER BY probe_key, t, dst_id, rtt"""
-        ).to_arrow_reader(batch_size=BATCH_ROWS)
-        writer = _Writer(tmp)
-        probes = measurements = 0
-        carry = None
-        total_valid = read - rejected
-        try:
-            for batch in reader:
-                cols = _columns(batch)
-                if carry is not None:
-                    cols = {k: np.concatenate([carry[k], v]) for k, v in cols.items()}
-                keys = cols["probe_key"]
-                starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-                bounds = np.r_[starts, len(keys)]
-                # The last probe may continue in the next batch: keep it back.
-                for lo, hi in zip(bounds[:-2], bounds[1:-1]):
-                    _emit_probe(writer, cols, lo, hi, addr, v6, max_n)
-                    probes += 1
-                    measurements += int(hi - lo)
-                last = bounds[-2]
-                carry = {k: v[last:] for k, v in cols.items()}
-                progress("write records", measurements, total_valid)
-            if carry is not None and len(carry["t"]):
-                _emit_probe(writer, carry, 0, len(carry["t"]), addr, v6, max_n)
-                probes += 1
-                measurements += len(carry["t"])
-        finally:
-            writer.close()
-            reader.close()
-        span = one(con, "SELECT min(event_time), max(event_time) FROM canonical WHERE reject_reason IS NULL")
-        con.close()
-        import shutil
-
-        shutil.rmtree(work)
-        if measurements != total_valid:
-            raise PingctlError(f"internal: wrote {measurements:,} measurements, expected {total_valid:,}")
-        result = {
-            "command": "build-rows",
-            "out": str(out),
-            "layout_version": VERSION,
-            "records": writer.records,
-            "probes": probes,
-            "measurements": measurements,
-            "rows_read": read,
-            "rows_rejected": rejected,
-            "rejects_by_reason": by_reason,
-            "start": span[0],
-            "end": span[1],
-            "files": writer.files,
-            "record_measurements": writer.sizes,
-            "bytes": sum((tmp / f).stat().st_size for f in writer.files),
-            "max_row_mb": max_row_mb,
-            "max_measurements_per_record": max_n,
-            "writer_options": WRITER_OPTIONS,
-            "sources": [{"path": str(f), "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files],
-            "config": config or {},
-            "pingctl_version": __version__,
-        }
-        write_json(tmp / MANIFEST, result)
+        stats, written = build_groups(files, tmp, by, max_n, dst_max_n, memory_limit, threads, progress)
+        common = common_fields(stats, files, config)
+        limits = {"source": (max_row_mb, max_n),
+                  "destination": (max_row_mb if dst_max_row_mb is None else dst_max_row_mb, dst_max_n)}
+        results = {group: group_manifest(out, by, group, w, *limits[group], common) for group, w in written.items()}
+        write_manifests(tmp, by, results)
+    result = dict(results["destination" if by == "destination" else "source"])
+    if by == "both":
+        d = results["destination"]
+        result["destination"] = {k: d[k] for k in ("out", "records", "destinations", "measurements", "bytes")}
     result["elapsed_s"] = time.perf_counter() - t0
-    result["measurements_per_s"] = measurements / result["elapsed_s"]
+    result["measurements_per_s"] = result["measurements"] / result["elapsed_s"]
     return result
+
+
+def max_measurements(max_row_mb: float) -> int:
+    return max(1, int(max_row_mb * 1e6 // BYTES_PER_MEASUREMENT))
+
+
+def common_fields(stats: dict, files: list[Path], config: dict | None) -> dict:
+    """The manifest fields of the split, the same in each layout's manifest."""
+    return {
+        "layout_version": VERSION,
+        **stats,
+        "writer_options": WRITER_OPTIONS,
+        "sources": [{"path": str(f), "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files],
+        "config": config or {},
+        "pingctl_version": __version__,
+    }
+
+
+def group_manifest(out: Path, by: str, group: str, written: dict, max_row_mb: float, max_n: int, common: dict) -> dict:
+    """The manifest of one layout's records, from what `build_groups` wrote."""
+    fields = {k: v for k, v in written.items() if k != "bytes"}
+    return {"command": "build-rows", "by": group,
+            "out": str(out if group == "source" or by == "destination" else Path(out) / DESTINATION_DIR),
+            **fields, "max_row_mb": max_row_mb, "max_measurements_per_record": max_n, **common,
+            "bytes": written["bytes"]}
+
+
+def group_dirs(tmp: Path, by: str) -> dict[str, Path]:
+    """Where each layout of `by` writes its records inside the output `tmp`."""
+    dirs = {}
+    if by in ("source", "both"):
+        dirs["source"] = tmp
+    if by in ("destination", "both"):
+        dirs["destination"] = tmp / DESTINATION_DIR if by == "both" else tmp
+    return dirs
+
+
+def write_manifests(tmp: Path, by: str, results: dict[str, dict]) -> None:
+    """The manifest of each layout (`both`: the probe manifest names the destination records)."""
+    if by == "both":
+        results["source"]["destination_rows"] = DESTINATION_DIR
+    for group, where in group_dirs(tmp, by).items():
+        write_json(where / MANIFEST, results[group])
+
+
+def build_groups(files: list[Path], tmp: Path, by: str, max_n: int, dst_max_n: int, memory_limit: str = "4GB",
+                 threads: int = 0, progress: Progress = _noop, partition: tuple[int, int] | None = None,
+                 prefix: str = "rows", rejects: bool = True) -> tuple[dict, dict[str, dict]]:
+    """Validate the split `files` and write the records of each layout of `by` into `tmp`
+    (destination records of `both` in `tmp`/by-destination), with `tmp`/rejects.jsonl when
+    `rejects`. `partition` (i, n): only the probes (and destinations) whose key's md5 is i
+    modulo n, files named PREFIX-NNNNN.arrayrecord (a fanned-out build's task). Returns the
+    split's counts and, per layout, the manifest fields of its records (and their bytes)."""
+    import shutil
+
+    work = tmp / ".work"
+    work.mkdir()
+    con = connect(memory_limit, threads, temp_dir=work / "spill")
+    canonical_query(con, files)
+    progress("validate and index addresses", 0, 1)
+    read, rejected = one(con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical")
+    if read == rejected:
+        raise all_rejected(con, files, read)
+    by_reason = dict(
+        con.execute("SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1").fetchall()
+    )
+    if rejected and rejects:
+        con.execute(
+            f"""COPY (SELECT _file AS file, _row AS row, reject_reason AS reason FROM canonical
+                WHERE reject_reason IS NOT NULL ORDER BY _file, _row) TO '{tmp / 'rejects.jsonl'}' (FORMAT json)"""
+        )
+    addr, v6 = _address_tables(con)
+    span = one(con, "SELECT min(event_time), max(event_time) FROM canonical WHERE reject_reason IS NULL")
+    stats = {"rows_read": read, "rows_rejected": rejected, "rejects_by_reason": by_reason, "start": span[0],
+             "end": span[1]}
+    results = {}
+    for group, where in group_dirs(tmp, by).items():
+        where.mkdir(exist_ok=True)
+        key = _GROUPS[group][0]
+        only = "" if partition is None else f" AND md5_number({key}) % {int(partition[1])} = {int(partition[0])}"
+        expected = one(con, f"SELECT count(*) FROM canonical c WHERE c.reject_reason IS NULL{only}")[0]
+        written = _write_group(con, group, where, addr, v6, max_n if group == "source" else dst_max_n, expected,
+                               progress, only, prefix)
+        written["bytes"] = sum((where / f).stat().st_size for f in written["files"])
+        results[group] = written
+    con.close()
+    shutil.rmtree(work)
+    return stats, results
+
+
+def _write_group(con, group: str, where: Path, addr: np.ndarray, v6: np.ndarray, max_n: int, total_valid: int,
+                 progress: Progress, only: str = "", prefix: str = "rows") -> dict:
+    """One layout's records into `where`: the manifest fields that describe them."""
+    key, prb, order = _GROUPS[group]
+    reader = con.sql(
+        f"""SELECT {key} AS probe_key, {prb} AS prb_id, epoch(c.event_time)::BIGINT AS t, c.rtt,
+                  c.msm_id, s.id AS src_id, d.id AS dst_id, c.size::INTEGER AS size,
+                  c.packet_error_count::INTEGER AS errors
+           FROM canonical c JOIN addr_ids s ON s.a = c.src_addr JOIN addr_ids d ON d.a = c.dst_addr
+           WHERE c.reject_reason IS NULL{only}
+           ORDER BY {order}"""
+    ).to_arrow_reader(batch_size=BATCH_ROWS)
+    writer = _Writer(where, prefix)
+    groups = measurements = 0
+    index: dict[str, list[list[int]]] = {}
+    carry = None
+    step = "write records" if group == "source" else "write destination records"
+
+    def emit(cols, lo, hi) -> None:
+        parts = _emit_probe(writer, cols, lo, hi, addr, v6, max_n)
+        if group == "destination":
+            index[str(cols["probe_key"][lo])[4:]] = [[rid, t] for rid, t in parts]
+
+    try:
+        for batch in reader:
+            cols = _columns(batch)
+            if carry is not None:
+                cols = {k: np.concatenate([carry[k], v]) for k, v in cols.items()}
+            keys = cols["probe_key"]
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+            bounds = np.r_[starts, len(keys)]
+            # The last group may continue in the next batch: keep it back.
+            for lo, hi in zip(bounds[:-2], bounds[1:-1]):
+                emit(cols, lo, hi)
+                groups += 1
+                measurements += int(hi - lo)
+            last = bounds[-2]
+            carry = {k: v[last:] for k, v in cols.items()}
+            progress(step, measurements, total_valid)
+        if carry is not None and len(carry["t"]):
+            emit(carry, 0, len(carry["t"]))
+            groups += 1
+            measurements += len(carry["t"])
+    finally:
+        writer.close()
+        reader.close()
+    if measurements != total_valid:
+        raise PingctlError(f"internal: wrote {measurements:,} measurements, expected {total_valid:,}")
+    out = {"records": writer.records, "measurements": measurements, "files": writer.files,
+           "record_measurements": writer.sizes}
+    if group == "source":
+        out["probes"] = groups
+    else:
+        out["destinations"] = groups
+        out["index"] = index
+    return out
 
 
 def _columns(batch) -> dict:

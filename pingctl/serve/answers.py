@@ -118,20 +118,26 @@ def rtt_prompts(model, questions: list[S.Pair], context: list[S.ContextRow] | No
     return RttWork(pairs, prompts, n_ctx)
 
 
-def rtt_answers(model, prompts: list[np.ndarray], exact: bool) -> list[dict]:
-    """The batch function: one summary per prompt (on the worker thread)."""
+def rtt_answers(model, prompts: list[np.ndarray], exact: bool, calibration=None) -> list[dict]:
+    """The batch function: one summary per prompt (on the worker thread), recalibrated by
+    `calibration` if given (read where its quantiles come from, as `sample --pairs` does)."""
     if exact:
         dists = Q.rtt_distributions(model, prompts)
     else:  # read as `pingctl sample --pairs` reads them: the quantiles, and the mean's ceiling exactly
-        dists = Q.rtt_distributions_at(model, prompts, Q.QUANTILES, points=np.full(len(prompts), Q.MEAN_CEILING_MS))
+        reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
+        dists = Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS))
+    if calibration is not None:
+        dists = [calibration.apply(d) for d in dists]
     return [d.summary() for d in dists]
 
 
-def rtt_response(model, body: S.RttRequest, work: RttWork, summaries: list[dict], cap: int) -> dict:
+def rtt_response(model, body: S.RttRequest, work: RttWork, summaries: list[dict], cap: int,
+                 calibration=None) -> dict:
     pairs = work.pairs
     rows = [{"src": s, "dst": d, "time": t, **summaries[k], "context_measurements": work.context_measurements[k]}
             for s, d, t, k in zip(pairs.src, pairs.dst, pairs.time, pairs.slots)]
-    head = {"run": str(model.run), "step": model.step, "steps": list(model.steps), "exact": body.exact}
+    head = {"run": str(model.run), "step": model.step, "steps": list(model.steps), "exact": body.exact,
+            "calibration": calibration.path if calibration is not None else None}
     if body.context is not None:
         head.update(context_rows=len(body.context), context_per_pair=cap)
     if body.pairs is None:
@@ -195,7 +201,8 @@ def score_rows(model, body: S.ScoreRequest) -> dict:
 # ----------------------------------------------------------------- metadata
 
 
-def metadata(model, started: float) -> dict:
+def metadata(model, started: float, calibration=None) -> dict:
     """What `pingctl.api.Model.metadata` says of the run (step, preset, scheme, seq_len, the
-    checkpoint's time, training figures, the eval headline beside it), and since when it serves."""
-    return finite({**Model(model).metadata(), "serving_since": utc_iso(started)})
+    checkpoint's time, training figures, the eval headline beside it, the calibration map
+    /rtt applies), and since when it serves."""
+    return finite({**Model(model, calibration).metadata(), "serving_since": utc_iso(started)})

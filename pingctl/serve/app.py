@@ -101,9 +101,10 @@ def _validation_errors(errors) -> list[dict]:
 
 
 def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0, max_queued: int = S.MAX_QUEUED,
-               max_body_bytes: int = S.MAX_BODY_BYTES, log_requests: bool = False):
+               max_body_bytes: int = S.MAX_BODY_BYTES, log_requests: bool = False, calibration=None):
     """The application answering with `model` (a `pingctl.api.Model` or the `LoadedModel` it
-    holds). `max_batch`: RTT questions per gathered batch (default: the model's batch);
+    holds). `calibration`: a loaded calibration map that /rtt's distributions are recalibrated
+    with (default: the Model's own, if it was given one). `max_batch`: RTT questions per gathered batch (default: the model's batch);
     `max_wait_ms`: how long the worker waits for more once it has one; `max_queued`: questions
     waiting past which requests get 503; `log_requests`: one log line per request
     (logger `pingctl.serve`)."""
@@ -113,6 +114,8 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
+    if calibration is None:
+        calibration = getattr(model, "calibration", None)
     model = getattr(model, "loaded", model)
     if max_wait_ms < 0 or max_body_bytes < 1:
         raise UsageError("max_wait_ms must be >= 0 and max_body_bytes >= 1")
@@ -171,7 +174,7 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
 
     @app.get("/metadata", summary="The run: step, preset, scheme, seq_len, times, eval headline")
     async def metadata() -> dict:
-        out = await run_in_threadpool(A.metadata, model, started)
+        out = await run_in_threadpool(A.metadata, model, started, calibration)
         return {**out, "serve": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
                                  "bounds": {"pairs": S.MAX_PAIRS, "context_rows": S.MAX_CONTEXT_ROWS,
                                             "search_samples": S.MAX_SEARCH_SAMPLES, "score_rows": S.MAX_SCORE_ROWS,
@@ -186,9 +189,9 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
         A.check_times(model, questions, body.pairs is not None)
         cap = A.per_pair(model, body.context_per_pair)
         work = await run_in_threadpool(A.rtt_prompts, model, questions, body.context, cap)
-        fn = functools.partial(A.rtt_answers, model, exact=body.exact)
+        fn = functools.partial(A.rtt_answers, model, exact=body.exact, calibration=calibration)
         summaries = await asyncio.wrap_future(batcher.submit(("rtt", body.exact), fn, work.prompts))
-        return A.rtt_response(model, body, work, summaries, cap)
+        return A.rtt_response(model, body, work, summaries, cap, calibration)
 
     @app.post("/complete", summary="Most probable completions of partial addresses (pingctl sample --src 8.8.*.*)")
     async def complete(body: S.CompleteRequest) -> dict:

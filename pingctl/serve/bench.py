@@ -26,6 +26,7 @@ import warnings
 import numpy as np
 
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import kv_cache
 from pingctl.infer import queries as Q
 from pingctl.processes import die_with_us
 from pingctl.serve.app import create_app
@@ -87,8 +88,8 @@ def _get(url: str) -> dict:
 
 def _warm_kv_cache(model, n: int, context: int) -> None:
     """One untimed batch of `n` context questions: large enough (>= kv_cache.MIN_TOKENS
-    sequence tokens) to build the model's shared key-value cache, which every later
-    second-byte pass then uses, batched or not. Without it the cases would differ in whether
+    sequence tokens) to build the model's shared key-value cache, which later second-byte
+    passes of long prompts use, batched or not. Without it the cases would differ in whether
     the cache existed yet (the first batch that is large enough builds it), not in batching."""
     rows = _context(_pair(0)[0], context)
     m = Measurements.from_fields([r["src"] for r in rows], [r["dst"] for r in rows], [r["rtt"] for r in rows],
@@ -106,14 +107,12 @@ def bench_serve(model, requests: int = 512, clients: int = 32, seconds: float = 
     cases = [("one at a time", 1, 1, 1), (f"unbatched, {clients} clients", 1, clients, 1),
              (f"micro-batched, {clients} clients", batch, clients, 1), (f"{batch} pairs per request", batch, 1, batch)]
     table: list[dict] = []
-    warmed = False
+    if max(contexts) > 0:
+        # built before any timed case, so that no case pays for building it; short prompts
+        # still run as whole sequences (the rule is per call: kv_cache.worth_it)
+        progress("building the shared key-value cache")
+        _warm_kv_cache(model, batch, max(contexts))
     for ctx in sorted(contexts):
-        if ctx > 0 and not warmed:
-            # after the context-free cases: once built, the cache serves every second-byte pass
-            # of the model, short prompts too, where it is slower than whole sequences
-            progress("building the shared key-value cache")
-            _warm_kv_cache(model, batch, max(contexts))
-            warmed = True
         for server_batch in sorted({c[1] for c in cases}):
             app = create_app(model, max_batch=server_batch, max_wait_ms=max_wait_ms)
             with ServerThread(app) as srv:
@@ -126,9 +125,9 @@ def bench_serve(model, requests: int = 512, clients: int = 32, seconds: float = 
     notes = [("pairs_per_s: RTT distributions answered per second (exact at P(failure) and the quantiles, "
               "as `pingctl sample --pairs`); latency: per request, at the client, after an untimed warm-up"),
              "pairs_per_batch: RTT questions per gathered batch on the model's worker (warm-up included)",
-             ("the model's shared key-value cache is built (untimed) after the context-free cases and before "
-              "the others: a fresh service builds it the first time one batch asks for >= 100,000 sequence "
-              "tokens, and from then on every second-byte pass uses it")]
+             ("the model's shared key-value cache is built (untimed) before the cases: a fresh service builds "
+              "it the first time one batch asks for >= 100,000 sequence tokens; from then on it serves the "
+              f"second-byte passes of prompts of >= {kv_cache.MIN_PROMPT} tokens")]
     for ctx in contexts:
         rows = {r["case"].split(",")[0]: r for r in table if r["case"].endswith(f"ctx {ctx}")}
         one, mb = rows.get("one at a time"), rows.get("micro-batched")

@@ -270,6 +270,7 @@ def _summary(cfg, w: World, stats: _Stats, files, truth_files, t_first, t_last) 
         "streams": w.n_streams,
         "v6_streams": int(np.count_nonzero(st["ip_version"] == 6)),
         "ases": len(w.ases["asn"]),
+        "addresses": cfg.addresses,
         "rounds": w.rounds,
         "v4_rows": stats.v4,
         "v6_rows": stats.v6,

@@ -352,6 +352,72 @@ def _assign_addresses(seed, hosts, ases, host_as):
     hosts["_as_idx"] = host_as
 
 
+# Not public unicast, by IANA's special-purpose registries (what `ipaddress.is_global` refuses,
+# plus multicast): random addresses are drawn outside them.
+_V4_EXCLUDED = [ipaddress.IPv4Network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24",
+    "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24",
+    "224.0.0.0/4", "240.0.0.0/4")]
+# Inside 2000::/3 (global unicast): IETF protocol assignments (Teredo, ORCHID, benchmarking),
+# documentation, 6to4 (an IPv4 address inside) and the newer documentation block.
+_V6_EXCLUDED = [ipaddress.IPv6Network(n) for n in ("2001::/23", "2001:db8::/32", "2002::/16", "3fff::/20")]
+
+
+def _draw_unique(rng, n: int, draw, excluded, prefix_bits: int, top_bits: int) -> np.ndarray:
+    """n distinct prefixes (as ints of `prefix_bits` bits) from `draw(k)`, outside the
+    `excluded` networks, in draw order: deterministic in the generator's state."""
+    out = np.empty(0, dtype=np.int64)
+    while len(out) < n:
+        cand = draw(2 * (n - len(out)) + 16)
+        ok = np.ones(len(cand), dtype=bool)
+        for net in excluded:
+            shift = prefix_bits - min(net.prefixlen, prefix_bits)
+            ok &= (cand >> shift) != (int(net.network_address) >> (top_bits - prefix_bits + shift))
+        cand = np.concatenate([out, cand[ok]])
+        _, first = np.unique(cand, return_index=True)
+        out = cand[np.sort(first)][:n]
+    return out
+
+
+def _random_addresses(seed, hosts, ases, host_as):
+    """Addresses unrelated to place, AS or prefix: each host gets a uniformly random public
+    IPv4 address in a /24 of its own (and, if dual-stack, a random global IPv6 address in a
+    /48 of its own, with a random interface id), so an address says nothing a model or a
+    baseline could use but the host's identity; only measurements tell where it is.
+    ASes keep their role in the RTT model but own no prefixes."""
+    rng = _rng(seed, "addresses")
+    n = len(host_as)
+    # /24s: 24-bit ints; the host octet 1..254 (never a network or broadcast-looking .0/.255)
+    p24 = _draw_unique(rng, n, lambda k: rng.integers(0, 1 << 24, size=k, dtype=np.int64), _V4_EXCLUDED, 24, 32)
+    ip4 = (p24 << 8) | rng.integers(1, 255, size=n, dtype=np.int64)
+    dual = np.flatnonzero(hosts["dual_stack"])
+    # /48s inside 2000::/3: 48-bit ints whose top 3 bits are 001
+    p48 = _draw_unique(rng, len(dual), lambda k: (1 << 45) | rng.integers(0, 1 << 45, size=k, dtype=np.int64),
+                       _V6_EXCLUDED, 48, 128)
+    subnet = rng.integers(0, 1 << 16, size=len(dual), dtype=np.int64)
+    iid_hi = rng.integers(0, 1 << 32, size=len(dual), dtype=np.int64)
+    iid_lo = rng.integers(1, 1 << 32, size=len(dual), dtype=np.int64)
+    v4 = [str(ipaddress.IPv4Address(int(a))) for a in ip4]
+    v6: list = [None] * n
+    pre6: list = [None] * n
+    for j, i in enumerate(dual):
+        net = int(p48[j]) << 80
+        v6[i] = str(ipaddress.IPv6Address(net | (int(subnet[j]) << 64) | (int(iid_hi[j]) << 32) | int(iid_lo[j])))
+        pre6[i] = f"{ipaddress.IPv6Address(net)}/48"
+    bad = [a for a in v4 + [x for x in v6 if x] if not ipaddress.ip_address(a).is_global
+           or ipaddress.ip_address(a).is_multicast]
+    if bad:  # the exclusion lists above are the contract; this says if they ever fall behind
+        raise PingctlError(f"internal error: random synth addresses {bad[:3]} are not public unicast")
+    hosts["asn"] = ases["asn"][host_as]
+    hosts["ipv4"] = np.array(v4, dtype=object)
+    hosts["ipv6"] = np.array(v6, dtype=object)
+    hosts["v4_prefix"] = np.array([f"{ipaddress.IPv4Address(int(p) << 8)}/24" for p in p24], dtype=object)
+    hosts["v6_prefix"] = np.array(pre6, dtype=object)
+    hosts["_as_idx"] = host_as
+    ases["v4_prefix"] = np.full(len(ases["asn"]), None, dtype=object)
+    ases["v6_prefix"] = np.full(len(ases["asn"]), None, dtype=object)
+
+
 _SPECIAL = [ipaddress.ip_network(n) for n in ("192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15", "198.51.100.0/24",
                                               "203.0.113.0/24", "192.88.99.0/24", "100.64.0.0/10")]
 
@@ -451,7 +517,10 @@ def build_world(cfg, seed: int | None = None) -> World:
     cities = load_cities()
     hosts = _build_hosts(seed, cfg, cities)
     ases, host_as = _build_ases(seed, hosts)
-    _assign_addresses(seed, hosts, ases, host_as)
+    if cfg.addresses == "random":
+        _random_addresses(seed, hosts, ases, host_as)
+    else:
+        _assign_addresses(seed, hosts, ases, host_as)
     rng_ids = _rng(seed, "ids")
     prb = np.zeros(P + T, dtype=np.int64)
     prb[:P] = _probe_ids(rng_ids, P)

@@ -28,7 +28,7 @@ from pingctl.artifacts.run import CONFIG, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, 
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
-from pingctl.loader.pipeline import loss_keep_table
+from pingctl.loader.pipeline import check_triangulation, loss_keep_table
 from pingctl.train import metrics as M
 from pingctl.train.render import parameters, render_maxtext
 
@@ -69,6 +69,8 @@ def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
         if not manifest["record_measurements"]:
             raise PingctlError(f"{r}: no records to train on (the split was empty?)")
         check_files(r, manifest)
+        # rows built without destination records would fail inside the worker, 25 s later
+        check_triangulation(r, cfg.loader)
     loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme)
     return cfg, rows
 
@@ -190,9 +192,9 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
                 proc.kill()
             # the steps before an interrupt belong to the run's history (from the log only where
             # the TensorBoard events cannot be read, with the lines not yet followed)
-            _save_metrics(cfg, run, M.parse_log(log_path, start))
+            save_metrics(cfg, run, M.parse_log(log_path, start))
             raise
-    records = _save_metrics(cfg, run, parser)
+    records = save_metrics(cfg, run, parser)
     if proc.returncode != 0:
         with open(log_path, "rb") as f:
             f.seek(start)
@@ -203,7 +205,14 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
             raise OSError(errno.ENOSPC, f"{full} (the training worker; see {log_path})", str(run))
         tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-15:])
         raise PingctlError(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
-    summary = summarize(cfg, run, records, resumed_from, time.time() - t0)
+    return finish(cfg, run, records, resumed_from, time.time() - t0, parser.stop_reason)
+
+
+def finish(cfg: Config, run: Path, records: list[dict], resumed_from, elapsed: float, stop_reason: str | None = None,
+           **extra) -> dict:
+    """The end of a worker that exited 0, on any target: summary.json (with `extra` fields, e.g.
+    the SLURM job), or a PingctlError when the run stopped short with no stop requested."""
+    summary = summarize(cfg, run, records, resumed_from, elapsed) | extra
     stopped = run / STOPPED
     summary["stopped_early"] = json.loads(stopped.read_text()) if stopped.exists() else None
     last = summary["last_step"]
@@ -211,14 +220,15 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
         # MaxText ends its step loop on a data-iterator exception and still exits 0
         at = "before its first step" if last is None else f"at step {last} of {cfg.train.steps}"
         raise PingctlError(f"training ended {at} with no stop requested (check the rows with `pingctl inspect`): "
-                           f"{parser.stop_reason or 'see ' + str(log_path)}")
+                           f"{stop_reason or 'see ' + str(run / LOG)}")
     write_json(run / SUMMARY, summary)
     return summary
 
 
-def _save_metrics(cfg: Config, run: Path, parser: M.LogParser) -> list[dict]:
+def save_metrics(cfg: Config, run: Path, parser: M.LogParser) -> list[dict]:
     """metrics.jsonl and loss.png, rebuilt from the whole run's TensorBoard events: they also
-    hold the steps of an invocation that was killed (which wrote neither file)."""
+    hold the steps of an invocation that was killed (which wrote neither file); `parser`'s
+    records from the log stand in only where the events cannot be read."""
     parser.finish()
     records = M.run_history(run, parser.records)
     M.write_jsonl(records, run / METRICS)

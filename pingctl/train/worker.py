@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,21 +24,57 @@ from pingctl.processes import die_with_parent
 from pingctl.train.xla import jax_env
 
 
+COORDINATOR_PORTS = (61440, 4096)  # JAX's own choice under SLURM: 61440 + job id % 4096
+
+
+def _first_host(nodelist: str) -> str:
+    """The first host of a SLURM hostlist ("gpu[003-004,010],login1" -> "gpu003"; also with
+    several bracket groups, "r[1-2]n[07-08]" -> "r1n07"), as `scontrol show hostnames | head -1`
+    gives it, without needing scontrol on the compute node."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            end = i
+            break
+    return re.sub(r"\[([^\],-]+)[^\]]*\]", r"\1", nodelist[:end])
+
+
+def slurm_distributed(environ=os.environ) -> dict | None:
+    """`jax.distributed.initialize`'s arguments for a task of a multi-task SLURM job step (what
+    `srun` starts: one worker per node), or None for a single process (the batch script itself,
+    where the SLURM_STEP_* variables are unset, or a one-task step).
+
+    The first node of the step coordinates, on a port derived from the job id (JAX's own rule,
+    so two jobs whose first node is the same machine do not collide); every task's GPUs are its
+    own: all the node's GPUs that SLURM made visible to it."""
+    nodelist = environ.get("SLURM_STEP_NODELIST")
+    tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS")
+    if not nodelist or not tasks or int(tasks) <= 1 or "SLURM_PROCID" not in environ:
+        return None
+    base, span = COORDINATOR_PORTS
+    port = base + int(environ.get("SLURM_JOB_ID", "0")) % span
+    # "deactivate": JAX's own SLURM detection would also pin each process to the one GPU of its
+    # SLURM_LOCALID (one process per GPU); here one process per node drives all the node's GPUs
+    return {"coordinator_address": f"{_first_host(nodelist)}:{port}", "num_processes": int(tasks),
+            "process_id": int(environ["SLURM_PROCID"]), "cluster_detection_method": "deactivate"}
+
+
 def _job_devices() -> tuple[int, str]:
     """(devices of the whole job, their platform), joining the JAX distributed system first.
 
-    The sbatch script exports JAX_COORDINATOR_IP/PORT, NNODES and NODE_RANK for MaxText, which
-    joins the nodes inside its `main`. But the batch size MaxText takes is per device, and
-    counting the devices initialises JAX's backends, after which `jax.distributed.initialize`
-    refuses to run, so every multi-node job would fail. Joined here with MaxText's own helper, MaxText
-    finds the system initialised and goes on.
+    The batch size MaxText takes is per device, and counting the devices initialises JAX's
+    backends, after which `jax.distributed.initialize` refuses to run: so a task of a
+    multi-node SLURM job joins here, before anything counts, and MaxText finds the system
+    initialised and goes on.
     """
     import jax
 
-    if os.environ.get("JAX_COORDINATOR_IP") and not jax.distributed.is_initialized():
-        from maxtext.utils.max_utils import initialize_jax_for_gpu
-
-        initialize_jax_for_gpu({"jax_distributed_initialization_timeout": 300})  # MaxText's default
+    args = slurm_distributed()
+    if args and not jax.distributed.is_initialized():
+        print(f"pingctl: joining JAX's distributed runtime as process {args['process_id']} of "
+              f"{args['num_processes']} (coordinator {args['coordinator_address']})", flush=True)
+        jax.distributed.initialize(**args, initialization_timeout=300)  # MaxText's default timeout
     return jax.device_count(), jax.devices()[0].platform
 
 

@@ -1,0 +1,189 @@
+"""A least-squares network embedding with heights, fitted on log RTT (docs/eval.md).
+
+Every address is a point x_i in R^d with a height h_i >= 0 (its access link, paid on every
+path); the predicted RTT of a pair is ‖x_i − x_j‖ + h_i + h_j. The points and heights
+minimise the mean over measured (src, dst) pairs of
+
+    (log(‖x_i − x_j‖ + h_i + h_j) − log m_ij)²
+
+with m_ij the pair's median successful RTT: a relative-error fit, so a 300 ms path weighs no
+more than a 3 ms one, and the median keeps single slow pings out. Unlike Vivaldi, which follows
+one sample at a time, this is a global fit of every pair at once (the classical GNP/Lighthouse
+idea, with Vivaldi's height model). It is fitted with full-batch Adam in NumPy (gradients
+summed per node with one sort-and-`reduceat`), the heights projected onto h >= 0 after each
+step, in units of the median pair RTT so that one learning rate suits any network.
+
+`refit` places new hosts with the known ones held still: each new host's point and height fit
+its own measurements to known hosts by the same loss, all new hosts at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pingctl.context import codes_in, vocabulary
+from pingctl.eval.baselines import GlobalMedian, Groups, column, point_prediction
+from pingctl.eval.vivaldi import NewHosts
+
+_EPS = 1e-6  # smooths ‖x_i − x_j‖ at 0 (normalised units), where its gradient has no direction
+
+
+def pair_medians(a, b, rtt_ms, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, median RTT) per directed pair of node codes with a successful measurement."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    r = np.asarray(rtt_ms, np.float64)
+    ok = (a >= 0) & (b >= 0) & (a != b) & np.isfinite(r) & (r >= 0)
+    n = max(int(n_nodes), 1)
+    g = Groups(np.where(ok, a * n + b, -1), np.where(ok, r, -1.0), quantiles=(0.5,), sketch=2)
+    have = g.count > 0
+    return g.keys[have] // n, g.keys[have] % n, g.q[0.5][have]
+
+
+class _Grad:
+    """Per-node sums of per-edge terms for edges (a, b): sort once, `reduceat` every step."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray):
+        ends = np.concatenate([a, b])
+        self.perm = np.argsort(ends, kind="stable")
+        s = ends[self.perm]
+        first = np.ones(len(s), bool)
+        first[1:] = s[1:] != s[:-1]
+        self.nodes, self.starts = s[first], np.flatnonzero(first)
+
+    def sum(self, at_a: np.ndarray, at_b: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(np.concatenate([at_a, at_b])[self.perm], self.starts, axis=0)
+
+
+def fit_points(x, h, a, b, y, free, steps: int, lr: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Adam on the points `x` (n, d) and heights `h` (n,) of the `free` nodes, minimising the
+    mean squared log error of ‖x_a − x_b‖ + h_a + h_b against `y` (log RTT, normalised units);
+    the others stay as they are. Cosine-decayed learning rate. Returns x, h and the final loss."""
+    x, h = x.copy(), h.copy()
+    if not len(a) or steps <= 0:
+        return x, h, float("nan")
+    grad = _Grad(a, b)
+    upd = free[grad.nodes]
+    nodes = grad.nodes[upd]
+    mx, vx = np.zeros((len(nodes), x.shape[1])), np.zeros((len(nodes), x.shape[1]))
+    mh, vh = np.zeros(len(nodes)), np.zeros(len(nodes))
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    scale = 2.0 / len(a)
+    loss = float("nan")
+    for t in range(1, steps + 1):
+        delta = x[a] - x[b]
+        dist = np.sqrt(np.einsum("ij,ij->i", delta, delta) + _EPS * _EPS)
+        pred = dist + h[a] + h[b]
+        r = np.log(pred) - y
+        if t == steps:
+            loss = float(np.mean(r * r))
+        g = scale * r / pred
+        gd = (g / dist)[:, None] * delta
+        gx = grad.sum(gd, -gd)[upd]
+        gh = grad.sum(g, g)[upd]
+        step = lr * 0.5 * (1.0 + np.cos(np.pi * (t - 1) / steps)) + lr * 0.01
+        mx = b1 * mx + (1 - b1) * gx
+        vx = b2 * vx + (1 - b2) * gx * gx
+        mh = b1 * mh + (1 - b1) * gh
+        vh = b2 * vh + (1 - b2) * gh * gh
+        c1, c2 = 1 - b1**t, 1 - b2**t
+        x[nodes] -= step * (mx / c1) / (np.sqrt(vx / c2) + eps)
+        h[nodes] = np.maximum(h[nodes] - step * (mh / c1) / (np.sqrt(vh / c2) + eps), 0.0)
+    return x, h, loss
+
+
+class Embedding:
+    """The eval baseline: points and heights fitted to the log of every training pair's
+    median RTT (module docstring). Prediction: ‖x_src − x_dst‖ + h_src + h_dst in ms; an
+    address without a point gets the family's global median (level `global`)."""
+
+    name = "embedding"
+    levels = ("embedding", "global")
+
+    def __init__(self, dims: int = 8, steps: int = 2000, lr: float = 0.05, seed: int = 0,
+                 refit_steps: int = 500, min_rtt_ms: float = 0.01):
+        self.dims, self.steps, self.lr, self.seed = dims, steps, lr, seed
+        self.refit_steps, self.min_rtt_ms = refit_steps, min_rtt_ms
+        self.vocab = None
+        self.x = self.h = self.trained = None
+        self.scale = 1.0
+        self.fit_info: dict = {}
+        self._global = None
+
+    def fit(self, train: dict) -> "Embedding":
+        self._global = GlobalMedian().fit(train)
+        self.vocab = vocabulary(column(train, "src"), column(train, "dst"))
+        return self.fit_codes(codes_in(column(train, "src"), self.vocab), codes_in(column(train, "dst"), self.vocab),
+                              np.asarray(column(train, "rtt"), np.float64), len(self.vocab))
+
+    def _y(self, med: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(med, self.min_rtt_ms) / self.scale)
+
+    def fit_codes(self, a, b, rtt_ms, n_nodes: int) -> "Embedding":
+        """Fit on measurements between node codes a[k], b[k] (0..n_nodes-1); negative RTTs
+        (failed) are skipped."""
+        rng = np.random.default_rng(self.seed)
+        pa, pb, med = pair_medians(a, b, rtt_ms, n_nodes)
+        self.scale = float(np.median(med)) if len(med) else 1.0
+        self.scale = max(self.scale, self.min_rtt_ms)
+        # start: random points about half the median RTT apart, heights a quarter of it each
+        x = rng.normal(0.0, 0.5 / np.sqrt(2.0 * self.dims), (n_nodes, self.dims))
+        h = np.full(n_nodes, 0.25)
+        self.trained = np.zeros(n_nodes, bool)
+        self.trained[pa], self.trained[pb] = True, True
+        self.x, self.h, loss = fit_points(x, h, pa, pb, self._y(med), self.trained, self.steps, self.lr)
+        pred = self.distance(pa, pb)
+        rel = np.abs(pred - med) / np.maximum(med, self.min_rtt_ms)
+        self.fit_info = {"nodes": int(n_nodes), "nodes_with_samples": int(self.trained.sum()), "pairs": int(len(med)),
+                         "dims": int(self.dims), "steps": int(self.steps), "lr": self.lr, "scale_ms": self.scale,
+                         "final_loss": loss, "train_median_rel_err": float(np.median(rel)) if len(rel) else None,
+                         "median_height_ms": float(np.median(self.h[self.trained]) * self.scale) if self.trained.any() else None}
+        return self
+
+    def codes(self, addresses) -> np.ndarray:
+        return codes_in(addresses, self.vocab)
+
+    def distance(self, i, j) -> np.ndarray:
+        """Predicted RTT (ms) between node codes; NaN where either is < 0 or has no point."""
+        i, j = np.asarray(i, np.int64), np.asarray(j, np.int64)
+        ok = (i >= 0) & (j >= 0)
+        if not len(self.trained):
+            return np.full(len(i), np.nan)
+        ii, jj = np.where(ok, i, 0), np.where(ok, j, 0)
+        ok &= self.trained[ii] & self.trained[jj]
+        d = np.linalg.norm(self.x[ii] - self.x[jj], axis=1) + self.h[ii] + self.h[jj]
+        return np.where(ok, self.scale * d, np.nan)
+
+    def predict(self, test: dict):
+        if self.x is None:
+            raise RuntimeError("Embedding.predict before fit")
+        d = self.distance(self.codes(column(test, "src")), self.codes(column(test, "dst")))
+        return point_prediction(d, self._global.predict(test, scores=False), self.levels, test)
+
+    def refit(self, new, peer, rtt_ms, n_new: int, order_key=None) -> NewHosts:
+        """Points for `n_new` new hosts from their measurements to known nodes (new[k] measured
+        known node code peer[k] at rtt_ms[k]), the known points held still. Each starts beside
+        its nearest measured peer (a small random offset) with the height that makes that
+        distance right, then fits all its pairs' medians."""
+        n = len(self.trained)
+        new, peer = np.asarray(new, np.int64), np.asarray(peer, np.int64)
+        ok = (new >= 0) & (new < n_new) & (peer >= 0) & (peer < n)
+        ok[ok] &= self.trained[peer[ok]]
+        va, vb, med = pair_medians(np.where(ok, new + n, -1), np.where(ok, peer, -1), rtt_ms, n + n_new)
+        keep = (va >= n) & (vb < n)
+        va, vb, med = va[keep], vb[keep], med[keep]
+        y = self._y(med)
+        rng = np.random.default_rng(self.seed + 1)
+        x = np.vstack([self.x, np.zeros((n_new, self.dims))])
+        h = np.concatenate([self.h, np.zeros(n_new)])
+        if len(va):
+            near = np.lexsort((y, va))  # per new host, its smallest RTT first
+            first = near[np.r_[True, va[near][1:] != va[near][:-1]]]
+            v, p = va[first], vb[first]
+            x[v] = self.x[p] + rng.normal(0.0, 0.01, (len(v), self.dims))
+            h[v] = np.maximum(np.exp(y[first]) - self.h[p], 0.0)
+        free = np.zeros(n + n_new, bool)
+        free[n:] = True
+        x, h, _ = fit_points(x, h, va, vb, y, free, self.refit_steps, self.lr)
+        fitted = np.bincount(va - n, minlength=n_new) > 0 if n_new else np.zeros(0, bool)
+        scale = self.scale
+        return NewHosts(lambda v, p: scale * (np.linalg.norm(x[v + n] - x[p], axis=1) + h[v + n] + h[p]), fitted, self)

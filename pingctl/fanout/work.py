@@ -1,0 +1,61 @@
+"""What every fanned-out command's work directory needs: one driver at a time, files described
+by size and sha256 when a task writes them and compared when the merge reads them, and the
+merge's link (not copy) of a task's file into the output."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+from pingctl.errors import PingctlError
+
+
+@contextlib.contextmanager
+def locked(work: Path, command: str) -> Iterator[None]:
+    """One driver per work directory at a time (the tasks themselves take no lock)."""
+    import fcntl
+
+    Path(work).mkdir(parents=True, exist_ok=True)
+    with open(Path(work) / ".lock", "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise PingctlError(f"another `pingctl {command}` is running on {work}: wait for it to finish") from None
+        yield
+
+
+def describe(path: Path) -> dict:
+    """Name, bytes, sha256 and newline count of a file a task wrote."""
+    sha = hashlib.sha256()
+    lines = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            lines += chunk.count(b"\n")
+    return {"name": path.name, "bytes": path.stat().st_size, "sha256": sha.hexdigest(), "lines": lines}
+
+
+def compare(path: Path, want: dict, manifest: str) -> str | None:
+    """Why `path` is not the file `want` describes (None: it is)."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    size = path.stat().st_size
+    if size != want["bytes"]:
+        return f"{path.name} has {size} bytes, {manifest} recorded {want['bytes']} (the file changed after the task wrote it)"
+    got = describe(path)
+    if got["sha256"] != want["sha256"]:
+        return (f"{path.name}: sha256 {got['sha256'][:16]}... differs from {want['sha256'][:16]}... recorded in "
+                f"{manifest} (the file changed after the task wrote it)")
+    return None
+
+
+def link(src: Path, dst: Path) -> None:
+    """A hard link where the file system has them (no copy of the parts), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

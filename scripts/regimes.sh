@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The regimes experiment (docs/eval.md, "Every regime"): one model per world trained on a
+# `shard --strategy regimes` split with two-sided (triangulation) prompts, then evaluated on the
+# four test sets — time, held-out pairs, unseen probes, unseen destinations — against the best
+# classical predictor with the same information in each.
+#
+# Worlds (PINGCTL_REGIMES_WORLDS, space-separated, default all three):
+#   real    the shared RIPE Atlas samples (../shared/data/ripe-atlas, or PINGCTL_REGIMES_RIPE)
+#   sparse  a pingctl synth world where each probe measures few of many targets
+#   random  the same world with addresses that carry no place, AS or prefix
+#
+# Run through `./run regimes` (which prepares .venv first). Output: runs/regimes/WORLD/.
+# Interrupted? Run it again: finished stages are kept (each is renamed into place only when
+# complete) and training resumes from its last checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PINGCTL="${PINGCTL_BIN:-.venv/bin/pingctl}"
+PYTHON="${PINGCTL_PYTHON:-.venv/bin/python}"
+OUT="${PINGCTL_REGIMES_DIR:-runs/regimes}"
+WORLDS="${PINGCTL_REGIMES_WORLDS:-real sparse random}"
+RIPE="${PINGCTL_REGIMES_RIPE:-../shared/data/ripe-atlas}"
+ROWS="${PINGCTL_REGIMES_ROWS:-2000000}"        # synth worlds' packets
+PROBES="${PINGCTL_REGIMES_PROBES:-600}"
+TARGETS="${PINGCTL_REGIMES_TARGETS:-300}"
+PER_PROBE="${PINGCTL_REGIMES_PER_PROBE:-24}"    # sparse: each probe measures 24 of the targets
+PRESET="${PINGCTL_REGIMES_PRESET:-mini}"
+STEPS="${PINGCTL_REGIMES_STEPS:-3000}"
+MINUTES="${PINGCTL_REGIMES_MINUTES:-80}"
+BATCH="${PINGCTL_REGIMES_BATCH:-16}"
+SHARE="${PINGCTL_REGIMES_SHARE:-0.5}"          # loader.triangulation_share
+K="${PINGCTL_REGIMES_K:-16}"                    # context measurements a side
+QUERIES="${PINGCTL_REGIMES_QUERIES:-1000}"
+HARDWARE="${PINGCTL_REGIMES_HARDWARE:-cpu}"
+PERIOD="${PINGCTL_REGIMES_PERIOD:-$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))}"  # checkpoint and eval interval
+
+step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
+
+trained() {  # the run directory's summary says all $STEPS steps are done
+  "$PYTHON" - "$1/summary.json" "$STEPS" <<'PY' 2>/dev/null
+import json, sys
+sys.exit(0 if json.load(open(sys.argv[1]))["last_step"] + 1 >= int(sys.argv[2]) else 1)
+PY
+}
+
+for world in $WORLDS; do
+  W="$OUT/$world"
+  if [ ! -d "$W/table" ]; then
+    case "$world" in
+      real)
+        step "$world: pingctl ingest $RIPE"
+        $PINGCTL ingest "$RIPE" -o "$W/table" ;;
+      sparse|random)
+        addresses=structured; [ "$world" = random ] && addresses=random
+        step "$world: pingctl synth, $PROBES probes x $PER_PROBE of $TARGETS targets, $addresses addresses"
+        $PINGCTL synth -o "$W/table" --rows "$ROWS" --probes "$PROBES" --targets "$TARGETS" \
+          --targets-per-probe "$PER_PROBE" --addresses "$addresses" --seed 1 ;;
+      *) echo "unknown world $world (real, sparse, random)" >&2; exit 2 ;;
+    esac
+  fi
+  if [ ! -d "$W/splits" ]; then
+    step "$world: pingctl shard --strategy regimes"
+    $PINGCTL shard "$W/table" -o "$W/splits" --strategy regimes
+  fi
+  for split in train val; do
+    if [ ! -d "$W/rows/$split" ]; then
+      step "$world: pingctl build-rows $split --by both"
+      $PINGCTL build-rows "$W/splits/$split" -o "$W/rows/$split" --by both
+    fi
+  done
+  if ! trained "$W/train"; then
+    step "$world: pingctl train $PRESET, $STEPS steps, triangulation share $SHARE, $K a side"
+    $PINGCTL train "$W/rows/train" --eval "$W/rows/val" --preset "$PRESET" --steps "$STEPS" \
+      -o "$W/train" --max-minutes "$MINUTES" --hardware "$HARDWARE" \
+      --set loader.seq_len=512 --set loader.batch_size="$BATCH" --set train.learning_rate=0.001 \
+      --set train.checkpoint_period="$PERIOD" --set train.eval_interval="$PERIOD" \
+      --set loader.result_last=1 --set loader.max_per_pair=1 --set "loader.mode_weights=[0,0,1]" \
+      --set loader.triangulation_share="$SHARE" --set loader.triangulation_k_src="$K" \
+      --set loader.triangulation_k_dst="$K" \
+      --set "model.overrides={adam_weight_decay: 1.0}"
+    trained "$W/train" || echo "note: stopped at the ${MINUTES}-minute bound before step $STEPS;" \
+      "the eval below is of the last checkpoint. Run this again to continue training."
+  fi
+  if [ ! -f "$W/eval/report.json" ]; then
+    step "$world: pingctl eval --regimes, both sides of the prompt, $K measurements a side"
+    $PINGCTL eval "$W/train" --regimes "$W/splits" --context-policy both --context "$K" --context-dst "$K" \
+      --queries "$QUERIES" --hardware "$HARDWARE" -o "$W/eval"
+  fi
+done
+
+printf '\n\033[1;32mdone\033[0m: %s/*/eval/report.json (pingctl inspect %s/WORLD/eval)\n' "$OUT" "$OUT"
