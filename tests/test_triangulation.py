@@ -377,7 +377,10 @@ def test_sample_both_policy_prints_the_context_it_asked_with(tri_run, time_split
 
 def test_pairs_with_the_both_policy_are_the_single_pair_answers(tri_run, time_split, tmp_path):
     """`sample --pairs --context-policy both` (and `Model.rtt_many`) asks each row with the
-    triangulation context `sample --src --dst --context-policy both` builds for it."""
+    triangulation context `Model.rtt(..., context_policy="both")` (`sample --src --dst`) builds
+    for it."""
+    from pingctl import Model
+
     rows = pq.read_table(time_split / "test").slice(0, 3).to_pylist()
     f = tmp_path / "pairs.csv"
     f.write_text("src,dst,time\n" + "".join(f"{r['src_addr']},{r['dst_addr']},{int(r['event_time'].timestamp())}\n"
@@ -388,11 +391,11 @@ def test_pairs_with_the_both_policy_are_the_single_pair_answers(tri_run, time_sp
     result = json.loads(proc.stdout)
     assert result["context_policy"] == "both" and result["context_k"] == 5 and result["answered"] == 3
     got = pq.read_table(out).to_pylist()
-    for r, g in zip(rows, got):
-        one = json.loads(_pingctl("sample", tri_run, "--src", r["src_addr"], "--dst", r["dst_addr"], "--time",
-                                  int(r["event_time"].timestamp()), "--context", time_split / "train",
-                                  "--context-policy", "both", "--context-k", 5, "--json").stdout)
-        assert g["context_measurements"] == len(one["context"])
-        assert g["p50_ms"] == pytest.approx(one["p50_ms"], rel=2e-3)  # --pairs reads quantiles to 1e-3 of mass
-    plain = _pingctl("sample", tri_run, "--pairs", f, "--context", time_split / "train", "--json")
-    assert json.loads(plain.stdout)["context_policy"] == "probe"
+    m = Model.load(tri_run)
+    many = m.rtt_many(f, context=time_split / "train", context_policy="both", context_k=5).table.to_pylist()
+    for r, g, a in zip(rows, got, many):
+        one = m.rtt(r["src_addr"], r["dst_addr"], time=int(r["event_time"].timestamp()),
+                    context=time_split / "train", context_policy="both", context_k=5)
+        assert g["context_measurements"] == a["context_measurements"] == len(one.info["context"]) > 0
+        assert g["p50_ms"] == pytest.approx(a["p50_ms"], rel=1e-6)
+        assert g["p50_ms"] == pytest.approx(one.quantile(0.5), rel=2e-3)  # --pairs reads quantiles to 1e-3 of mass
