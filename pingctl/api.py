@@ -326,11 +326,7 @@ class Model:
                                           *(f"  {r}: {e['rows']:,} ({e['meaning']}); first: {rows.unit} "
                                             f"{e['first']['row']}" for r, e in summary.items())]))
         ctx = Context.load(context) if context is not None else None
-        both = context_policy == "both"
-        if context_per_pair is not None:
-            per_pair = context_per_pair
-        else:  # as the run was trained: its plain contexts' cap, or its triangulation contexts'
-            per_pair = run_config(m.run).loader.triangulation_per_pair if both else m.max_per_pair
+        per_pair = P.context_cap(m, context_policy, context_per_pair)
         cols = P.answer(m, rows, ctx.measurements if ctx else None, per_pair, exact=exact,
                         prb=ctx.prb if ctx else None, calibration=self.calibration, policy=context_policy,
                         k=QS.CONTEXT_K if context_k is None else context_k,

@@ -258,11 +258,11 @@ def _cut_short(part: Path, rec: dict) -> None:
 
 def _other_rows_recorded_as_its_own(part: Path, rec: dict) -> None:
     # a valid canonical part with other rows, size and sha256 updated as if the task wrote it
-    from pingctl.ingest.fanout.work import _describe
+    from pingctl.fanout.work import describe
     from pingctl.schema.parquet import to_canonical
 
     pq.write_table(to_canonical(make_table(100)), part)
-    rec["part_file"] = _describe(part)
+    rec["part_file"] = describe(part)
 
 
 @pytest.mark.parametrize("damage,expected", [

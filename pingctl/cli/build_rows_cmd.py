@@ -7,11 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, err_console,
+from pingctl.cli.common import (AccountOpt, MaxParallelOpt, ModalCpuOpt, PartitionOpt, QosOpt, SetupOpt, TimeLimitOpt, MODAL_PANEL, SLURM_PANEL, ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, err_console,
                                 grid_table, handle_errors, kv_table, load, say, step_progress)
-
-SLURM = "SLURM (--target slurm)"
-MODAL = "Modal (--target modal)"
 
 
 def _plan_report(r: dict, as_json: bool) -> None:
@@ -69,19 +66,17 @@ def build_rows(
                                             "split among them by the md5 of their key.")] = 8,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan (tasks; the SLURM script or the Modal "
                                           "app) and run nothing.")] = False,
-    partition: Annotated[str | None, typer.Option(help="SLURM partition.", rich_help_panel=SLURM)] = None,
-    account: Annotated[str | None, typer.Option(help="SLURM account.", rich_help_panel=SLURM)] = None,
-    qos: Annotated[str | None, typer.Option(help="SLURM quality of service.", rich_help_panel=SLURM)] = None,
-    cpus_per_task: Annotated[int, typer.Option(help="CPUs per task (DuckDB threads).", rich_help_panel=SLURM)] = 2,
-    mem: Annotated[str, typer.Option(help="Memory per task (above --memory-limit).", rich_help_panel=SLURM)] = "6G",
-    time_limit: Annotated[str, typer.Option(help="Time limit per task.", rich_help_panel=SLURM)] = "02:00:00",
-    max_parallel: Annotated[int, typer.Option(help="At most this many tasks at once (0 = no limit).",
-                                              rich_help_panel=SLURM)] = 0,
-    setup: Annotated[str, typer.Option(help="Shell lines each task runs first, e.g. 'module load python'.",
-                                       rich_help_panel=SLURM)] = "",
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    qos: QosOpt = None,
+    cpus_per_task: Annotated[int, typer.Option(help="CPUs per task (DuckDB threads).", rich_help_panel=SLURM_PANEL)] = 2,
+    mem: Annotated[str, typer.Option(help="Memory per task (above --memory-limit).", rich_help_panel=SLURM_PANEL)] = "6G",
+    time_limit: TimeLimitOpt = "02:00:00",
+    max_parallel: MaxParallelOpt = 0,
+    setup: SetupOpt = "",
     volume: Annotated[str, typer.Option(help="Modal Volume holding the split and the tasks' records.",
-                                        rich_help_panel=MODAL)] = "pingctl-data",
-    modal_cpu: Annotated[float, typer.Option(help="CPUs per Modal call.", rich_help_panel=MODAL)] = 2.0,
+                                        rich_help_panel=MODAL_PANEL)] = "pingctl-data",
+    modal_cpu: ModalCpuOpt = 2.0,
     force: ForceOpt = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,

@@ -38,6 +38,20 @@ StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]
 
+# The options of a fanned-out step (`ingest`, `build-rows` with --target slurm|modal), in the
+# help panels they share.
+SLURM_PANEL = "SLURM (--target slurm)"
+MODAL_PANEL = "Modal (--target modal)"
+PartitionOpt = Annotated[str | None, typer.Option(help="SLURM partition.", rich_help_panel=SLURM_PANEL)]
+AccountOpt = Annotated[str | None, typer.Option(help="SLURM account.", rich_help_panel=SLURM_PANEL)]
+QosOpt = Annotated[str | None, typer.Option(help="SLURM quality of service.", rich_help_panel=SLURM_PANEL)]
+TimeLimitOpt = Annotated[str, typer.Option(help="Time limit per task.", rich_help_panel=SLURM_PANEL)]
+MaxParallelOpt = Annotated[int, typer.Option(help="At most this many tasks at once (0 = no limit).",
+                                             rich_help_panel=SLURM_PANEL)]
+SetupOpt = Annotated[str, typer.Option(help="Shell lines each task runs first, e.g. 'module load python'.",
+                                       rich_help_panel=SLURM_PANEL)]
+ModalCpuOpt = Annotated[float, typer.Option(help="CPUs per Modal call.", rich_help_panel=MODAL_PANEL)]
+
 
 def load(config: Path | None, overrides: list[str] | None, **cli_values: Any):
     """Resolve the config; `cli_values` maps dotted keys to explicit option values (None = unset)."""

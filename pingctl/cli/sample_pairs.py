@@ -51,11 +51,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         from pingctl.infer.calibration import check_fits
 
         check_fits(calibration, run, model.steps)
-    both = context_policy == "both"
-    if context_per_pair is not None:
-        per_pair = context_per_pair
-    else:  # as the run was trained: its plain contexts' cap, or its triangulation contexts'
-        per_pair = run_config(run).loader.triangulation_per_pair if both else model.max_per_pair
+    per_pair = P.context_cap(model, context_policy, context_per_pair)
     k = QS.CONTEXT_K if context_k is None else context_k
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
@@ -73,7 +69,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
         result["context_policy"] = context_policy
-        if both:
+        if context_policy == "both":
             result["context_k"] = k
     if out is not None:
         SO.write_predictions(cols, out, meta)

@@ -6,12 +6,35 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import Iterator
 
+from pingctl.atomic import write_json
 from pingctl.errors import PingctlError
+
+PLAN = "plan.json"  # in the work directory: the tasks, their keys and the command's options
+
+
+def read_plan(work: Path, kind: str, command: str) -> dict:
+    """The work directory's plan, refused by name unless it is a plan of `kind`."""
+    path = Path(work) / PLAN
+    try:
+        plan = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PingctlError(f"{work} has no {PLAN}: not the work directory of a fanned-out {command}") from None
+    except (OSError, ValueError) as e:
+        raise PingctlError(f"cannot read {path}: {e}") from None
+    if not isinstance(plan, dict) or plan.get("kind") != kind:
+        raise PingctlError(f"{path} is not a pingctl {command} plan")
+    return plan
+
+
+def write_plan(work: Path, plan: dict) -> None:
+    Path(work).mkdir(parents=True, exist_ok=True)
+    write_json(Path(work) / PLAN, plan)
 
 
 @contextlib.contextmanager

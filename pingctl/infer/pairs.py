@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.run import run_config
 from pingctl.context import context_indices, triangulation_indices
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import queries as Q
@@ -319,6 +320,28 @@ def context_of(ctx, src: str, time: int | None, prb: np.ndarray | None = None):
     return contexts(one, ctx, np.zeros(1, np.int64), prb=prb)[0]
 
 
+def context_cap(model, policy: str, requested: int | None) -> int:
+    """Measurements of one pair a prompt may hold: `requested`, else as the run was trained —
+    its plain contexts' cap (`loader.max_per_pair`) or, for `both`, its triangulation contexts'
+    (`loader.triangulation_per_pair`, per side)."""
+    if requested is not None:
+        return requested
+    return run_config(model.run).loader.triangulation_per_pair if policy == "both" else model.max_per_pair
+
+
+def distributions(model, prompts: list[np.ndarray], exact: bool, calibration=None) -> list:
+    """The RTT distribution after each prompt as `--pairs` and the service answer it: every
+    code (`exact`), or exact where it is read — the quantiles (with a `calibration`, the raw
+    levels its recalibrated quantiles come from) and the mean's ceiling, since P(RTT > ceiling)
+    is printed beside the mean; then recalibrated."""
+    if exact:
+        dists = Q.rtt_distributions(model, prompts)
+    else:
+        reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
+        dists = Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS))
+    return dists if calibration is None else [calibration.apply(d) for d in dists]
+
+
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
            progress=lambda done, total: None, prb: np.ndarray | None = None, calibration=None,
            policy: str = "probe", k: int = 16) -> dict:
@@ -328,7 +351,6 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     recalibrates every distribution (its quantiles are then read exactly where the recalibrated
     ones fall). `policy` "both": each prompt holds the pair's triangulation context from `ctx`
     (`k` a side, `per_pair` of each pair per side) instead of its probe's history."""
-    reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
 
     slot = pairs.slots
     distinct = np.unique(slot, return_index=True)[1]  # the first row of each distinct question, in file order
@@ -350,12 +372,7 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
             tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
             n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
             prompts.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
-        # the ceiling is read exactly too: P(RTT > ceiling) is printed beside the mean
-        dists = (Q.rtt_distributions(model, prompts) if exact else
-                 Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS)))
-        if calibration is not None:
-            dists = [calibration.apply(d) for d in dists]
-        for d in dists:
+        for d in distributions(model, prompts, exact, calibration):
             for k, v in d.summary().items():
                 cols[k].append(v)
         progress(min(a + chunk, n), n)

@@ -37,11 +37,12 @@ from pathlib import Path
 from pingctl import __version__
 from pingctl.atomic import atomic_dir, write_json
 from pingctl.errors import PingctlError
+from pingctl.fanout import work as fanout_work
 from pingctl.fanout.work import compare, describe, link
 from pingctl.records.build import (max_measurements, build_groups, common_fields, group_dirs, group_manifest,
                                    write_manifests)
 
-PLAN = "plan.json"
+PLAN = fanout_work.PLAN
 TASKS = "tasks"
 PART = "part.json"
 REJECTS = "rejects.jsonl"
@@ -97,21 +98,10 @@ def make_plan(files: list[Path], out: Path, by: str, tasks: int, max_row_mb: flo
 
 
 def read_plan(work: Path) -> dict:
-    path = Path(work) / PLAN
-    try:
-        plan = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PingctlError(f"{work} has no {PLAN}: not the work directory of a fanned-out build-rows") from None
-    except (OSError, ValueError) as e:
-        raise PingctlError(f"cannot read {path}: {e}") from None
-    if not isinstance(plan, dict) or plan.get("kind") != PLAN_KIND:
-        raise PingctlError(f"{path} is not a pingctl build-rows plan")
-    return plan
+    return fanout_work.read_plan(work, PLAN_KIND, "build-rows")
 
 
-def write_plan(work: Path, plan: dict) -> None:
-    Path(work).mkdir(parents=True, exist_ok=True)
-    write_json(Path(work) / PLAN, plan)
+write_plan = fanout_work.write_plan
 
 
 # ---------------------------------------------------------------- one task

@@ -119,16 +119,9 @@ def rtt_prompts(model, questions: list[S.Pair], context: list[S.ContextRow] | No
 
 
 def rtt_answers(model, prompts: list[np.ndarray], exact: bool, calibration=None) -> list[dict]:
-    """The batch function: one summary per prompt (on the worker thread), recalibrated by
-    `calibration` if given (read where its quantiles come from, as `sample --pairs` does)."""
-    if exact:
-        dists = Q.rtt_distributions(model, prompts)
-    else:  # read as `pingctl sample --pairs` reads them: the quantiles, and the mean's ceiling exactly
-        reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
-        dists = Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS))
-    if calibration is not None:
-        dists = [calibration.apply(d) for d in dists]
-    return [d.summary() for d in dists]
+    """The batch function: one summary per prompt (on the worker thread), read as `pingctl
+    sample --pairs` reads them (`pairs.distributions`)."""
+    return [d.summary() for d in P.distributions(model, prompts, exact, calibration)]
 
 
 def rtt_response(model, body: S.RttRequest, work: RttWork, summaries: list[dict], cap: int,

@@ -39,7 +39,7 @@ from pingctl.ingest.parse import Options, reconcile
 from pingctl.ingest.reader import usable_cores
 from pingctl.schema.columns import arrow_schema
 
-PLAN = "plan.json"
+PLAN = fanout_work.PLAN
 TASKS = "tasks"
 LOGS = "logs"
 TASK_MANIFEST = "task.json"
@@ -110,21 +110,10 @@ def make_plan(files: list[Path], out: Path, cfg: IngestConfig, opts: Options) ->
 
 
 def read_plan(work: Path) -> dict:
-    path = Path(work) / PLAN
-    try:
-        plan = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PingctlError(f"{work} has no {PLAN}: not the work directory of a fanned-out ingest") from None
-    except (OSError, ValueError) as e:
-        raise PingctlError(f"cannot read {path}: {e}") from None
-    if not isinstance(plan, dict) or plan.get("kind") != PLAN_KIND:
-        raise PingctlError(f"{path} is not a pingctl ingest plan")
-    return plan
+    return fanout_work.read_plan(work, PLAN_KIND, "ingest")
 
 
-def write_plan(work: Path, plan: dict) -> None:
-    Path(work).mkdir(parents=True, exist_ok=True)
-    write_json(Path(work) / PLAN, plan)
+write_plan = fanout_work.write_plan
 
 
 # ---------------------------------------------------------------- one task
@@ -160,8 +149,8 @@ def run_task(work: Path, index: int) -> dict:
             "kind": TASK_KIND,
             "pingctl_version": __version__,
             "key": t["key"],
-            "part_file": _describe(tmp / r["part"]) if r["part"] else None,
-            "rejects_file": _describe(tmp / rejects_piece(index)),
+            "part_file": fanout_work.describe(tmp / r["part"]) if r["part"] else None,
+            "rejects_file": fanout_work.describe(tmp / rejects_piece(index)),
             "host": socket.gethostname(),
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
@@ -179,16 +168,6 @@ def _check_unchanged(read: Path, t: dict) -> None:
     if st.st_size != t["bytes"] or moved:
         raise PingctlError(f"{t['path']} changed since the plan was made ({t['bytes']} bytes then, {st.st_size} now"
                            f"{', modified since' if moved else ''}): rerun the command to plan it again")
-
-
-def _describe(path: Path) -> dict:
-    sha = hashlib.sha256()
-    lines = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-            lines += chunk.count(b"\n")
-    return {"name": path.name, "bytes": path.stat().st_size, "sha256": sha.hexdigest(), "lines": lines}
 
 
 # ---------------------------------------------------------------- checking a task
@@ -225,7 +204,7 @@ def check_task(d: Path, rec: dict) -> str | None:
         if part is not None:
             if part != part_name(index) or rec["part_file"]["name"] != part:
                 return f"{TASK_MANIFEST} names the part {part!r}, not {part_name(index)}"
-            bad = _compare(d / part, rec["part_file"])
+            bad = fanout_work.compare(d / part, rec["part_file"], TASK_MANIFEST)
             if bad:
                 return bad
             bad = _check_parquet(d / part, counts["rows"])
@@ -233,7 +212,7 @@ def check_task(d: Path, rec: dict) -> str | None:
                 return bad
         elif counts["rows"]:
             return f"{TASK_MANIFEST} counts {counts['rows']} rows but names no part"
-        bad = _compare(d / rejects_piece(index), rec["rejects_file"])
+        bad = fanout_work.compare(d / rejects_piece(index), rec["rejects_file"], TASK_MANIFEST)
         if bad:
             return bad
         rejected = sum(counts["rejected"].values())
@@ -242,19 +221,6 @@ def check_task(d: Path, rec: dict) -> str | None:
                     f"{rejected} record(s)")
     except (KeyError, TypeError) as e:
         return f"{TASK_MANIFEST} lacks a field ({e})"
-    return None
-
-
-def _compare(path: Path, want: dict) -> str | None:
-    if not path.is_file():
-        return f"{path.name} is missing"
-    size = path.stat().st_size
-    if size != want["bytes"]:
-        return f"{path.name} has {size} bytes, {TASK_MANIFEST} recorded {want['bytes']} (the file changed after the task wrote it)"
-    got = _describe(path)
-    if got["sha256"] != want["sha256"]:
-        return (f"{path.name}: sha256 {got['sha256'][:16]}... differs from {want['sha256'][:16]}... recorded in "
-                f"{TASK_MANIFEST} (the file changed after the task wrote it)")
     return None
 
 
