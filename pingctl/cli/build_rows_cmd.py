@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (AccountOpt, MaxParallelOpt, ModalCpuOpt, PartitionOpt, QosOpt, SetupOpt, TimeLimitOpt, MODAL_PANEL, SLURM_PANEL, ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, err_console,
+from pingctl.cli.common import (print_engine_plan, AccountOpt, MaxParallelOpt, ModalCpuOpt, PartitionOpt, QosOpt, SetupOpt, TimeLimitOpt, MODAL_PANEL, SLURM_PANEL, ConfigOpt, ForceOpt, JsonOpt, MemoryLimitOpt, SetOpt, console, emit, err_console,
                                 grid_table, handle_errors, kv_table, load, say, step_progress)
 
 
@@ -21,13 +21,7 @@ def _plan_report(r: dict, as_json: bool) -> None:
     for row in r["plan"]:
         t.add_row(str(row["task"]), row["partition"], row["state"])
     console.print(t)
-    for i, script in enumerate(r.get("scripts", [])):
-        console.rule(f"SLURM job array script{'' if len(r['scripts']) == 1 else f' {i + 1}'} (sbatch)")
-        console.print(script, markup=False, highlight=False, soft_wrap=True)
-    if r.get("modal"):
-        console.rule("Modal")
-        console.print("\n".join(f"{k}: {v}" for k, v in r["modal"].items()), markup=False, highlight=False,
-                      soft_wrap=True)
+    print_engine_plan(r)
     rows: list[tuple[str, object]] = [("output", r["out"]), ("by", r["by"]), ("files", r["files"]),
                                       ("input MB", r["input_bytes"] / 1e6), ("tasks", r["tasks"])]
     if r["target"] != "local":

@@ -326,3 +326,14 @@ def option_time(text: str | None, option: str = "--time") -> int | None:
         raise UsageError(f"{option} is empty: give ISO 8601 or Unix seconds")
     us = parse_when(text, option, UsageError)
     return None if us is None else us // 1_000_000
+
+
+def print_engine_plan(r: dict) -> None:
+    """A fanned-out step's --dry-run: the SLURM job array script(s) or the Modal app it would run."""
+    for i, script in enumerate(r.get("scripts", [])):
+        console.rule(f"SLURM job array script{'' if len(r['scripts']) == 1 else f' {i + 1}'} (sbatch)")
+        console.print(script, markup=False, highlight=False, soft_wrap=True)
+    if r.get("modal"):
+        console.rule("Modal")
+        console.print("\n".join(f"{k}: {v}" for k, v in r["modal"].items()), markup=False, highlight=False,
+                      soft_wrap=True)

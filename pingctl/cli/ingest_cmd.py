@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (AccountOpt, MaxParallelOpt, ModalCpuOpt, PartitionOpt, QosOpt, SetupOpt, TimeLimitOpt, MODAL_PANEL, SLURM_PANEL, ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, grid_table, handle_errors,
+from pingctl.cli.common import (print_engine_plan, AccountOpt, MaxParallelOpt, ModalCpuOpt, PartitionOpt, QosOpt, SetupOpt, TimeLimitOpt, MODAL_PANEL, SLURM_PANEL, ConfigOpt, JsonOpt, SetOpt, console, emit, err_console, grid_table, handle_errors,
                                 kv_table, load, progress, say)
 
 
@@ -64,13 +64,7 @@ def _plan_report(r: dict, as_json: bool) -> None:
     for row in r["plan"]:
         t.add_row(str(row["task"]), row["path"], "-" if row["bytes"] is None else f"{row['bytes']:,}", row["state"])
     console.print(t)
-    for i, script in enumerate(r.get("scripts", [])):
-        console.rule(f"SLURM job array script{'' if len(r['scripts']) == 1 else f' {i + 1}'} (sbatch)")
-        console.print(script, markup=False, highlight=False, soft_wrap=True)
-    if r.get("modal"):
-        console.rule("Modal")
-        console.print("\n".join(f"{k}: {v}" for k, v in r["modal"].items()), markup=False, highlight=False,
-                      soft_wrap=True)
+    print_engine_plan(r)
     rows: list[tuple[str, object]] = [("output", r["out"]), ("files", r["files"]),
                                       ("input MB", None if r["input_bytes"] is None else r["input_bytes"] / 1e6)]
     if r["target"] == "local":
