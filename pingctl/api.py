@@ -27,6 +27,7 @@ import numpy as np
 
 from pingctl.artifacts import eval_output as EO
 from pingctl.artifacts import sample_output as SO
+from pingctl.artifacts.hub import resolve_model_path
 from pingctl.artifacts.run import checkpoint_items, parse_steps, read_summary, run_config
 from pingctl.artifacts.table import resolve_inputs
 from pingctl.config import SampleConfig
@@ -36,7 +37,7 @@ from pingctl.infer import pairs as P
 from pingctl.infer import queries as Q
 from pingctl.infer import questions as QS
 from pingctl.infer import score as S
-from pingctl.infer.model import LoadedModel, untimed_run
+from pingctl.infer.model import LoadedModel, check_engine, untimed_run
 from pingctl.infer.plots import distribution_figure, save_figure
 from pingctl.infer.runtime import check_hardware
 from pingctl.schema.duck import rejected_lines, valid_head
@@ -219,18 +220,22 @@ class Model:
 
     @classmethod
     def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None,
-             calibration: str | Path | bool | None = None) -> Model:
-        """Load `path` (a `pingctl train` run directory, or what `LoadedModel.load` accepts) at
+             calibration: str | Path | bool | None = None, engine: str | None = None) -> Model:
+        """Load `path` (a `pingctl train` run directory, an export, or an export's Hugging Face Hub
+        repo id `org/name`, through huggingface_hub's cache) at
         `step`: one checkpoint (default: the latest), several (a list, or "100,200") whose
         weights are averaged. `hardware`: cpu | gpu (default: as the run was trained).
         `calibration`: a calibration.json `pingctl eval` fitted for this run and step(s), whose
         recalibrated distributions `rtt` and `rtt_many` then answer with; default: the map an
-        exported model carries, if any; False: none."""
+        exported model carries, if any; False: none. `engine`: light (plain JAX, no MaxText, the
+        default) or maxtext (the reference); default: $PINGCTL_ENGINE, else light."""
+        path = resolve_model_path(path)  # a directory, or a Hugging Face Hub repo id
         check_hardware(hardware)
         steps = parse_steps(step) if isinstance(step, str) else step
         if calibration is not None and not isinstance(calibration, (str, Path, bool)):
             raise UsageError("calibration: a calibration.json path, True, False or None")
-        loaded = LoadedModel.load(path, steps, hardware)
+        check_engine(engine)
+        loaded = LoadedModel.load(path, steps, hardware, engine=engine)
         return cls(loaded, CAL.for_model(loaded.run, loaded.steps, calibration))
 
     # ------------------------------------------------------------ what it is
@@ -273,11 +278,11 @@ class Model:
             training = None
         return {"run": str(m.run), "step": m.step, "steps": list(m.steps), "preset": preset, "scheme": m.scheme,
                 "seq_len": m.seq_len, "timestamps": m.timestamps, "max_per_pair": m.max_per_pair,
-                "device": m.device, "checkpoint_time": checkpoint_time, "training": training,
+                "device": m.device, "engine": m.engine, "checkpoint_time": checkpoint_time, "training": training,
                 "eval": _eval_headline(m.run), "calibration": CAL.describe(self.calibration) if self.calibration else None}
 
     def __repr__(self) -> str:
-        return f"Model({str(self.run)!r}, {self.loaded.label}, device={self.device!r})"
+        return f"Model({str(self.run)!r}, {self.loaded.label}, device={self.device!r}, engine={self.loaded.engine!r})"
 
     # ------------------------------------------------------------ questions
 

@@ -127,6 +127,9 @@ class RegimesConfig(Section):
     pair: float = Field(0.05, ge=0.0, lt=1.0, description="share of the pairs between kept sources and destinations: test_pair")
     probe: float = Field(0.05, ge=0.0, lt=1.0, description="share of sources (probe ids and addresses): test_probe")
     target: float = Field(0.05, ge=0.0, lt=1.0, description="share of destination addresses: test_target")
+    val: float = Field(0.5, ge=0.0, le=1.0,
+                       description="val_pair, val_probe, val_target each hold out this many groups per group of "
+                       "their regime's test set (0 = none: eval --regimes then fits on val, time-regime data)")
 
 
 class ShardConfig(Section):
@@ -277,7 +280,8 @@ class ModalConfig(Section):
 
 
 class TrainConfig(Section):
-    target: Literal["local", "slurm", "modal"] = Field("local", description="where to train")
+    target: str = Field("local", pattern=r"^[a-z][a-z0-9_-]*$",
+                        description="where to train: an engine of pingctl.executor.registry (local, slurm, modal)")
     run_dir: str = Field("runs/train", description="run directory (config, MaxText yml, checkpoints, logs)")
     train_rows: str = Field("", description="build-rows output of the training split")
     eval_rows: str | None = Field(None, description="build-rows output of the validation split")
@@ -313,9 +317,10 @@ class SampleConfig(Section):
 class EvalConfig(Section):
     queries: int = Field(300, ge=1, description="test packets evaluated (a seeded random subset)")
     context: int = Field(16, ge=0, description="preceding measurements of the probe in the prompt")
-    context_policy: Literal["probe", "cold", "none", "both"] = Field(
+    context_policy: Literal["probe", "cold", "none", "both", "pair", "fair"] = Field(
         "probe", description="probe: its preceding test packets; cold: excluding the queried pair; none; "
-        "both: the probe's packets to other destinations and the destination's from other sources (train split)")
+        "both: the probe's packets to other destinations and the destination's from other sources (train split); "
+        "pair: the pair's own earlier packets; fair (eval --regimes): pair for the time regime, both for the others")
     context_dst: int | None = Field(
         None, ge=0, description="--context-policy both: measurements of the destination side (null: as eval.context)")
     context_per_pair: int | None = Field(

@@ -12,6 +12,10 @@ than d, the destination side the last `context_dst` measurements of d from sourc
 s, both strictly before the query's time, at most `per_pair` of each pair; the two sides are
 merged in time order. `recent_others` is that one rule on one time-ordered history; the
 loader applies it to probe and destination records, eval/sample/score to tables.
+
+The `pair` policy (a *pair-history* context) is the pair's own last `context` measurements
+strictly before the query: the information the pair median reads, so `eval --regimes` gives it
+to the time regime (FAIR_POLICIES); a per-pair cap does not apply (every one is of the pair).
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ import numpy as np
 
 from pingctl.errors import UsageError
 
-POLICIES = ("probe", "cold", "none", "both")
+POLICIES = ("probe", "cold", "none", "both", "pair")
+# `eval --regimes --context-policy fair`: each regime's prompt carries what the classical
+# predictor it is judged against reads: the pair's history for the time regime (the pair
+# median), both ends' other measurements where the pair is unseen (the coordinate systems).
+FAIR = "fair"
+FAIR_POLICIES = {"time": "pair", "pair": "both", "probe": "both", "target": "both"}
 
 
 def dict_encode(values):
@@ -134,13 +143,13 @@ def recent_others(time: np.ndarray, other: np.ndarray, t_query: int, exclude: in
 
 
 def context_pool(test: dict, train: dict | None, policy: str) -> dict:
-    """The measurements contexts are drawn from: the test split, plus the train split for `cold`
-    and `both`. For `both` the test split's own earlier packets are what a prompt knows of a
+    """The measurements contexts are drawn from: the test split, plus the train split for `cold`,
+    `both` and `pair` (whose history starts in train). For `both` the test split's own earlier packets are what a prompt knows of a
     host that training never saw (a new probe's measurements to other destinations, other
     sources' to a new destination): the context rules keep only packets before the query and
     never its own pair. Without `train` (`pingctl score` of one table), the test split alone."""
     check_policy(policy)
-    if policy not in ("cold", "both") or train is None:
+    if policy not in ("cold", "both", "pair") or train is None:
         return test
     keys = ("src", "dst", "rtt", "event_time", "prb_id", "ip_version")
     return {k: np.concatenate([np.asarray(train[k]), np.asarray(test[k])]) for k in keys}
@@ -156,6 +165,8 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
     if policy == "both":
         return triangulation_indices(pool, test, idx, context, context if context_dst is None else context_dst,
                                      per_pair)
+    if policy == "pair":
+        return pair_history_indices(pool, test, idx, context)
     if policy == "none" or context <= 0:
         return [np.zeros(0, np.int64) for _ in idx]
     sources = vocabulary(pool["src"], test["src"])
@@ -217,4 +228,23 @@ def triangulation_indices(pool: dict, test: dict, idx: np.ndarray, k_src: int, k
             parts.append(order[lo + pos])
         both = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         out.append(both[np.argsort(pt[both], kind="stable")])
+    return out
+
+
+def pair_history_indices(pool: dict, test: dict, idx: np.ndarray, context: int) -> list[np.ndarray]:
+    """The `pair` policy: per query packet (s, d, t), indices into `pool` of the last `context`
+    measurements of (s, d) itself strictly before t, oldest first."""
+    if context <= 0 or len(idx) == 0:
+        return [np.zeros(0, np.int64) for _ in idx]
+    sources, dsts = vocabulary(pool["src"], test["src"]), vocabulary(pool["dst"], test["dst"])
+    pk = codes_in(pool["src"], sources) * len(dsts) + codes_in(pool["dst"], dsts)
+    qk = codes_in(test["src"], sources) * len(dsts) + codes_in(test["dst"], dsts)
+    pt, qt = np.asarray(pool["event_time"], np.int64), np.asarray(test["event_time"], np.int64)
+    order = np.lexsort((pt, pk))
+    sk, st = pk[order], pt[order]
+    out = []
+    for i in idx:
+        lo, end = np.searchsorted(sk, qk[i], side="left"), np.searchsorted(sk, qk[i], side="right")
+        hi = lo + np.searchsorted(st[lo:end], qt[i], side="left")
+        out.append(order[max(lo, hi - context) : hi])
     return out

@@ -10,7 +10,8 @@ Strategies
 - random: each row independently.
 - regimes: train/val and four test sets from one table, one per question a user asks:
           test_time (later packets of train pairs), test_pair (unseen pairs of seen ends),
-          test_probe (unseen sources), test_target (unseen destinations); see
+          test_probe (unseen sources), test_target (unseen destinations), and a val set per
+          held-out regime (val_pair, val_probe, val_target; val is the time regime's); see
           `_label_regimes` and docs/data.md.
 For probe/target/pair the fractions are shares of *groups*, chosen exactly (groups ranked by
 an md5 of key+seed), so row shares follow group sizes; the summary reports both.
@@ -145,18 +146,26 @@ def _take(fraction: float) -> str:
     return f"(CASE WHEN {f} > 0 AND n > 1 THEN least(n - 1, greatest(1, round(n * {f}))) ELSE 0 END)"
 
 
-def _held_out(con, table: str, keys_sql: str, regime: str, fraction: float, seed: int) -> dict:
-    """Create `table(k)`: the keys of `keys_sql` a regime holds out, ranked by md5 of
-    regime:key:seed (the regime in the hash keeps the rankings of sources, destinations and
-    pairs independent of each other). Returns the group counts."""
+def _held_out(con, table: str, keys_sql: str, regime: str, fraction: float, seed: int, val: float = 0.0) -> dict:
+    """Create `table(k)`: the keys of `keys_sql` a regime holds out for its test set, ranked by
+    md5 of regime:key:seed (the regime in the hash keeps the rankings of sources, destinations
+    and pairs independent of each other), and `table_val(k)`: the next `val` times as many
+    (its val set: disjoint from the test set, held out from train the same way; at least one
+    when `val` > 0 and one key is left for train). Returns the group counts."""
+    t = _take(fraction)
+    v = (f"(CASE WHEN {float(val)} > 0 AND {t} > 0 AND n - {t} > 1 "
+         f"THEN least(n - {t} - 1, greatest(1, round(n * {float(fraction) * float(val)}))) ELSE 0 END)")
     con.execute(
-        f"""CREATE TABLE {table} AS
+        f"""CREATE TABLE {table}_ranked AS
         WITH r AS (SELECT k, row_number() OVER (ORDER BY md5('{regime}:' || k || ':{int(seed)}'), k) - 1 AS rk,
                           count(*) OVER () AS n FROM ({keys_sql}))
-        SELECT k FROM r WHERE rk < {_take(fraction)}"""
+        SELECT k, CASE WHEN rk < {t} THEN 'test' WHEN rk < {t} + {v} THEN 'val' END AS role FROM r"""
     )
+    con.execute(f"CREATE TABLE {table} AS SELECT k FROM {table}_ranked WHERE role = 'test'")
+    con.execute(f"CREATE TABLE {table}_val AS SELECT k FROM {table}_ranked WHERE role = 'val'")
     total = one(con, f"SELECT count(*) FROM ({keys_sql})")[0]
-    return {"groups": total, "held_out": one(con, f"SELECT count(*) FROM {table}")[0]}
+    return {"groups": total, "held_out": one(con, f"SELECT count(*) FROM {table}")[0],
+            "val": one(con, f"SELECT count(*) FROM {table}_val")[0]}
 
 
 def _source_components(con) -> dict:
@@ -194,10 +203,15 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
        addresses are held out by md5 rank: their rows are test_probe / test_target;
     2. of the pairs between kept sources and kept destinations, a share is held out for
        test_pair; the rest ("time pairs") are cut by time: rows from the cut on are
-       test_time, the `val_fraction` before it val, the rest train. The cuts are quantiles
+       test_time, the `val_fraction` before it val (the time regime's val set), the rest
+       train. The cuts are quantiles
        of the times of all rows between kept ends, held-out pairs' included: step 3 depends
        on the cut, so the cut must not depend on step 3's outcome (held-out pairs are a
        hash-chosen sample, so the time pairs' share past the cut stays close to `regimes.time`);
+    Steps 1 and 2 also hold out, next in the same md5 ranking, `regimes.val` times as many
+    sources, destinations and pairs for val_probe, val_target and val_pair: each held-out
+    regime's own val set (for the recalibration and the baseline choice `eval --regimes` fits
+    on val), disjoint from every test set by construction.
     3. a held-out pair with an end that no train row has goes back to the time pairs
        (train's ends only grow by this, so one pass settles it);
     4. rows that fit no regime are dropped with a reason (DROP_REASONS): a held-out source to
@@ -214,29 +228,38 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
     )
     details: dict = {"sources": _source_components(con)}
     details["sources"].update(_held_out(con, "rg_held_src", "SELECT DISTINCT comp AS k FROM rg_src", "probe",
-                                        r.probe, seed))
+                                        r.probe, seed, r.val))
     details["destinations"] = _held_out(con, "rg_held_dst", "SELECT DISTINCT dst_addr AS k FROM rg_triples",
-                                        "target", r.target, seed)
+                                        "target", r.target, seed, r.val)
+    # A source or destination held out for a val set is as unseen as one held out for test, so
+    # a pair of two held-out ends is dropped whichever sets they belong to.
     con.execute(
         """CREATE TABLE rg_pairs AS
         SELECT p.src_addr, p.dst_addr, p.n, p.first,
-               CASE WHEN hs.k IS NOT NULL AND hd.k IS NOT NULL THEN 'drop:probe_and_target'
-                    WHEN hs.k IS NOT NULL THEN 'probe' WHEN hd.k IS NOT NULL THEN 'target'
+               CASE WHEN (hs.k IS NOT NULL OR vs.k IS NOT NULL) AND (hd.k IS NOT NULL OR vd.k IS NOT NULL)
+                         THEN 'drop:probe_and_target'
+                    WHEN hs.k IS NOT NULL THEN 'probe' WHEN vs.k IS NOT NULL THEN 'val_probe'
+                    WHEN hd.k IS NOT NULL THEN 'target' WHEN vd.k IS NOT NULL THEN 'val_target'
                     ELSE 'time' END AS cls
         FROM (SELECT src_addr, dst_addr, sum(n) AS n, min(first) AS first FROM rg_triples GROUP BY ALL) p
         JOIN rg_src s USING (src_addr)
         LEFT JOIN rg_held_src hs ON hs.k = s.comp
-        LEFT JOIN rg_held_dst hd ON hd.k = p.dst_addr"""
+        LEFT JOIN rg_held_src_val vs ON vs.k = s.comp
+        LEFT JOIN rg_held_dst hd ON hd.k = p.dst_addr
+        LEFT JOIN rg_held_dst_val vd ON vd.k = p.dst_addr"""
     )
     details["pairs"] = _held_out(con, "rg_held_pair", "SELECT src_addr || '>' || dst_addr AS k FROM rg_pairs "
-                                 "WHERE cls = 'time'", "pair", r.pair, seed)
+                                 "WHERE cls = 'time'", "pair", r.pair, seed, r.val)
     con.execute("UPDATE rg_pairs SET cls = 'pair' WHERE src_addr || '>' || dst_addr IN (SELECT k FROM rg_held_pair)")
+    con.execute("UPDATE rg_pairs SET cls = 'val_pair' "
+                "WHERE src_addr || '>' || dst_addr IN (SELECT k FROM rg_held_pair_val)")
     val_start = test_start = None
     if val_f > 0 or time_f > 0:
         val_start, test_start = one(
             con,
             "SELECT quantile_disc(c.event_time, ?), quantile_disc(c.event_time, ?) FROM canonical c "
-            "JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL AND p.cls IN ('time', 'pair')",
+            "JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL "
+            "AND p.cls IN ('time', 'pair', 'val_pair')",
             [1.0 - time_f - val_f, 1.0 - time_f],
         )
     if val_start is None:  # no time pairs at all: every row is held out or dropped
@@ -249,15 +272,17 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
                   "CREATE OR REPLACE TABLE rg_train_dst AS SELECT DISTINCT dst_addr FROM rg_pairs "
                   f"WHERE cls = 'time' AND {before_cut}")
     con.execute(train_ends)
-    con.execute("""UPDATE rg_pairs SET cls = 'time' WHERE cls = 'pair' AND (
+    con.execute("""UPDATE rg_pairs SET cls = 'time' WHERE cls IN ('pair', 'val_pair') AND (
                      src_addr NOT IN (SELECT src_addr FROM rg_train_src)
                      OR dst_addr NOT IN (SELECT dst_addr FROM rg_train_dst))""")
     details["pairs"]["returned_to_train"] = (details["pairs"]["held_out"]
                                              - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'pair'")[0])
+    details["pairs"]["val_returned_to_train"] = (details["pairs"]["val"]
+                                                 - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'val_pair'")[0])
     con.execute(train_ends)
-    con.execute("UPDATE rg_pairs SET cls = 'drop:destination_not_in_train' WHERE cls = 'probe' "
+    con.execute("UPDATE rg_pairs SET cls = 'drop:destination_not_in_train' WHERE cls IN ('probe', 'val_probe') "
                 "AND dst_addr NOT IN (SELECT dst_addr FROM rg_train_dst)")
-    con.execute("UPDATE rg_pairs SET cls = 'drop:source_not_in_train' WHERE cls = 'target' "
+    con.execute("UPDATE rg_pairs SET cls = 'drop:source_not_in_train' WHERE cls IN ('target', 'val_target') "
                 "AND src_addr NOT IN (SELECT src_addr FROM rg_train_src)")
     in_train = "true" if cut is None else f"p.first < {_ts(cut)}"
     by_time = "".join(
@@ -268,7 +293,7 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
     con.execute(
         f"""CREATE TEMP VIEW labelled AS
         SELECT c.*, CASE WHEN p.cls = 'time' THEN (CASE {by_time} ELSE 'train' END)
-                         WHEN p.cls LIKE 'drop:%' THEN p.cls ELSE 'test_' || p.cls END AS split
+                         WHEN p.cls LIKE 'drop:%' OR p.cls LIKE 'val_%' THEN p.cls ELSE 'test_' || p.cls END AS split
         FROM canonical c JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL"""
     )
     details.update({"val_start": val_start, "test_time_start": test_start,
@@ -313,6 +338,20 @@ def _verify_regimes(con) -> dict:
                                               f"SELECT dst_addr FROM {train}"),
         "target_sources_not_in_train": count(f"{distinct('test_target', 'src_addr')} EXCEPT "
                                              f"SELECT src_addr FROM {train}"),
+        # each held-out regime's val set follows its regime's rule and shares no group with any test set
+        "val_pair_pairs_in_train": count(f"{distinct('val_pair', 'src_addr, dst_addr')} INTERSECT "
+                                         f"SELECT src_addr, dst_addr FROM {train}"),
+        "val_probe_sources_in_train": count(f"{distinct('val_probe', 'src_addr')} INTERSECT "
+                                            f"SELECT src_addr FROM {train}"),
+        "val_probe_ids_in_train": count(f"{distinct('val_probe', pk)} INTERSECT SELECT {pk} FROM {train}"),
+        "val_target_destinations_in_train": count(f"{distinct('val_target', 'dst_addr')} INTERSECT "
+                                                  f"SELECT dst_addr FROM {train}"),
+        "val_pairs_in_a_test_set": count(f"{distinct('val_pair', 'src_addr, dst_addr')} INTERSECT "
+                                         f"SELECT src_addr, dst_addr FROM assigned WHERE split LIKE 'test_%'"),
+        "val_sources_in_a_test_set": count(f"{distinct('val_probe', 'src_addr')} INTERSECT "
+                                           f"SELECT src_addr FROM assigned WHERE split LIKE 'test_%'"),
+        "val_destinations_in_a_test_set": count(f"{distinct('val_target', 'dst_addr')} INTERSECT "
+                                                f"SELECT dst_addr FROM assigned WHERE split LIKE 'test_%'"),
     }
 
 

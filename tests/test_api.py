@@ -47,10 +47,11 @@ def one_load(request, tiny_run, monkeypatch):
     m = request.getfixturevalue("m")
     real = LoadedModel.load.__func__
 
-    def load(cls, run_dir, step=None, hardware=None, batch=32):
-        if Path(run_dir).resolve() == Path(tiny_run).resolve() and step is None and hardware is None:
+    def load(cls, run_dir, step=None, hardware=None, batch=32, engine=None):
+        if Path(run_dir).resolve() == Path(tiny_run).resolve() and step is None and hardware is None \
+                and engine in (None, m.loaded.engine):
             return m.loaded
-        return real(cls, run_dir, step, hardware, batch)
+        return real(cls, run_dir, step, hardware, batch, engine)
 
     monkeypatch.setattr(LoadedModel, "load", classmethod(load))
 

@@ -14,11 +14,14 @@ from typer.testing import CliRunner
 from pingctl.cli.app import app
 from pingctl.config import LoaderConfig, SynthConfig
 from pingctl.errors import PingctlError
-from pingctl.fanout import slurm as fslurm
+from pingctl.executor import fanout as driver
+from pingctl.executor import slurm as fslurm
+from pingctl.executor.modal import DirBoundary, ModalExecutor, ModalSettings
+from pingctl.executor.slurm import SlurmExecutor, SlurmSettings
 from pingctl.loader.pipeline import make_dataset
 from pingctl.records.build import build_rows
 from pingctl.records.fanout import read_plan, run_task, task_dir, task_states, work_dir
-from pingctl.records.fanout_run import SlurmSettings, dir_boundary, fanout
+from pingctl.records.fanout_step import BuildRowsFanout
 from pingctl.records.layout import decode
 from pingctl.synth.generate import generate
 from tests.conftest import build_once, shared_root
@@ -27,6 +30,20 @@ from tests.conftest import build_once, shared_root
 # small records, so that long histories are cut into several parts on both sides
 MB, DST_MB = 0.05, 0.02
 SIZES = {"max_row_mb": MB, "dst_max_row_mb": DST_MB}
+
+
+def dir_boundary(root: Path, fail=None) -> DirBoundary:
+    return DirBoundary(root, fail)
+
+
+def fanout(inputs, out, target, *, dry_run=False, slurm_settings=None, boundary=None, **plan) -> dict:
+    """build-rows' step run by the driver on the engine `target`, as `pingctl build-rows --target` does."""
+    step = BuildRowsFanout.plan(inputs, out, **plan)
+    if target == "slurm":
+        executor = SlurmExecutor(slurm_settings or SlurmSettings(job_name="pingctl-build-rows"))
+    else:
+        executor = ModalExecutor(ModalSettings(app_name="pingctl-build-rows"), boundary)
+    return driver.run(step, executor, dry_run=dry_run)
 
 
 @pytest.fixture(scope="module")
@@ -212,8 +229,8 @@ def test_the_task_module_runs_one_task_and_refuses_one_outside_the_plan(split, t
 
 def test_modal_app_builds_offline():
     pytest.importorskip("modal")
-    from pingctl.fanout.modal import build_app
-    from pingctl.records.fanout_run import FUNCTION, TASK, ModalSettings
+    from pingctl.executor.modal import build_app
 
-    app, fn, volume = build_app(ModalSettings(volume="v"), TASK, FUNCTION)
+    app, fn, volume = build_app(ModalSettings(app_name="pingctl-build-rows", volume="v"), BuildRowsFanout.task_ref,
+                                BuildRowsFanout.function)
     assert app.name == "pingctl-build-rows" and "build_rows_task" in str(fn) and volume is not None

@@ -66,6 +66,40 @@ def test_brier_and_auc_by_hand():
     assert f["brier_skill"] == pytest.approx(1 - 0.0975 / 0.25) and f["auc"] == 1.0
 
 
+def test_log_score_by_hand_and_beside_the_brier_score():
+    # p = 0.1, 0.8, 0.5, 0.3 for outcomes fail? no, yes, yes, no:
+    # −(ln 0.9 + ln 0.8 + ln 0.5 + ln 0.7) / 4 = (0.10536 + 0.22314 + 0.69315 + 0.35667) / 4 = 0.34458
+    p = np.array([0.1, 0.8, 0.5, 0.3])
+    y = np.array([0, 1, 1, 0], bool)
+    assert M.log_score(p, y) == pytest.approx(0.344581, abs=1e-6)
+    f = M.failure_summary(p, y)
+    assert f["log_score"] == pytest.approx(0.344581, abs=1e-6)
+    assert f["log_score_base"] == pytest.approx(np.log(2))  # base rate 0.5: ln 2 whatever happens
+    # a certain, wrong forecast costs −ln(1e-6) = 13.8 nats, not infinity; a certain right one ~0
+    assert M.log_score([1.0, 0.0], [False, True]) == pytest.approx(-np.log(M.LOG_SCORE_FLOOR))
+    assert M.log_score([1.0, 0.0], [True, False]) == pytest.approx(0.0, abs=1e-5)
+    assert M.log_score([NAN], [True]) is None and M.log_score(p, y, mask=[1, 0, 0, 0]) == pytest.approx(-np.log(0.9))
+    # proper: the true rate scores best in expectation
+    rate = 0.2
+    exp_score = {q: rate * -np.log(q) + (1 - rate) * -np.log(1 - q) for q in (0.1, 0.2, 0.3)}
+    assert min(exp_score, key=exp_score.get) == rate
+    empty = M.failure_summary([NAN], [True])
+    assert empty["log_score"] is None and empty["log_score_base"] is None
+
+
+def test_summary_rows_carry_median_and_mean_crps_and_both_failure_scores():
+    from pingctl.eval.report import summary_rows
+
+    report = {"order": ["a"], "predictors": {"a": {
+        "slices": {"all": {"n": 3, "median_rel_err": 0.1}},
+        "crps": {"all": M.crps_summary([1.0, 2.0, 30.0], [10.0, 10.0, 10.0])},
+        "failure": M.failure_summary([0.1, 0.8, 0.5, 0.3], [0, 1, 1, 0]),
+    }}}
+    row = summary_rows(report)[0]
+    assert row["median_crps_ms"] == 2.0 and row["crps_ms"] == pytest.approx(11.0)  # one far miss moves only the mean
+    assert row["brier"] == pytest.approx(0.0975) and row["log_score"] == pytest.approx(0.344581, abs=1e-6)
+
+
 def test_auc_matches_pairwise_count():
     rng = np.random.default_rng(0)
     for _ in range(20):

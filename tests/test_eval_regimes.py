@@ -39,7 +39,7 @@ def test_best_is_fixed_per_regime_and_policy():
 def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp_path):
     out = tmp_path / "ev"
     r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "36",
-                            "--context", "4", "-o", str(out), "--json"])
+                            "--context", "4", "--context-policy", "probe", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["mode"] == "regimes" and [row["regime"] for row in rep["table"]] == ["time", "pair", "probe", "target"]
@@ -77,6 +77,16 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
         emb = np.array(d["embedding_crps"])[sel]
         np.testing.assert_allclose(emb[ok], np.abs(np.array(d["embedding_median"])[sel][ok] - a[ok]))
         assert row["cov90"] is not None and row["cov90_calibrated"] is not None
+        # median and mean CRPS; proper scores of P(failure) for every predictor that gives one
+        assert row["model_median_crps_ms"] == pytest.approx(np.median(crps[ok]))
+        fails = row["failure"]
+        assert {"model", "pair_median", "global_median"} <= set(fails) and "embedding" not in fails
+        failed = a < 0
+        for name in ("model", "pair_median"):
+            p = np.array(d[f"{name}_p_fail"])[sel]
+            assert fails[name]["brier"] == pytest.approx(np.mean((p - failed) ** 2))
+            q = np.clip(p, 1e-6, 1 - 1e-6)
+            assert fails[name]["log_score"] == pytest.approx(-np.mean(np.where(failed, np.log(q), np.log(1 - q))))
     # the refit baselines place the new hosts from the prompt (here the probe's earlier packets)
     probe = rep["regimes"]["probe"]["predictors"]["embedding_refit"]["fallback"]
     assert probe["refit"] > 0.5 and rep["regimes"]["time"]["predictors"]["embedding_refit"]["fallback"]["known"] == 1.0
@@ -88,6 +98,50 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
     for row in rep["table"]:
         line = next(x for x in lines if x.startswith(row["regime"] + " "))
         assert row["best"] in line and f"{100 * row['model_median_rel_err']:.1f}%" in line
+        assert "probe 4" in line  # the prompt each row used
+    assert "median CRPS ms, model vs best classical" in shown.output and "Brier" in shown.output
+
+
+def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split, tmp_path):
+    """The default policy of --regimes (fair): the time regime's prompts hold the pair's own
+    earlier packets, the held-out regimes' never the pair; each regime's recalibration is
+    fitted on its own val set, which shares no packet with any test set."""
+    from pingctl.artifacts.table import REGIME_VALS, regime_test_dirs, regime_val_dirs
+    from pingctl.eval.report import load_split
+
+    out = tmp_path / "fair"
+    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "24",
+                            "--context", "4", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["prompt"]["context_policy"] == "fair"
+    for row in rep["table"]:
+        report = rep["regimes"][row["regime"]]
+        held = row["regime"] != "time"
+        assert row["prompt"]["context_policy"] == ("both" if held else "pair")
+        stats = report["prompt"]
+        assert stats["mean_measurements"] > 0 and stats["before_query"] == 1.0
+        assert stats["of_the_pair"] == (0.0 if held else 1.0)
+        # recalibrated on its own regime's val set, with its own prompts
+        assert row["calibrated_on"] == ("val_" + row["regime"] if held else "val")
+        cal = rep["calibrations"][row["regime"]]
+        assert cal["fitted"] and json.loads(open(cal["fitted"]).read())["context_policy"] == \
+            row["prompt"]["context_policy"]
+    assert rep["choice"]["pair"]["chosen_on"] == "val"
+    # every val set (time's val/ and each held-out regime's) is disjoint from every test set
+    vals, tests = regime_val_dirs(regimes_split), regime_test_dirs(regimes_split)
+    assert {p.name for p in vals.values()} == {"val", *REGIME_VALS}
+
+    def packets(path):
+        d = load_split(path)
+        return set(zip(d["src"], d["dst"], d["event_time"].tolist()))
+
+    test_packets = set().union(*(packets(p) for p in tests.values()))
+    for p in vals.values():
+        v = packets(p)
+        assert v and not v & test_packets, p
+    shown = runner.invoke(app, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "pair 4" in shown.output and "both 4+4" in shown.output
 
 
 def test_eval_regimes_refuses_other_inputs(tiny_run, time_split, tmp_path):

@@ -202,3 +202,221 @@ def test_export_refuses_what_it_cannot_write(exported, tiny_run, tmp_path):
     assert (tiny_run / "config.yaml").is_file() and (tiny_run / "maxtext" / "checkpoints").is_dir()
     r = runner.invoke(app, ["export", str(tiny_run), "-o", str(tmp_path / "m"), "--step", "12345"])
     assert r.exit_code == 1 and "no checkpoint at step 12345" in r.output
+
+
+def _damaged_copy(src, dst, change):
+    """A copy of export `src` at `dst` whose config.json went through `change(dict)`."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    change(config)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+DAMAGED_CONFIGS = [
+    # (change, what the message names)
+    (lambda c: c["source"].update(steps="abc"), "field source.steps"),
+    (lambda c: c["architecture"].pop("maxtext"), "field architecture.maxtext is missing"),
+    (lambda c: c["architecture"]["maxtext"].update(base_emb_dim="64"), "field architecture.maxtext.base_emb_dim"),
+    (lambda c: c["architecture"]["maxtext"].update(base_num_decoder_layers=0),
+     "field architecture.maxtext.base_num_decoder_layers"),
+    (lambda c: c["loader"].update(result_last=1.5), "field loader.result_last"),
+    (lambda c: c["loader"].update(timestamps="yes"), "field loader.timestamps"),
+    (lambda c: c["loader"].update(mode_weights=[1, 0]), "field loader.mode_weights"),
+    (lambda c: c["vocab"].update(size=12), "vocab.size 12 differs from architecture.maxtext.vocab_size"),
+    (lambda c: c["weights"].update(file="other.bin"), "field weights.file"),
+    (lambda c: c.update(hidden_size=4096), "hidden_size 4096 differs from architecture.maxtext.base_emb_dim"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DAMAGED_CONFIGS)))
+def test_a_damaged_config_json_is_named_field_by_field(exported, tmp_path, case):
+    """Every field's type and range is checked as config.json is read: exit 1 naming the field,
+    where a wrong type was once iterated as characters or a missing section a KeyError (exit 70)."""
+    change, needle = DAMAGED_CONFIGS[case]
+    bad = _damaged_copy(exported[0], tmp_path / "bad", change)
+    r = runner.invoke(app, ["inspect", str(bad), "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 1 and err["kind"] == "input", r.output
+    assert "config.json: a damaged export" in err["message"] and needle in err["message"], err["message"]
+
+
+def test_a_damaged_config_fails_sample_and_model_load_as_input_errors(exported, tmp_path, pair):
+    from pingctl import Model
+
+    steps = _damaged_copy(exported[0], tmp_path / "steps", lambda c: c["source"].update(steps="abc"))
+    r = runner.invoke(app, ["sample", str(steps), "--src", pair[0], "--dst", pair[1]])
+    assert r.exit_code == 1 and "field source.steps" in r.output and "internal error" not in r.output, r.output
+    net = _damaged_copy(exported[0], tmp_path / "net", lambda c: c["architecture"].pop("maxtext"))
+    with pytest.raises(PingctlError, match="field architecture.maxtext is missing"):
+        Model.load(net)
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(exported, tmp_path, pair):
+    """NaN weights once answered exit 0 with quantiles 0.0 and a bare NaN p_fail."""
+    from pingctl import Model
+    from pingctl.artifacts import export as EX
+
+    out = exported[0]
+    name = sorted(EX.read_tensors(out))[-1]
+
+    def poison(t):
+        a = t[name].copy()
+        a.flat[0] = np.nan
+        t[name] = a
+
+    bad = _rewrite(out, tmp_path / "nan", poison)
+    r = runner.invoke(app, ["sample", str(bad), "--src", pair[0], "--dst", pair[1], "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 1 and f"tensor {name} holds 1 non-finite value" in err["message"], r.output
+    with pytest.raises(PingctlError, match=f"tensor {name} holds"):
+        Model.load(bad)
+
+
+def test_read_tensors_checks_every_float_dtype(tmp_path):
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    from pingctl.artifacts import export as EX
+
+    finite = {"a.kernel": np.ones((2, 3), ml_dtypes.bfloat16), "b.count": np.arange(4, dtype=np.int32)}
+    save_file(finite, str(tmp_path / EX.WEIGHTS))
+    assert sorted(EX.read_tensors(tmp_path)) == ["a.kernel", "b.count"]
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+        t = dict(finite, **{"c.scale": np.array([1, np.inf, -np.inf], dtype)})
+        save_file(t, str(tmp_path / EX.WEIGHTS))
+        with pytest.raises(PingctlError, match="tensor c.scale holds 2 non-finite values"):
+            EX.read_tensors(tmp_path)
+
+
+def test_the_safetensors_file_has_the_same_bytes_every_time(tmp_path):
+    """safetensors writes its metadata in a hash map's order, which changes between writes."""
+    from pingctl.artifacts import export as EX
+
+    tensors = {f"layer{i}.kernel": np.full((3, 2), i, np.float32) for i in range(4)}
+    written = set()
+    for i in range(12):
+        EX.write(tmp_path / f"m{i}", {"format": EX.FORMAT}, tensors, "card")
+        written.add((tmp_path / f"m{i}" / EX.WEIGHTS).read_bytes())
+    assert len(written) == 1
+    assert sorted(EX.read_tensors(tmp_path / "m0")) == sorted(tensors)
+
+
+@pytest.mark.slow
+def test_exporting_the_same_run_again_writes_the_same_bytes(tiny_run, exported, tmp_path):
+    again = tmp_path / "again"
+    r = runner.invoke(app, ["export", str(tiny_run), "-o", str(again)])
+    assert r.exit_code == 0, r.output
+    first = exported[0]
+    assert sorted(p.name for p in again.iterdir()) == sorted(p.name for p in first.iterdir())
+    for f in first.iterdir():  # `created` included: when the checkpoint was committed, not when exported
+        assert (again / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+_ABSOLUTE = __import__("re").compile(r"(?:^|[\s`'\"(=:])/[A-Za-z0-9_.-]+/")
+
+
+def _front_matter(card: str) -> tuple[dict, str]:
+    import yaml
+
+    assert card.startswith("---\n"), card[:100]
+    head, _, body = card[4:].partition("\n---\n")
+    return yaml.safe_load(head), body
+
+
+def test_config_json_reads_as_a_hugging_face_config(exported):
+    from pingctl.artifacts import export as EX
+
+    out = exported[0]
+    config = EX.read_config(out)
+    net = config["architecture"]["maxtext"]
+    assert config["model_type"] == "pingctl"
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["head_dim"], config["intermediate_size"], config["vocab_size"],
+            config["max_position_embeddings"], config["torch_dtype"]) == (
+        net["base_emb_dim"], net["base_num_decoder_layers"], net["base_num_query_heads"], net["base_num_kv_heads"],
+        net["head_dim"], net["base_mlp_dim"], net["vocab_size"], net["max_target_length"], net["weight_dtype"])
+    assert config["hidden_act"] in net["mlp_activations"] and config["rms_norm_eps"] > 0 and config["rope_theta"] > 0
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.PretrainedConfig.from_pretrained(str(out))
+    assert hf.model_type == "pingctl" and hf.hidden_size == net["base_emb_dim"]
+    assert hf.num_hidden_layers == net["base_num_decoder_layers"]
+
+
+def test_the_model_card_has_front_matter_and_no_absolute_path(exported, tiny_run):
+    out = exported[0]
+    card = (out / "README.md").read_text()
+    meta, body = _front_matter(card)
+    assert meta["library_name"] == "pingctl" and meta["license"] and "pingctl" in meta["tags"]
+    data = meta["pingctl"]["training_data"]
+    assert data["rows"] == "synthrows/rows" and data["measurements"] > 0 and data["probes"] == 24
+    assert "metrics" not in meta  # no eval report beside the run
+    assert "# pingctl model" in body
+    assert str(tiny_run) not in card and str(tiny_run.parent) not in card
+    assert not _ABSOLUTE.search(card), _ABSOLUTE.search(card)
+    from huggingface_hub import ModelCard
+
+    assert ModelCard.load(out / "README.md").data.library_name == "pingctl"
+
+
+def test_the_model_card_quotes_the_eval_headline(exported, tiny_run):
+    from pingctl.artifacts import export as EX
+    from pingctl.artifacts.run import run_config
+    from pingctl.infer.export import model_card
+
+    report = {"queries": 48, "inputs": {"run": str(tiny_run), "test": str(tiny_run.parent / "splits" / "test")},
+              "rows": [{"predictor": "model", "median_rel_err": 0.125, "p90_rel_err": 0.5, "mae_ms": 3.25,
+                        "cov50": 0.5, "cov90": float("nan")},
+                       {"predictor": "pair median", "median_rel_err": 0.2}]}
+    config = EX.read_config(exported[0])
+    card = model_card(tiny_run, dict(config, eval_report=str(tiny_run.parent / "eval" / "report.json")),
+                      run_config(tiny_run), report)
+    meta, body = _front_matter(card)
+    assert meta["metrics"] == ["median_relative_error", "p90_relative_error", "mae_ms", "coverage_50"]
+    result = meta["model-index"][0]["results"][0]
+    assert {m["type"]: m["value"] for m in result["metrics"]} == {
+        "median_relative_error": 0.125, "p90_relative_error": 0.5, "mae_ms": 3.25, "coverage_50": 0.5}
+    assert result["dataset"]["name"] == "splits/test" and "From `eval/report.json`" in body
+    assert not _ABSOLUTE.search(card), _ABSOLUTE.search(card)
+
+
+def _hub_cache(export, cache, repo: str):
+    """A Hugging Face Hub cache holding `repo` (main) as snapshot_download leaves it: what a
+    download of a pushed export looks like (the Hub itself is out of reach here)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = cache / f"models--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    shutil.copytree(export, root / "snapshots" / commit)
+    return root / "snapshots" / commit
+
+
+def test_a_hub_repo_id_resolves_through_the_cache(exported, tmp_path, monkeypatch):
+    from pingctl.artifacts.hub import resolve_model_path
+
+    snapshot = _hub_cache(exported[0], tmp_path / "hub", "acme/tiny-rtt")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model_path("acme/tiny-rtt") == snapshot
+    assert resolve_model_path(str(exported[0])) == exported[0]  # a directory is itself
+    with pytest.raises(PingctlError, match="acme/nothing: no such directory.*HF_HUB_OFFLINE"):
+        resolve_model_path("acme/nothing")
+    (tmp_path / "hub" / "models--acme--empty" / "refs").mkdir(parents=True)
+    (tmp_path / "hub" / "models--acme--empty" / "refs" / "main").write_text("f" * 40)
+    (tmp_path / "hub" / "models--acme--empty" / "snapshots" / ("f" * 40)).mkdir(parents=True)
+    with pytest.raises(PingctlError, match="holds no `pingctl export` model"):
+        resolve_model_path("acme/empty")
+
+
+@pytest.mark.slow
+def test_model_load_takes_a_hub_repo_id(exported, tmp_path, monkeypatch, pair):
+    from pingctl import Model
+
+    snapshot = _hub_cache(exported[0], tmp_path / "hub", "acme/tiny-rtt")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from_hub, from_dir = Model.load("acme/tiny-rtt"), Model.load(exported[0])
+    assert from_hub.run == snapshot.resolve() or from_hub.run == snapshot
+    assert from_hub.steps == from_dir.steps
+    a, b = from_hub.rtt(*pair), from_dir.rtt(*pair)
+    assert a.p_fail == b.p_fail and a.quantiles == b.quantiles

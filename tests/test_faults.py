@@ -488,3 +488,65 @@ def test_one_rule_for_mapped_addresses_ingest_parquet_tokenizer_and_sample(tmp_p
         r = runner.invoke(app, ["tokenize", "--src", "8.8.8.8", "--dst", text, "--rtt", "3"])
         assert r.exit_code == 2, r.output
         assert "IPv4-mapped IPv6 address" in r.output and f"give {v4}" in r.output, r.output
+
+
+def _failing_app(exc: BaseException):
+    """A one-command app whose command raises `exc` through the CLI's error handler."""
+    import typer
+
+    from pingctl.cli.common import handle_errors
+
+    one = typer.Typer()
+
+    @one.command()
+    @handle_errors
+    def go(as_json: bool = typer.Option(False, "--json")) -> None:
+        raise exc
+
+    return one
+
+
+@pytest.mark.parametrize("exc, code", [(RuntimeError("a bug"), 70), (ValueError("another bug"), 70)])
+def test_pingctl_debug_shows_the_traceback_and_keeps_the_exit_code(monkeypatch, exc, code):
+    """PINGCTL_DEBUG=1 once re-raised, so Python's own exit status 1 replaced the internal error's 70."""
+    from typer.testing import CliRunner
+
+    from pingctl.errors import PingctlError, UsageError
+
+    runner = CliRunner()
+    monkeypatch.delenv("PINGCTL_DEBUG", raising=False)
+    plain = runner.invoke(_failing_app(exc), ["--json"])
+    assert plain.exit_code == code and "Traceback" not in plain.stderr and "PINGCTL_DEBUG=1" in plain.stderr
+    monkeypatch.setenv("PINGCTL_DEBUG", "1")
+    for e, want in ((exc, code), (PingctlError("bad row 3"), 1), (UsageError("bad option"), 2)):
+        r = runner.invoke(_failing_app(e), ["--json"])
+        assert r.exit_code == want, (e, r.exit_code, r.output)
+        assert "Traceback (most recent call last)" in r.stderr and type(e).__name__ in r.stderr, r.stderr
+        assert json.loads(r.stdout)["error"]["exit_code"] == want  # --json still says why, on stdout
+
+
+def test_json_output_never_holds_nan_or_infinity(capsys):
+    """NaN is not JSON: `"p_fail": NaN` on stdout made the whole --json document unreadable to a
+    standard parser. Each such value prints as null, and "non_finite" says which and why."""
+    import numpy as np
+
+    from pingctl.cli.common import emit
+
+    def strict(text):
+        def refuse(token):
+            raise ValueError(f"{token} is not JSON")
+
+        return json.loads(text, parse_constant=refuse)
+
+    emit({"p_fail": float("nan"), "quantiles": {"0.5": float("inf"), "0.95": 3.5}, "rows": [{"x": np.float32("nan")},
+          {"x": -np.inf}, {"x": np.float64(1.25)}], "n": 3}, as_json=True)
+    out, err = capsys.readouterr()
+    got = strict(out)
+    assert got["p_fail"] is None and got["quantiles"] == {"0.5": None, "0.95": 3.5} and got["n"] == 3
+    assert [r["x"] for r in got["rows"]] == [None, None, 1.25]
+    assert got["non_finite"] == {"p_fail": "NaN", "quantiles.0.5": "Infinity", "rows[0].x": "NaN",
+                                 "rows[1].x": "-Infinity"}
+    assert "4 value(s) are not finite" in err
+    emit({"p_fail": 0.25}, as_json=True)
+    out, err = capsys.readouterr()
+    assert strict(out) == {"p_fail": 0.25} and err == ""

@@ -25,11 +25,12 @@ from typer.testing import CliRunner
 from pingctl.cli.app import app
 from pingctl.config import IngestConfig
 from pingctl.errors import PingctlError, UsageError
+from pingctl.executor import fanout as driver
+from pingctl.executor import slurm as fslurm
+from pingctl.executor.modal import DirBoundary, ModalExecutor, ModalSettings, remote_name
+from pingctl.executor.slurm import SlurmExecutor, SlurmSettings
 from pingctl.ingest.core import ingest
-from pingctl.ingest.fanout import slurm as fslurm
-from pingctl.ingest.fanout.driver import fanout
-from pingctl.ingest.fanout.modal_map import DirBoundary, ModalSettings, remote_name
-from pingctl.ingest.fanout.slurm import SlurmSettings
+from pingctl.ingest.fanout.step import IngestFanout
 from pingctl.ingest.fanout.task import main as task_main
 from pingctl.ingest.fanout.work import (TASK_MANIFEST, make_plan, merge, run_task, task_dir, task_states, work_dir,
                                         write_plan)
@@ -37,6 +38,17 @@ from pingctl.ingest.parse import Options
 from tests.conftest import RIPE_DIR, make_table
 
 CUTS = 8
+
+
+def fanout(inputs, out, cfg, target, *, force=False, dry_run=False, slurm_settings=None, modal_settings=None,
+           boundary=None, on_event=None) -> dict:
+    """The ingest's step run by the driver on the engine `target`, as `pingctl ingest --target` does."""
+    step = IngestFanout.plan(inputs, out, cfg, force, engine=target)
+    if target == "slurm":
+        executor = SlurmExecutor(slurm_settings or SlurmSettings(job_name="pingctl-ingest"))
+    else:
+        executor = ModalExecutor(modal_settings or ModalSettings(app_name="pingctl-ingest"), boundary)
+    return driver.run(step, executor, dry_run=dry_run, on_event=on_event)
 
 
 def _cut(dest: Path, pieces: int, lines_per_piece: int | None = None) -> Path:
@@ -170,9 +182,9 @@ def test_array_specs_and_batches_of_many_inputs(tmp_path):
     assert [off for off, _ in groups] == [0, 1000, 2000]
     assert sorted(off + i for off, ids in groups for i in ids) == todo
     assert all(0 <= i < fslurm.ARRAY_MAX for _, ids in groups for i in ids)
-    plan = {"out": str(tmp_path / "o")}
-    text = fslurm.render(tmp_path / "w", plan, SlurmSettings(), 1000, groups[1][1])
-    assert '"$((SLURM_ARRAY_TASK_ID + 1000))"' in text
+    step = IngestFanout({"out": str(tmp_path / "o"), "tasks": []}, tmp_path / "w", tmp_path / "o")
+    text = fslurm.render(step, SlurmSettings(), 1000, groups[1][1])
+    assert '"$((SLURM_ARRAY_TASK_ID + 1000))"' in text and "-m pingctl.ingest.fanout.task" in text
 
 
 def test_slurm_refuses_a_pipe_and_a_path_with_spaces(tmp_path):
@@ -306,9 +318,10 @@ def test_a_task_whose_input_went_away_fails_with_its_name(small_cut, tmp_path):
 
 def test_modal_app_builds_offline():
     pytest.importorskip("modal")
-    from pingctl.ingest.fanout.modal_map import build_app
+    from pingctl.executor.modal import build_app
 
-    app, fn, volume = build_app(ModalSettings(app_name="pingctl-ingest-test", volume="v"))
+    app, fn, volume = build_app(ModalSettings(app_name="pingctl-ingest-test", volume="v"), IngestFanout.task_ref,
+                                IngestFanout.function)
     assert app.name == "pingctl-ingest-test" and fn is not None and volume is not None
 
 

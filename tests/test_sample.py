@@ -529,6 +529,8 @@ def test_generated_times_stay_in_the_range_asked(model, pair, context_time):
 
 
 def test_bench_sample_times_every_case_it_names(tiny_run, tmp_path):
+    """Both engines by default (MaxText is installed here), each with its load, its first
+    answer and the same steady cases."""
     from pingctl.infer.model import LoadedModel
 
     out = tmp_path / "bench.json"
@@ -537,30 +539,37 @@ def test_bench_sample_times_every_case_it_names(tiny_run, tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(out.read_text())
     assert res == json.loads(r.stdout) and res["step"] == LoadedModel.load(tiny_run).step
-    cases = [row["case"] for row in res["table"]]
-    assert cases[:2] == ["forward 32x64", "forward 32x256"]  # the fixture's seq_len is 256
-    lazy = [row for row in res["table"] if row["case"].startswith("lazy")]
-    exact = [row for row in res["table"] if row["case"].startswith("exact")]
-    assert [row["questions"] for row in lazy] == [3, 3] and [row["questions"] for row in exact] == [1, 1]
-    # a context lengthens the prompt by its measurements' tokens
-    assert lazy[0]["case"] == "lazy, ctx 0" and lazy[1]["case"] == "lazy, ctx 4"
-    assert lazy[1]["prompt_tokens"] > lazy[0]["prompt_tokens"] + 4 * 10
-    for row in res["table"]:
-        # seconds are rounded to the ms in the report, so the check is loose for the fastest cases
-        assert row["seconds"] > 0 and row["per_s"] == pytest.approx(row["questions"] / row["seconds"], rel=0.1)
-    gen = res["table"][-1]
-    assert gen["case"] == "generate 2x4" and gen["tokens_per_s"] > 0
+    assert res["engines"] == ["light", "maxtext"]
+    for engine in res["engines"]:
+        table = [row for row in res["table"] if row["engine"] == engine]
+        cases = [row["case"] for row in table]
+        # the fixture's seq_len is 256
+        assert cases[:4] == ["load", "first answer", "forward 32x64", "forward 32x256"], cases
+        lazy = [row for row in table if row["case"].startswith("lazy")]
+        exact = [row for row in table if row["case"].startswith("exact")]
+        assert [row["questions"] for row in lazy] == [3, 3] and [row["questions"] for row in exact] == [1, 1]
+        # a context lengthens the prompt by its measurements' tokens
+        assert lazy[0]["case"] == "lazy, ctx 0" and lazy[1]["case"] == "lazy, ctx 4"
+        assert lazy[1]["prompt_tokens"] > lazy[0]["prompt_tokens"] + 4 * 10
+        for row in table:
+            assert row["seconds"] > 0
+            if row["per_s"] is not None:  # not for the one-off load and first answer
+                # seconds are rounded to the ms in the report, so the check is loose for the fastest cases
+                assert row["per_s"] == pytest.approx(row["questions"] / row["seconds"], rel=0.1)
+        gen = table[-1]
+        assert gen["case"] == "generate 2x4" and gen["tokens_per_s"] > 0
 
 
 def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkeypatch):
-    """The second-byte passes from one prefilled cache per prompt (MaxEngine) against whole
-    sequences: the same distributions, to float32 noise."""
+    """The MaxText engine's second-byte passes from one prefilled cache per prompt (MaxEngine)
+    against whole sequences: the same distributions, to float32 noise (the light engine's
+    cache: tests/test_light_engine.py)."""
     from pingctl.infer import kv_cache
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
     from pingctl.tokenizer import Measurements
 
-    plain = LoadedModel.load(tiny_run)
+    plain = LoadedModel.load(tiny_run, engine="maxtext")
     ctx, last = Q.context_tokens(plain, Measurements.from_fields(
         [pair[0]] * 3, [pair[1]] * 3, [20.0, 21.0, -1.0], [1_700_000_000, 1_700_000_060, 1_700_000_120]), 200)
     # prompts of different lengths (one with a context) share the decode slots of one step
@@ -573,7 +582,7 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     monkeypatch.delenv("PINGCTL_KV_CACHE")
     monkeypatch.setattr(kv_cache, "MIN_TOKENS", 0)
     monkeypatch.setattr(kv_cache, "MIN_PROMPT", 0)
-    cached = LoadedModel.load(tiny_run)
+    cached = LoadedModel.load(tiny_run, engine="maxtext")
     got = Q.rtt_distributions(cached, prompts)
     assert isinstance(cached._kv, kv_cache.SecondBytes)  # the cache answered
     got_at = Q.rtt_distributions_at(cached, prompts, eps=1e-4)
@@ -593,7 +602,7 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     again = Q.rtt_distributions(cached, prompts[:1])[0]
     assert cached._kv is False and np.abs(again.probs - want[0].probs).max() < 1e-6
     # averaged weights have no single checkpoint for the engine: whole sequences, same numbers
-    avg = LoadedModel.load(tiny_run, [cached.step, cached.step])
+    avg = LoadedModel.load(tiny_run, [cached.step, cached.step], engine="maxtext")
     assert avg._items is None and Q.rtt_distributions(avg, prompts[:1])[0].quantile(0.5) == want[0].quantile(0.5)
 
 

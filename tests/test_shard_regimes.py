@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from pingctl.artifacts.table import REGIMES, is_splits_dir, regime_test_dirs, resolve_inputs, split_dirs
+from pingctl.artifacts.table import (
+    REGIMES, is_splits_dir, regime_test_dirs, regime_val_dirs, resolve_inputs, split_dirs,
+)
 from pingctl.cli.app import app
 from pingctl.config import RegimesConfig, ShardConfig, SynthConfig
 from pingctl.errors import PingctlError
@@ -23,7 +25,8 @@ from pingctl.synth.generate import generate
 from tests.conftest import make_table
 
 runner = CliRunner()
-SPLITS = ("train", "val", "test_time", "test_pair", "test_probe", "test_target")
+SPLITS = ("train", "val", "test_time", "test_pair", "test_probe", "test_target", "val_pair", "val_probe", "val_target")
+TESTS = ("test_time", "test_pair", "test_probe", "test_target")
 BIG = RegimesConfig(time=0.1, pair=0.1, probe=0.1, target=0.1)
 
 
@@ -76,24 +79,39 @@ def check_regimes(inputs, out, res) -> dict:
     for s in ("test_time", "val"):
         assert n(f"SELECT 1 FROM {s} t JOIN (SELECT src_addr, dst_addr, max(event_time) AS hi FROM train "
                  "GROUP BY ALL) r USING (src_addr, dst_addr) WHERE t.event_time <= r.hi") == 0, s
-    # pair: never in train, both ends in train (the source as a source, the destination as a destination)
-    assert n("SELECT src_addr, dst_addr FROM test_pair INTERSECT SELECT src_addr, dst_addr FROM train") == 0
-    assert n(f"SELECT src_addr FROM test_pair EXCEPT {src}") == 0
-    assert n(f"SELECT dst_addr FROM test_pair EXCEPT {dst}") == 0
-    # probe: the source (address and probe id) never a train source; its destinations train ones
-    assert n(f"SELECT src_addr FROM test_probe INTERSECT {src}") == 0
-    assert n(f"SELECT {probe} FROM test_probe INTERSECT SELECT {probe} FROM train") == 0
-    assert n(f"SELECT dst_addr FROM test_probe EXCEPT {dst}") == 0
-    # target: the destination never a train destination; its sources train ones
-    assert n(f"SELECT dst_addr FROM test_target INTERSECT {dst}") == 0
-    assert n(f"SELECT src_addr FROM test_target EXCEPT {src}") == 0
-    # no pair in two regimes (the time regime = train, val and test_time)
+    # each held-out regime's test set and its val set follow the same rule:
+    for pair_s, probe_s, target_s in (("test_pair", "test_probe", "test_target"), ("val_pair", "val_probe", "val_target")):
+        # pair: never in train, both ends in train (the source as a source, the destination as a destination)
+        assert n(f"SELECT src_addr, dst_addr FROM {pair_s} INTERSECT SELECT src_addr, dst_addr FROM train") == 0
+        assert n(f"SELECT src_addr FROM {pair_s} EXCEPT {src}") == 0
+        assert n(f"SELECT dst_addr FROM {pair_s} EXCEPT {dst}") == 0
+        # probe: the source (address and probe id) never a train source; its destinations train ones
+        assert n(f"SELECT src_addr FROM {probe_s} INTERSECT {src}") == 0
+        assert n(f"SELECT {probe} FROM {probe_s} INTERSECT SELECT {probe} FROM train") == 0
+        assert n(f"SELECT dst_addr FROM {probe_s} EXCEPT {dst}") == 0
+        # target: the destination never a train destination; its sources train ones
+        assert n(f"SELECT dst_addr FROM {target_s} INTERSECT {dst}") == 0
+        assert n(f"SELECT src_addr FROM {target_s} EXCEPT {src}") == 0
+    # no pair in two regimes or sets (the time regime = train, val and test_time)
     con.execute("""CREATE TABLE regime_pairs AS SELECT DISTINCT src_addr, dst_addr, 'time' AS g FROM
                    (SELECT * FROM train UNION ALL SELECT * FROM val UNION ALL SELECT * FROM test_time)
                    UNION ALL SELECT DISTINCT src_addr, dst_addr, 'pair' FROM test_pair
                    UNION ALL SELECT DISTINCT src_addr, dst_addr, 'probe' FROM test_probe
-                   UNION ALL SELECT DISTINCT src_addr, dst_addr, 'target' FROM test_target""")
+                   UNION ALL SELECT DISTINCT src_addr, dst_addr, 'target' FROM test_target
+                   UNION ALL SELECT DISTINCT src_addr, dst_addr, 'val_pair' FROM val_pair
+                   UNION ALL SELECT DISTINCT src_addr, dst_addr, 'val_probe' FROM val_probe
+                   UNION ALL SELECT DISTINCT src_addr, dst_addr, 'val_target' FROM val_target""")
     assert n("SELECT src_addr, dst_addr FROM regime_pairs GROUP BY ALL HAVING count(*) > 1") == 0
+    # every val set is disjoint from every test set: no packet, and no held-out group (a val
+    # probe's source, a val target's destination, a val pair) appears in any test set
+    tests = " UNION ALL ".join(f"SELECT * FROM {t}" for t in TESTS)
+    for v in ("val", "val_pair", "val_probe", "val_target"):
+        assert n(f"SELECT src_addr, dst_addr, event_time FROM {v} INTERSECT "
+                 f"SELECT src_addr, dst_addr, event_time FROM ({tests})") == 0, v
+    assert n(f"SELECT src_addr FROM val_probe INTERSECT SELECT src_addr FROM ({tests})") == 0
+    assert n(f"SELECT {probe} FROM val_probe INTERSECT SELECT {probe} FROM ({tests})") == 0
+    assert n(f"SELECT dst_addr FROM val_target INTERSECT SELECT dst_addr FROM ({tests})") == 0
+    assert n(f"SELECT src_addr, dst_addr FROM val_pair INTERSECT SELECT src_addr, dst_addr FROM ({tests})") == 0
     # a dropped row fits no regime: an end train lacks, or a test_time row of a pair without train rows
     cut = res["cuts"]["test_time_start"]
     assert n(f"""SELECT * FROM dropped d WHERE d.src_addr IN ({src}) AND d.dst_addr IN ({dst})
@@ -119,6 +137,13 @@ def test_every_regime_rule_holds_on_a_synth_world(world, tmp_path):
     assert len({r["dst_addr"] for r in rows["test_target"]}) == cuts["destinations"]["held_out"]
     held = cuts["pairs"]["held_out"] - cuts["pairs"]["returned_to_train"]
     assert len({(r["src_addr"], r["dst_addr"]) for r in rows["test_pair"]}) == held > 0
+    # each held-out regime's val set: the next regimes.val (0.5) times as many groups in the same ranking
+    assert cuts["sources"]["val"] == 3 and len({r["prb_id"] for r in rows["val_probe"]}) == 3
+    assert cuts["destinations"]["val"] == max(1, round(cuts["destinations"]["groups"] * 0.05))
+    assert len({r["dst_addr"] for r in rows["val_target"]}) == cuts["destinations"]["val"]
+    val_held = cuts["pairs"]["val"] - cuts["pairs"]["val_returned_to_train"]
+    assert len({(r["src_addr"], r["dst_addr"]) for r in rows["val_pair"]}) == val_held > 0
+    assert regime_val_dirs(out) == {"time": out / "val", **{r: out / f"val_{r}" for r in REGIMES[1:]}}
     # test_time is the last ~10% of the time pairs' rows
     n_time = sum(counts[s] for s in ("train", "val", "test_time"))
     assert counts["test_time"] == pytest.approx(0.1 * n_time, rel=0.1)
@@ -143,7 +168,7 @@ def test_deterministic_and_the_seed_matters(world, tmp_path):
     shard([world], tmp_path / "a", cfg)
     shard([world], tmp_path / "b", cfg)
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
-    assert len(files) == 6
+    assert len(files) == len(SPLITS)
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
     shard([world], tmp_path / "c", cfg.model_copy(update={"seed": 4}))

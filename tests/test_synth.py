@@ -463,3 +463,39 @@ def test_cli_addresses_option(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["config"]["addresses"] == "random"
     res = runner.invoke(app, ["synth", "-o", str(tmp_path / "x"), "--addresses", "scrambled"])
     assert res.exit_code == 2 and "structured" in res.output
+
+
+def test_synth_refuses_to_replace_another_world_without_force(tmp_path):
+    """`synth -o DIR` onto a world once replaced its 50k rows with 1k, leaving the splits built
+    from it stale. Another world (or another pingctl output) needs --force; the same world
+    again (same config: the same bytes) is rewritten, so a script that regenerates reruns."""
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+    from pingctl.errors import UsageError
+
+    runner = CliRunner()
+    world = dict(rows=3000, probes=8, targets=4, targets_per_probe=2, seed=5)
+    out = tmp_path / "world"
+    generate(SynthConfig(**world), out)
+    before = _bytes(out)
+    args = ["synth", "-o", str(out), "--probes", "8", "--targets", "4", "--targets-per-probe", "2", "--seed", "5"]
+    r = runner.invoke(app, [*args, "--rows", "1000", "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 2 and err["kind"] == "usage", r.output
+    assert "holds another synth world" in err["message"] and "rows 3000 -> 1000" in err["message"]
+    assert "--force" in err["message"] and _bytes(out) == before
+    with pytest.raises(UsageError, match="seed 5 -> 6"):
+        generate(SynthConfig(**dict(world, seed=6)), out)
+    r = runner.invoke(app, [*args, "--rows", "3000"])  # the same world: rewritten, same bytes
+    assert r.exit_code == 0, r.output
+    assert _bytes(out) == before
+    r = runner.invoke(app, [*args, "--rows", "1000", "--force", "--json"])
+    assert r.exit_code == 0 and json.loads((out / "manifest.json").read_text())["config"]["rows"] == 1000
+    # a pingctl output that is no world (here: build-rows') is not replaced by one either
+    from pingctl.records.build import build_rows
+
+    build_rows([out], tmp_path / "rows")
+    with pytest.raises(UsageError, match="not a synth world"):
+        generate(SynthConfig(**world), tmp_path / "rows")
+    assert (tmp_path / "rows" / "manifest.json").is_file()

@@ -27,7 +27,10 @@ from pingctl.tokenizer import (
 )
 from pingctl.tokenizer.compact import ABS, DELTA1, DELTA4, NO_TIME, time_kinds
 from pingctl.tokenizer.packing import pack_contexts
-from pingctl.tokenizer.rtt_codec import MAX_CODE, MAX_MS, MAX_US, decode_rtt, encode_rtt, error_bound_ms
+from pingctl.tokenizer.rtt_codec import (
+    CEILING_CODE, CEILING_MS, MAX_CODE, MAX_MS, MAX_US, POSSIBLE_FIRST_BYTES, decode_rtt, encode_rtt, error_bound_ms,
+    possible_first_bytes, token_codes,
+)
 from tests.conftest import make_table
 
 SETTINGS = settings(max_examples=60)
@@ -88,7 +91,7 @@ def _assert_roundtrip(m: Measurements, scheme: str, enc, dec) -> None:
     if scheme == "compact":
         ok = m.rtt_ms >= 0
         assert np.array_equal(got.rtt_ms < 0, ~ok), "failures must round-trip exactly"
-        x = np.minimum(m.rtt_ms[ok], MAX_MS)
+        x = np.minimum(m.rtt_ms[ok], CEILING_MS)  # token streams clamp at the ceiling
         assert np.all(np.abs(got.rtt_ms[ok] - x) <= error_bound_ms(x) * (1 + 1e-9))
         assert np.array_equal(got.has_time, m.has_time)
         assert got.differences(m, columns=["src", "src_v6", "dst", "dst_v6", "time_s"]) == []
@@ -149,6 +152,29 @@ def test_rtt_codec_error_bound(values):
     big = x >= 1.024
     assert np.all(np.abs(y[big] - x[big]) / x[big] <= 1 / 2048 * (1 + 1e-9))
     assert np.all(y[~inside] == MAX_US / 1000)
+
+
+def test_token_codes_are_exactly_the_canonical_codes_up_to_the_ceiling():
+    codes = np.arange(65536)
+    canonical = encode_rtt(decode_rtt(codes)) == codes  # the codes the encoder emits
+    possible = POSSIBLE_FIRST_BYTES[codes >> 8]
+    assert np.array_equal(possible, canonical & (codes <= CEILING_CODE))
+    assert POSSIBLE_FIRST_BYTES.sum() == 68 and CEILING_CODE == 0x7FFF
+    assert decode_rtt([CEILING_CODE])[0] == CEILING_MS == 2047 * 2**15 / 1000  # 67.08 s: above any ping reply
+    x = np.array([0.0, 12.3, 11_500.0, CEILING_MS, CEILING_MS * 1.01, 86_400_000.0, MAX_MS * 10, np.inf, np.nan])
+    got = token_codes(x)
+    assert got.tolist()[:4] == encode_rtt(x[:4]).tolist()  # unchanged below the ceiling
+    assert set(got[3:].tolist()) == {CEILING_CODE}  # clamped above it (NaN too)
+    assert POSSIBLE_FIRST_BYTES[token_codes(np.logspace(-4, 10, 5000)) >> 8].all()
+
+
+def test_possible_first_bytes_renormalises_over_the_possible_bytes():
+    p = np.full(256, 1.0 / 256)
+    q = possible_first_bytes(p)
+    assert q[~POSSIBLE_FIRST_BYTES].sum() == 0 and q.sum() == pytest.approx(1.0)
+    assert np.allclose(q[POSSIBLE_FIRST_BYTES], 1.0 / 68)
+    only_impossible = np.where(POSSIBLE_FIRST_BYTES, 0.0, 1.0)
+    assert np.allclose(possible_first_bytes(only_impossible)[POSSIBLE_FIRST_BYTES], 1.0 / 68)  # no NaN
 
 
 def test_rtt_codec_is_exact_for_integer_microseconds_below_2048():

@@ -533,6 +533,23 @@ def test_event_files_give_each_step_once_the_later_invocation_winning(tmp_path):
     assert steps == list(range(14))
 
 
+def test_a_step_logged_but_stopped_before_its_events_stays_in_the_history(tmp_path):
+    """MaxText logs a step, then writes its events: a worker stopped between the two (what a
+    Ctrl-C on a loaded machine did at step 20) must not lose the step the log showed."""
+    tb = tmp_path / "maxtext" / "tensorboard" / "maxtext"
+    _events(tb, ".1", range(0, 20), lambda s: 5.0)
+    line = ("completed step: {}, seconds: 0.500, TFLOP/s/device: 0.020, Tokens/s/device: 2048.000, "
+            "total_weights: 900, loss: {}")
+    log = M.LogParser()
+    for step in range(0, 21):
+        log.feed(line.format(step, 4.0))
+    log.finish()
+    train = [r for r in M.run_history(tmp_path, log.records) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(21))
+    assert [r["loss"] for r in train] == [5.0] * 20 + [4.0]  # the events win where they have the step
+    assert [r["step"] for r in M.run_history(tmp_path)] == list(range(20))  # no log given: the events alone
+
+
 def test_kill_9_then_rerun_keeps_the_killed_invocations_metrics(rows, tmp_path):
     # metrics.jsonl and loss.png must cover every step of a run across a kill -9 and a resume, not
     # only the steps of the invocation that finished it.

@@ -113,7 +113,7 @@ def test_remote_names_are_unique_per_run_directory(tmp_path, monkeypatch):
 
 
 def test_a_run_keeps_the_name_it_was_submitted_under(tmp_path):
-    from pingctl.train.modal_app import remote_name
+    from pingctl.train.modal_run import remote_name
 
     run = tmp_path / "run"
     assert remote_name(run, None) == S.default_name(run)
@@ -183,7 +183,7 @@ def _remote_run(vol: DirVolume, name: str, cfg, steps: list[int]) -> Path:
 
 
 def test_fresh_deletes_the_remote_run_first_and_a_rerun_resumes(two_splits, tmp_path):
-    from pingctl.train.modal_app import sync_for_launch
+    from pingctl.train.modal_run import sync_for_launch
 
     train, _ = two_splits
     cfg = _cfg(train, None, "train.steps=200")
@@ -203,7 +203,7 @@ def test_fresh_deletes_the_remote_run_first_and_a_rerun_resumes(two_splits, tmp_
 
 
 def test_resume_refusals_name_the_volume_and_change_nothing(two_splits, tmp_path):
-    from pingctl.train.modal_app import sync_for_launch
+    from pingctl.train.modal_run import sync_for_launch
 
     train, _ = two_splits
     cfg = _cfg(train, None, "train.steps=200")
@@ -329,7 +329,8 @@ def test_the_container_writes_the_run_s_outputs_to_the_volume(tiny_run, synth_ro
     """run_in_container, the Modal function's body, on a directory standing in for the mounted
     volume: it resumes the run there, writes train.log, metrics.jsonl, loss.png and
     summary.json beside the checkpoints and commits; the pull then has the new checkpoint."""
-    from pingctl.train.modal_app import run_in_container, sync_for_launch
+    from pingctl.train.modal_container import run_in_container
+    from pingctl.train.modal_run import sync_for_launch
 
     vol = DirVolume(tmp_path / "vol")
     mount = str(vol.root)
@@ -458,11 +459,11 @@ def test_status_follow_and_pull_commands_on_a_modal_run(tiny_run, tmp_path, monk
     import modal
     import modal.exception as E
 
-    from pingctl.train import modal_app
+    from pingctl.train import modal_run
 
     vol = DirVolume(tmp_path / "vol")
     _volume_from_run(tiny_run, vol, "tiny-3")
-    monkeypatch.setattr(modal_app, "ModalVolume", lambda name, create=False: vol)
+    monkeypatch.setattr(modal_run, "ModalVolume", lambda name, create=False: vol)
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-1")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-2")
     run = tmp_path / "run"
@@ -512,10 +513,10 @@ def test_submit_detach_resume_and_blocking_run_through_the_cli(tiny_run, synth_r
     (the volume, and the app whose spawned call "trains" by leaving the tiny run on the volume)."""
     import modal
 
-    from pingctl.train import modal_app
+    from pingctl.train import modal_run
 
     vol = DirVolume(tmp_path / "vol")
-    monkeypatch.setattr(modal_app, "ModalVolume", lambda name, create=False: vol)
+    monkeypatch.setattr(modal_run, "ModalVolume", lambda name, create=False: vol)
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-1")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-2")
     spawned = []
@@ -538,7 +539,7 @@ def test_submit_detach_resume_and_blocking_run_through_the_cli(tiny_run, synth_r
             call.object_id = f"fc-{len(spawned)}"
             return call
 
-    monkeypatch.setattr(modal_app, "build_app", lambda cfg, name: (App(), Function(), None, None))
+    monkeypatch.setattr(modal_run, "build_app", lambda cfg, name: (App(), Function(), None, None))
     run = tmp_path / "runs" / "train"
     args = ["train", str(synth_rows / "rows"), "--run-dir", str(run), "--target", "modal", "--steps", "100",
             "--set", "loader.seq_len=256", "--set", "loader.batch_size=8", "--json"]

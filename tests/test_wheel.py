@@ -48,8 +48,8 @@ def _env(venv: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(venv, work dir, env): pingctl's wheel in a fresh venv, and an empty dir to run it in."""
+def built_wheel(tmp_path_factory) -> Path:
+    """pingctl's wheel, built from a copy of the source tree."""
     base = tmp_path_factory.mktemp("wheel")
     assert not base.resolve().is_relative_to(REPO.resolve())
     src = base / "src"
@@ -63,7 +63,14 @@ def installed(tmp_path_factory):
     names = zipfile.ZipFile(wheel).namelist()
     assert {"pingctl/templates/maxtext.yml.j2", "pingctl/templates/sbatch.sh.j2", "pingctl/data/cities.csv"} <= set(names)
     assert not [n for n in names if n.split("/")[0] in {"tests", "templates", "scripts", "docs"}]
+    return wheel
 
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, built_wheel):
+    """(venv, work dir, env): pingctl's wheel in a fresh venv, and an empty dir to run it in."""
+    base = tmp_path_factory.mktemp("installed")
+    wheel = built_wheel
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -126,3 +133,103 @@ def test_the_wheel_installs_and_renders_runs_without_the_source_tree(installed):
     staged = (work / "modal-run" / "modal" / "maxtext.yml").read_text() + (work / "modal-run" / "modal" / "config.yaml").read_text()
     for text in (staged, r.stdout):
         assert not [p for p in repo if p in text], text
+
+
+# ----------------------------------------------------------------- the answering install
+
+HEAVY = ("maxtext", "tokamax", "xprof", "flax", "orbax")
+
+
+def _closure(requirements: list[str], extras: set[str]) -> dict:
+    """name -> installed distribution of every requirement (with the given extras) and, in
+    turn, of theirs: what `pip install` of those requirements would bring."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: dict = {}
+    stack = [r for r in map(Requirement, requirements)
+             if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras | {""})]
+    while stack:
+        req = stack.pop()
+        name = canonicalize_name(req.name)
+        dist, had = seen.get(name, (None, None))
+        want = set(req.extras) | (had or set())
+        if had is not None and want == had:
+            continue
+        dist = dist or metadata.distribution(req.name)
+        seen[name] = (dist, want)
+        for r in map(Requirement, dist.requires or []):
+            if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in want | {""}):
+                stack.append(r)
+    return {k: d for k, (d, _) in seen.items()}
+
+
+@pytest.fixture(scope="module")
+def answering(tmp_path_factory, built_wheel):
+    """(venv, work dir, env, MB, distributions): the wheel in a fresh venv that sees only the
+    distributions `pip install 'pingctl[infer]'` would bring (symlinked from this environment),
+    and their size on disk."""
+    import email
+
+    wheel = built_wheel
+    meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(
+        next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))))
+    assert "infer" in meta.get_all("Provides-Extra")
+    dists = _closure(meta.get_all("Requires-Dist"), {"infer"})
+    base = tmp_path_factory.mktemp("answering")
+    view = base / "deps"
+    view.mkdir()
+    size = 0
+    for d in dists.values():
+        for f in d.files or []:
+            top = Path(f).parts[0]
+            src = Path(d.locate_file(top))
+            if top in ("..", "bin") or not src.exists():
+                continue
+            if not (view / top).exists():
+                (view / top).symlink_to(src)
+            try:
+                size += Path(d.locate_file(f)).stat().st_size
+            except OSError:
+                pass
+    small = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(small)], check=True)
+    py = small / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                    "--quiet", str(wheel)], check=True, capture_output=True)
+    small_site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                     capture_output=True, text=True, check=True).stdout.strip())
+    (small_site / "pingctl-test-deps.pth").write_text(str(view) + "\n")
+    work = base / "work"
+    work.mkdir()
+    return small, work, _env(small), size / 1e6, sorted(dists)
+
+
+def test_the_answering_install_answers_without_maxtext(answering, tiny_run, pair, tmp_path):
+    """`pip install 'pingctl[infer]'`, then `pingctl sample EXPORT --src A --dst B`: the light
+    engine answers with what the main environment answers, and MaxText's stack is absent."""
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    venv, work, env, mb, dists = answering
+    assert not set(dists) & {"maxtext", "tokamax", "xprof", "flax", "orbax-checkpoint"}, dists
+    assert {"jax", "jaxlib", "safetensors", "fastapi"} <= set(dists)
+    print(f"answering install: {len(dists)} distributions, {mb:.0f} MB")  # docs/benchmarks.md
+    export = tmp_path / "export"
+    r = CliRunner().invoke(app, ["export", str(tiny_run), "-o", str(export)])
+    assert r.exit_code == 0, r.output
+    want = json.loads(CliRunner().invoke(app, ["sample", str(export), "--src", pair[0], "--dst", pair[1],
+                                               "--json"]).stdout)
+    py = str(venv / "bin" / "python")
+    probe = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in %r if u.find_spec(m)])"
+                            % (HEAVY,)], cwd=work, env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]", probe.stdout
+    r = subprocess.run([str(venv / "bin" / "pingctl"), "sample", str(export), "--src", pair[0], "--dst", pair[1],
+                        "--json"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["engine"] == "light" and got["p50_ms"] == want["p50_ms"]
+    assert got["p_fail"] == pytest.approx(want["p_fail"], abs=1e-9)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pingctl.atomic import atomic_dir
-from pingctl.config import Config
+from pingctl.config import Config, TokenizerConfig
 from pingctl.errors import PingctlError
 
 CONFIG = "config.json"
@@ -34,8 +37,137 @@ FORMAT = "pingctl.model-export"
 # Raised when a reader of an older version could misread a newer directory (a key changes
 # meaning or a file is added that a load must not ignore); added keys alone keep it.
 FORMAT_VERSION = 1
-REQUIRED = ("format", "format_version", "pingctl_version", "source", "architecture", "vocab", "tokenizer", "loader",
-            "weights", "pingctl_config")
+MODEL_TYPE = "pingctl"
+# config.json's architecture also under the names Hugging Face configs give it (top-level keys,
+# what `PretrainedConfig` and model hubs read): Hugging Face name -> architecture.maxtext key.
+# hidden_act is derived apart (MaxText lists activations, Hugging Face names one).
+HF_KEYS = {
+    "hidden_size": "base_emb_dim",
+    "num_hidden_layers": "base_num_decoder_layers",
+    "num_attention_heads": "base_num_query_heads",
+    "num_key_value_heads": "base_num_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "base_mlp_dim",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_target_length",
+    "rms_norm_eps": "normalization_layer_epsilon",
+    "rope_theta": "rope_max_timescale",
+    "torch_dtype": "weight_dtype",
+    "tie_word_embeddings": "logits_via_embedding",
+}
+
+Positive = Annotated[int, Field(gt=0)]
+Count = Annotated[int, Field(ge=0)]
+
+
+class _Section(BaseModel):
+    # strict: a "5" is no step and "abc" no list of steps (a list of its characters, once); extra
+    # keys are allowed, as a newer pingctl may add keys without a new FORMAT_VERSION
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class _Source(_Section):
+    run: str
+    steps: list[Count] = Field(min_length=1)
+    step: Count
+
+    @model_validator(mode="after")
+    def _step_is_one_of_steps(self):
+        if self.step not in self.steps:
+            raise ValueError(f"step {self.step} is not one of steps {self.steps}")
+        return self
+
+
+class _Maxtext(_Section):
+    """The MaxText keys that shape the network (the rest come from MaxText's base.yml)."""
+    base_emb_dim: Positive
+    base_num_decoder_layers: Positive
+    base_num_query_heads: Positive
+    base_num_kv_heads: Positive | None = None
+    head_dim: Positive
+    base_mlp_dim: Positive
+    vocab_size: Positive
+    max_target_length: Positive
+    mlp_activations: list[str] | None = Field(None, min_length=1)
+    decoder_block: str | None = None
+    dtype: str | None = None
+    weight_dtype: str | None = None
+
+
+class _Architecture(_Section):
+    preset: str
+    overrides: dict[str, Any]
+    parameters: Positive
+    layers: Positive
+    emb_dim: Positive
+    heads: Positive
+    head_dim: Positive
+    mlp_dim: Positive
+    mlp_activations: list[str] = Field(min_length=1)
+    dtype: str
+    maxtext: _Maxtext
+
+
+class _Vocab(_Section):
+    size: Positive
+    scheme: TokenizerConfig.model_fields["scheme"].annotation
+
+
+class _Tokenizer(_Section):
+    scheme: TokenizerConfig.model_fields["scheme"].annotation
+
+
+class _Loader(_Section):
+    seq_len: Positive
+    max_per_pair: Count
+    result_last: float = Field(ge=0, le=1)
+    mode_weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=3, max_length=3)
+    timestamps: bool
+
+
+class _Weights(_Section):
+    file: Literal[WEIGHTS]
+    tensors: Positive
+    elements: Positive
+    dtypes: list[str] = Field(min_length=1)
+
+
+class ExportConfig(_Section):
+    """config.json as a typed model: every field a reader uses, its type and range."""
+    format: Literal[FORMAT]
+    format_version: Annotated[int, Field(ge=1, le=FORMAT_VERSION)]
+    pingctl_version: str
+    created: str | None = None
+    source: _Source
+    architecture: _Architecture
+    vocab: _Vocab
+    tokenizer: _Tokenizer
+    loader: _Loader
+    weights: _Weights
+    calibration: Literal[CALIBRATION] | None = None
+    eval_report: str | None = None
+    pingctl_config: dict[str, Any]
+    model_type: Literal[MODEL_TYPE] | None = None  # absent in exports of pingctl before the Hugging Face keys
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        net = self.architecture.maxtext
+        if self.vocab.size != net.vocab_size:
+            raise ValueError(f"vocab.size {self.vocab.size} differs from architecture.maxtext.vocab_size "
+                             f"{net.vocab_size}")
+        if self.vocab.scheme != self.tokenizer.scheme:
+            raise ValueError(f"vocab.scheme {self.vocab.scheme!r} differs from tokenizer.scheme "
+                             f"{self.tokenizer.scheme!r}")
+        if self.loader.seq_len > net.max_target_length:
+            raise ValueError(f"loader.seq_len {self.loader.seq_len} exceeds architecture.maxtext.max_target_length "
+                             f"{net.max_target_length}")
+        # the Hugging Face names are copies: one edited alone would describe another network
+        extra = self.model_extra or {}
+        for hf, key in HF_KEYS.items():
+            have = getattr(net, key, None) if key in type(net).model_fields else (net.model_extra or {}).get(key)
+            if hf in extra and have is not None and extra[hf] != have:
+                raise ValueError(f"{hf} {extra[hf]!r} differs from architecture.maxtext.{key} {have!r}")
+        return self
 
 
 def is_export_dir(path: Path | str) -> bool:
@@ -50,7 +182,8 @@ def weights_path(export: Path | str) -> Path:
 
 
 def read_config(export: Path | str) -> dict:
-    """config.json, checked enough for every reader: the format, its version, every section."""
+    """config.json, checked for every reader: the format, its version, then every field's type
+    and range (ExportConfig); a damaged one is an error naming the field. Returns it as read."""
     f = Path(export) / CONFIG
     try:
         config = json.loads(f.read_text())
@@ -63,10 +196,35 @@ def read_config(export: Path | str) -> dict:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise PingctlError(f"{f}: format_version {version!r}, written by a newer pingctl "
                            f"({config.get('pingctl_version')}); this one reads up to {FORMAT_VERSION}: upgrade pingctl")
-    missing = [k for k in REQUIRED if k not in config]
-    if missing:
-        raise PingctlError(f"{f}: a damaged export (missing {', '.join(missing)}); export the run again")
+    try:
+        ExportConfig.model_validate(config)
+    except ValidationError as e:
+        raise PingctlError(f"{f}: a damaged export ({_first_error(e)}); export the run again") from None
     return config
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    field = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return f"field {field} is missing"
+    if not field:  # a rule over several fields: its message names them
+        return msg
+    shown = json.dumps(err.get("input"), default=str)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"field {field} = {shown}: {msg}"
+
+
+def hf_fields(maxtext: dict) -> dict:
+    """The Hugging Face names of the network keys in `maxtext` (those given: a default the caller
+    knows must be in it), with model_type; merged into config.json's top level."""
+    out = {"model_type": MODEL_TYPE}
+    out.update({hf: maxtext[key] for hf, key in HF_KEYS.items() if maxtext.get(key) is not None})
+    acts = [a for a in maxtext.get("mlp_activations") or [] if a != "linear"]
+    if acts:  # ["silu", "linear"] is a gated SiLU MLP: Hugging Face calls it hidden_act "silu"
+        out["hidden_act"] = acts[0]
+    return out
 
 
 def pingctl_config(export: Path | str) -> Config:
@@ -110,6 +268,7 @@ def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict |
     with atomic_dir(out) as tmp:
         save_file({k: tensors[k] for k in sorted(tensors)}, str(tmp / WEIGHTS),
                   metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION)})
+        _sort_metadata(tmp / WEIGHTS)
         # safetensors creates its file 0600; the export is shared as the other files are (umask)
         mask = os.umask(0)
         os.umask(mask)
@@ -121,17 +280,53 @@ def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict |
     return out
 
 
+def _sort_metadata(f: Path) -> None:
+    """safetensors writes its metadata in a hash map's order, which changes from one process to
+    the next: rewrite the header with the metadata's keys sorted, so one export always has the
+    same bytes. The header keeps its length (same keys and values), so no offset moves."""
+    with open(f, "r+b") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        meta = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta else {}) | header
+        text = json.dumps(ordered, separators=(",", ":")).encode()
+        if len(text) > n:  # not the JSON safetensors wrote; keep its own header
+            return
+        fh.seek(8)
+        fh.write(text + b" " * (n - len(text)))
+
+
 def read_tensors(export: Path | str) -> dict:
-    """name -> NumPy array; a damaged file is an error naming it."""
+    """name -> NumPy array; a damaged file, or a tensor holding NaN or infinity (a model that
+    would answer NaN probabilities as if they were answers), is an error naming it."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     f = weights_path(export)
     try:
-        return load_file(str(f))
+        tensors = load_file(str(f))
     except (SafetensorError, OSError, ValueError, TypeError) as e:
         raise PingctlError(f"{f}: not a readable safetensors file ({str(e).strip()[:200]}); "
                            "export the run again") from None
+    check_finite(tensors, f, "export the run again from a checkpoint whose weights are finite")
+    return tensors
+
+
+def check_finite(tensors: dict, source: Path | str, fix: str) -> None:
+    """Refuse weights holding NaN or infinity (a diverged run, a damaged copy): a model with
+    them answers NaN probabilities as if they were answers. `tensors`: name -> array (NumPy,
+    bfloat16 included, or anything np.asarray takes); the error names `source`, the tensor, and
+    `fix`, what to do."""
+    import numpy as np
+
+    for name in sorted(tensors):
+        a = np.asarray(tensors[name])
+        if a.dtype.kind in "biu":  # integers and booleans are always finite
+            continue
+        bad = int(a.size - np.count_nonzero(np.isfinite(a)))  # bfloat16 (ml_dtypes) included
+        if bad:
+            raise PingctlError(f"{source}: tensor {name} holds {bad:,} non-finite values (NaN or infinity) of "
+                               f"{a.size:,}; a model with them answers nothing meaningful: {fix}")
 
 
 def files(export: Path | str) -> list[dict]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from pingctl.artifacts import export
+from pingctl.atomic import atomic_file
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
 
@@ -77,11 +78,46 @@ def run_config(run_dir: Path | str) -> Config:
     if not (run / CONFIG).exists() or not (run / MAXTEXT_YML).exists():
         raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml) "
                            "nor a `pingctl export` model directory (no config.json / model.safetensors)")
+    return read_config(run / CONFIG)
+
+
+def read_config(path: Path | str) -> Config:
+    """A config.yaml `pingctl train` wrote (a run's, or a copy staged or pulled beside it), validated."""
     try:
-        return Config.model_validate(yaml.safe_load((run / CONFIG).read_text()))
-    except (yaml.YAMLError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+        return Config.model_validate(read_config_doc(path))
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
         first = str(e).strip().splitlines()[0][:200]
-        raise PingctlError(f"{run / CONFIG}: not the config `pingctl train` wrote ({first})") from None
+        raise PingctlError(f"{path}: not the config `pingctl train` wrote ({first})") from None
+
+
+def read_config_doc(path: Path | str) -> dict:
+    """A config.yaml as written, unvalidated (a resume compares its model's shape; an export
+    embeds it as it is). PingctlError when it is missing, unreadable or not a mapping."""
+    return _yaml_doc(Path(path), "the config `pingctl train` wrote")
+
+
+def read_maxtext_doc(run: Path | str) -> dict:
+    """A run's maxtext.yml as written."""
+    return _yaml_doc(Path(run) / MAXTEXT_YML, "the MaxText config `pingctl train` wrote")
+
+
+def _yaml_doc(path: Path, what: str) -> dict:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise PingctlError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        raise PingctlError(f"{path}: not {what} ({str(e).strip().splitlines()[0][:200]})") from None
+    if not isinstance(doc, dict):
+        raise PingctlError(f"{path}: not {what}")
+    return doc
+
+
+def write_config(path: Path | str, cfg: Config | dict) -> None:
+    """config.yaml, atomically: what `read_config` reads back."""
+    doc = cfg.model_dump(mode="json") if isinstance(cfg, Config) else cfg
+    with atomic_file(Path(path)) as tmp:
+        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def checkpoint_steps(run: Path | str) -> list[int]:

@@ -2,7 +2,9 @@
 columns then the score columns (nll, pit, tail_p, p_fail, context_measurements), the counts and
 settings as JSON under the schema-metadata key `pingctl` (`"kind": "scores"`). It is still a
 canonical table (extra columns are allowed), so `pingctl inspect` and every reader of tables
-take it as one; `read` tells it apart by its metadata."""
+take it as one; `read` tells it apart by its metadata. `-o FILE.csv` writes the same columns
+as CSV (with a header, times in ISO 8601), as `sample --pairs -o x.csv` does; a CSV has no
+place for the metadata, which `--json` prints."""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ from pingctl.schema.parquet import WRITE_OPTIONS
 KIND = "scores"
 SCORE_COLUMNS = ("nll", "pit", "tail_p", "p_fail")
 SUFFIX = ".parquet"
+SUFFIXES = (SUFFIX, ".csv")
 
 
 def check_out(out: Path, inputs: list[Path] = ()) -> None:
-    """Refuse, before any work, an output that is not a .parquet file name (usage error), one
-    that cannot be created or one that is an input of the same command (it would be replaced
-    by its own scores)."""
+    """Refuse, before any work, an output that is not a .parquet or .csv file name (usage
+    error), one that cannot be created or one that is an input of the same command (it would
+    be replaced by its own scores)."""
     out = Path(out)
-    if out.suffix != SUFFIX:
-        raise UsageError(f"-o {out}: scores are written as Parquet; give a file name ending in {SUFFIX}")
+    if out.suffix not in SUFFIXES:
+        raise UsageError(f"-o {out}: scores are written as Parquet or CSV; give a file name ending in "
+                         f"{' or '.join(SUFFIXES)}")
     if out.is_dir():
         raise PingctlError(f"-o {out} is a directory; give a file name")
     if reason := unwritable_reason(out):
@@ -34,7 +38,8 @@ def check_out(out: Path, inputs: list[Path] = ()) -> None:
 
 
 def write_scores(table, out: Path) -> None:
-    """The scored Arrow table (with its `pingctl` metadata) to `out`, atomically."""
+    """The scored Arrow table to `out`, atomically: Parquet with its `pingctl` metadata, or CSV
+    by suffix."""
     import pyarrow.parquet as pq
 
     out = Path(out)
@@ -42,7 +47,12 @@ def write_scores(table, out: Path) -> None:
     if missing:
         raise PingctlError(f"not a score table (missing {', '.join(missing)})")
     with atomic_file(out) as tmp:
-        pq.write_table(table, tmp, **WRITE_OPTIONS)
+        if out.suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            pcsv.write_csv(table.replace_schema_metadata(None), tmp)
+        else:
+            pq.write_table(table, tmp, **WRITE_OPTIONS)
 
 
 def read_meta(path: Path) -> dict | None:

@@ -19,7 +19,9 @@ SPLITS = ("train", "val", "test")
 # test_<regime>/ (time: later packets of train pairs; pair: unseen pairs of seen ends; probe:
 # unseen sources; target: unseen destinations).
 REGIMES = ("time", "pair", "probe", "target")
-REGIME_SPLITS = ("train", "val") + tuple(f"test_{r}" for r in REGIMES)
+# val is the time regime's val set; each held-out regime has its own, val_<regime>/
+REGIME_VALS = tuple(f"val_{r}" for r in REGIMES[1:])
+REGIME_SPLITS = ("train", "val") + tuple(f"test_{r}" for r in REGIMES) + REGIME_VALS
 ALL_SPLITS = SPLITS + REGIME_SPLITS[2:]
 
 _SNIFF_FILES = 1000  # a directory's files looked at for the hint; it is only a hint
@@ -176,6 +178,14 @@ def regime_test_dirs(split_dir: Path | str) -> dict[str, Path]:
     if missing:
         raise PingctlError(f"{d}: regimes split without {', '.join(missing)}/ (incomplete or edited); {make} --force")
     return dirs
+
+
+def regime_val_dirs(split_dir: Path | str) -> dict[str, Path]:
+    """Each regime's val set in a regimes split, by regime: val/ for time, val_<regime>/ for the
+    held-out ones; a split made before those existed (or with `regimes.val` 0) gives val/ for
+    a regime without its own."""
+    d = Path(split_dir)
+    return {r: d / f"val_{r}" if r != "time" and (d / f"val_{r}").is_dir() else d / "val" for r in REGIMES}
 
 
 def _shard_strategy(d: Path) -> str | None:

@@ -257,7 +257,7 @@ def bench_train(
 @app.command("sample")
 @handle_errors
 def bench_sample(
-    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model.")],
     queries: Annotated[int, typer.Option(
         min=1, max=MAX_QUERIES, help="RTT distributions per context case (read at the quantiles).")] = 64,
     context: Annotated[str, typer.Option(
@@ -266,28 +266,41 @@ def bench_sample(
         min=0, max=MAX_QUERIES, help="Of those, how many to time with every code computed (0: skip).")] = 4,
     streams: Annotated[int, typer.Option(
         min=0, max=MAX_STREAMS, help="Streams of 4 measurements to generate (0: skip).")] = 8,
+    engine: Annotated[str | None, typer.Option(
+        help="light, maxtext, or both (default: both where MaxText is installed, else light).")] = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
-    """What a trained run costs to ask: forward tokens/s, RTT distributions/s by context size, generation.
+    """What a trained model costs to ask, per engine: load, first answer, forward tokens/s, RTT distributions/s
+    by context size, generation.
 
     Example: pingctl bench sample runs/demo/train --queries 64 --context 0,24
+
+    One engine: pingctl bench sample runs/demo/train --engine light
     """
-    from pingctl.cli.common import step_progress
-    from pingctl.infer.bench import bench_sample as run_bench
+    import importlib.util
+
     from pingctl.artifacts.run import parse_steps
-    from pingctl.infer.model import LoadedModel
+    from pingctl.cli.common import step_progress
+    from pingctl.infer.bench import bench_engines
+    from pingctl.infer.model import ENGINES, LoadedModel, check_engine
     from pingctl.infer.runtime import check_hardware
 
     check_hardware(hardware)
+    if engine is None:
+        engines = list(ENGINES) if importlib.util.find_spec("maxtext") is not None else ["light"]
+    elif engine == "both":
+        engines = list(ENGINES)
+    else:
+        engines = [check_engine(engine)]
     sizes = _counts(context, "--context", 0, MAX_CONTEXT)
     steps = parse_steps(step)
     _check_out(out)
-    model = LoadedModel.load(run, steps, hardware)
     with step_progress("bench sample") as bar:
-        result = run_bench(model, queries, sizes, exact_queries, streams, progress=lambda what: bar(what, 0, None))
+        result = bench_engines(lambda e: LoadedModel.load(run, steps, hardware, engine=e), engines, queries, sizes,
+                               exact_queries, streams, progress=lambda what: bar(what, 0, None))
     report(result, as_json, out)
 
 

@@ -55,7 +55,8 @@ def build_rows(
     memory_limit: MemoryLimitOpt = None,
     target: Annotated[str, typer.Option(
         "--target", help="local: here; slurm: a job array, one task per hash partition of the probes; modal: Modal "
-        "function calls, one per partition. A rerun of slurm/modal redoes only the tasks not done.")] = "local",
+        "function calls, one per partition (any engine of pingctl.executor.registry). A rerun of a fanned-out "
+        "build-rows redoes only the tasks not done.")] = "local",
     tasks: Annotated[int, typer.Option(help="Tasks of --target slurm|modal: the probes (and destinations) are "
                                             "split among them by the md5 of their key.")] = 8,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan (tasks; the SLURM script or the Modal "
@@ -88,27 +89,27 @@ def build_rows(
 
     if by not in ("source", "destination", "both"):
         raise UsageError(f"--by {by!r}: expected source, destination or both")
-    if target not in ("local", "slurm", "modal"):
-        raise UsageError(f"--target {target!r}: choose local, slurm or modal")
+    from pingctl.executor import registry
+
+    executor = registry.create(target, "build-rows", {
+        "partition": partition, "account": account, "qos": qos, "cpus_per_task": cpus_per_task, "mem": mem,
+        "time": time_limit, "max_parallel": max_parallel, "setup": setup, "volume": volume, "modal_cpu": modal_cpu})
     cfg = load(config, set_, **{"rows.max_row_mb": max_row_mb, "rows.memory_limit": memory_limit,
                                 "rows.dst_max_row_mb": dst_max_row_mb})
-    if target != "local":
-        from pingctl.records.fanout_run import ModalSettings, SlurmSettings, fanout
+    if executor.remote:
+        from pingctl.executor.fanout import run
+        from pingctl.records.fanout_step import BuildRowsFanout
 
-        kw = dict(tasks=tasks, by=by, max_row_mb=cfg.rows.max_row_mb, dst_max_row_mb=cfg.rows.dst_max_row_mb,
-                  memory_limit=cfg.rows.memory_limit, config=cfg.rows.model_dump(), force=force,
-                  slurm_settings=SlurmSettings(partition=partition, account=account, qos=qos,
-                                               cpus_per_task=cpus_per_task, mem=mem, time=time_limit,
-                                               max_parallel=max_parallel, setup=setup),
-                  modal_settings=ModalSettings(volume=volume, cpu=modal_cpu))
+        step = BuildRowsFanout.plan(inputs, out, tasks=tasks, by=by, max_row_mb=cfg.rows.max_row_mb,
+                                    dst_max_row_mb=cfg.rows.dst_max_row_mb, memory_limit=cfg.rows.memory_limit,
+                                    config=cfg.rows.model_dump(), force=force)
         if dry_run:
-            _plan_report(fanout(inputs, out, target, dry_run=True, **kw), as_json)
+            _plan_report(run(step, executor, dry_run=True), as_json)
             return
         with step_progress(f"build-rows --target {target}"):
-            result = fanout(inputs, out, target, **kw,
-                            on_event=lambda msg: err_console.print(msg, markup=False, highlight=False))
+            result = run(step, executor, on_event=lambda msg: err_console.print(msg, markup=False, highlight=False))
     elif dry_run:
-        from pingctl.records.fanout_run import local_dry_run
+        from pingctl.records.fanout_step import local_dry_run
 
         _plan_report(local_dry_run(inputs, out, by, force), as_json)
         return

@@ -34,6 +34,9 @@ MemoryLimitOpt = Annotated[str | None, typer.Option(help="DuckDB memory limit, e
 HardwareOpt = Annotated[str | None, typer.Option(
     help="Run the model on cpu or gpu (default: as the run was trained, its train.hardware; a run "
          "trained for a GPU is then asked on the CPU where JAX finds none).")]
+EngineOpt = Annotated[str | None, typer.Option(
+    help="What runs the model: light (plain JAX, no MaxText: the default) or maxtext (the reference); "
+         "default: $PINGCTL_ENGINE, else light.")]
 StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]
@@ -94,6 +97,7 @@ def handle_errors(fn: Callable) -> Callable:
             with _machine_stdout() if as_json else contextlib.nullcontext():
                 return fn(*args, **kwargs)
         except PingctlError as e:
+            _debug_traceback()
             _fail(as_json, e.kind, str(e), e.exit_code)
         except KeyboardInterrupt:
             _fail(as_json, "interrupted", _interrupted(fn), 130)
@@ -102,8 +106,7 @@ def handle_errors(fn: Callable) -> Callable:
         except Exception as e:  # noqa: BLE001 - last line of defence for the user
             if duckdb_interrupted(e):
                 _fail(as_json, "interrupted", _interrupted(fn), 130)
-            if os.environ.get("PINGCTL_DEBUG"):
-                raise
+            debug = _debug_traceback()
             if _damaged_input(e):
                 _fail(as_json, "input", f"damaged input: {e}", 1)
             full = _disk_full(e, kwargs)
@@ -114,9 +117,21 @@ def handle_errors(fn: Callable) -> Callable:
                       f"or data.shard.memory_limit / rows.memory_limit) or use fewer threads ({str(e).splitlines()[0]})",
                       1)
             _fail(as_json, "internal", f"{type(e).__name__}: {e}", 70,
-                  hint="  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
+                  hint="" if debug else "  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
 
     return wrapper
+
+
+def _debug_traceback() -> bool:
+    """With PINGCTL_DEBUG set, the traceback of the error being handled, on stderr; the exit
+    code stays the one the error has (a re-raise would turn every one into 1)."""
+    if not os.environ.get("PINGCTL_DEBUG"):
+        return False
+    import traceback
+
+    sys.stderr.write(traceback.format_exc())
+    sys.stderr.flush()
+    return True
 
 
 _LABELS = {"interrupted": ("interrupted: ", "yellow"), "internal": ("internal error: ", "bold red")}
@@ -129,7 +144,7 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
                       highlight=False, soft_wrap=True)
     if as_json:
         _stdout().write(json.dumps({"error": {"kind": kind, "message": message, "exit_code": code}},
-                                   indent=2, sort_keys=True) + "\n")
+                                   indent=2, sort_keys=True, allow_nan=False) + "\n")
     raise typer.Exit(code) from None
 
 
@@ -209,13 +224,44 @@ def _size(n: int) -> str:
     return f"{n} TB"
 
 
+NON_FINITE = "non_finite"  # the --json key that says which values are null for being NaN or infinite
+
+
 def emit(result: dict, as_json: bool, table: Table | list[Table] | None = None) -> None:
     """Machine output (--json) is the only thing on stdout; otherwise Rich tables."""
     if as_json:
-        _stdout().write(json.dumps(result, indent=2, sort_keys=True, default=json_default) + "\n")
+        _stdout().write(json_text(result) + "\n")
         return
     for t in table if isinstance(table, list) else [table] if table is not None else []:
         console.print(t)
+
+
+def json_text(result: Any) -> str:
+    """`result` as strict JSON: NaN and infinity are not JSON (a parser that follows the standard
+    refuses the whole document), so each becomes null, and a dict result says which and why under
+    "non_finite" ({"rows[3].p_fail": "NaN"}), also in a warning on stderr."""
+    bad: dict[str, str] = {}
+    clean = _finite_json(result, "", bad)
+    if bad:
+        if isinstance(clean, dict):
+            clean = {**clean, NON_FINITE: bad}
+        shown = ", ".join(f"{k} ({v})" for k, v in list(bad.items())[:5]) + (" ..." if len(bad) > 5 else "")
+        say(f"{len(bad)} value(s) are not finite numbers, printed as null: {shown}", err=True, label="warning: ")
+    return json.dumps(clean, indent=2, sort_keys=True, default=json_default, allow_nan=False)
+
+
+def _finite_json(v: Any, path: str, bad: dict[str, str]) -> Any:
+    if isinstance(v, dict):
+        return {k: _finite_json(x, f"{path}.{k}" if path else str(k), bad) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite_json(x, f"{path}[{i}]", bad) for i, x in enumerate(v)]
+    numpy_float = getattr(v, "ndim", None) == 0 and getattr(getattr(v, "dtype", None), "kind", "") == "f"
+    if isinstance(v, float) or numpy_float:
+        f = float(v)
+        if f != f or f in (float("inf"), float("-inf")):
+            bad[path or "(value)"] = "NaN" if f != f else ("Infinity" if f > 0 else "-Infinity")
+            return None
+    return v
 
 
 def kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:

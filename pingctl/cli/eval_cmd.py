@@ -41,7 +41,9 @@ def evaluate(
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "
              "pair; none: no context; both: from the train split, the probe's measurements to other "
              "destinations (--context of them) and the destination's from other sources (--context-dst), as "
-             "the loader's triangulation contexts. [default: eval.context_policy, probe]")] = None,
+             "the loader's triangulation contexts; pair: the pair's own earlier packets (train+test); "
+             "fair (--regimes only): pair for the time regime, both for the held-out ones. "
+             "[default: eval.context_policy, probe; with --regimes, fair]")] = None,
     context_dst: Annotated[int | None, typer.Option(
         min=0, max=MAX_CONTEXT, help="--context-policy both: measurements of the destination side. "
                                      "[default: eval.context_dst, else --context]")] = None,
@@ -72,13 +74,17 @@ def evaluate(
     Calibrated intervals: every eval writes OUT/calibration.json, fitted on its packets. Evaluate
     on val first, then on test with --calibration VAL_OUT/calibration.json.
 
-    Every regime at once: pingctl eval RUN --regimes runs/demo/regimes --context-policy both -o runs/demo/eval-regimes
+    Every regime at once, each with the prompt its baseline's information calls for (fair):
+    pingctl eval RUN --regimes runs/demo/regimes -o runs/demo/eval-regimes
     """
     from pingctl.errors import UsageError
     from pingctl.eval.run import evaluate as run_eval
     from pingctl.artifacts.run import parse_steps
 
     steps = parse_steps(step)
+    if regimes is not None and context_policy is None and config is None and not any(
+            str(s).startswith("eval.context_policy") for s in set_ or []):
+        context_policy = "fair"  # each regime the prompt with its baseline's information
     cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
                                 "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair,
                                 "eval.context_dst": context_dst}).eval
@@ -87,7 +93,7 @@ def evaluate(
             raise UsageError(f"eval.{key} {value:,} is beyond the bound of {most:,} (see --{key} in "
                              "`pingctl eval --help`)")
     queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
-    if context_dst is not None and context_policy != "both":
+    if context_dst is not None and context_policy not in ("both", "fair"):
         raise UsageError(f"--context-dst is the destination side of --context-policy both (this eval: {context_policy})")
     context_per_pair, context_dst = cfg.context_per_pair, cfg.context_dst
     if regimes is not None:
@@ -125,7 +131,8 @@ def print_report(report: dict, path) -> None:
         print_regimes(report, path)
         return
     info = report["predictors"]["model"]["info"]
-    emit(dict(report), False, results_table(report, report["inputs"]["test"], info.get("context_policy", "?")))
+    emit(dict(report), False, [results_table(report, report["inputs"]["test"], info.get("context_policy", "?")),
+                               *([t] if (t := scores_table(report)) is not None else [])])
     # report.json is written with sorted keys: restore the table's order; model_calibrated
     # (eval --calibration) is judged against the baselines like the model
     def in_order(keys):
@@ -167,6 +174,25 @@ def results_table(report: dict, test, context_policy: str):
         t.add_row(r["predictor"], _pct(r.get("median_rel_err")), _pct(r.get("p90_rel_err")), _ms(crps),
                   _pct(r.get("cov50")), _pct(r.get("cov90")), fmt(r.get("auc")), _pct(r.get("fallback_share")))
     return t
+
+
+def scores_table(report: dict):
+    """Proper scores of each predictor that gives a distribution or P(failure): CRPS median and
+    mean, and for P(failure) the Brier and log scores beside the AUC (None: no such predictor)."""
+    rows = [r for r in report["rows"] if r.get("median_crps_ms") is not None or r.get("brier") is not None]
+    if not rows:
+        return None
+    t = grid_table("proper scores (lower is better): CRPS of the RTT given success; Brier and log score (nats) "
+                   "of P(failure)", ["predictor", "CRPS ms\nmedian", "CRPS ms\nmean", "fail\nBrier",
+                                     "fail log\nscore", "fail\nAUC"], left=("predictor",))
+    for r in rows:
+        t.add_row(r["predictor"], _ms(r.get("median_crps_ms")), _ms(r.get("crps_ms")), _score(r.get("brier")),
+                  _score(r.get("log_score")), fmt(r.get("auc")))
+    return t
+
+
+def _score(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
 
 
 def _print_comparisons(comp: dict, who: str = "model") -> None:
@@ -213,18 +239,20 @@ def print_regimes(result: dict, path) -> None:
     p = result.get("prompt") or {}
     t = grid_table(f"eval by regime ({result['inputs']['splits']}), context policy {p.get('context_policy', '?')}, "
                    f"{p.get('context_measurements', '?')} context measurements",
-                   ["regime", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err", "its\nCRPS ms",
-                    "ratio", "model − it\n95% interval", "verdict"],
-                   left=("regime", "best classical"),
-                   whole=("regime", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
+                   ["regime", "prompt", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
+                    "its\nCRPS ms", "ratio", "model − it\n95% interval", "verdict"],
+                   left=("regime", "prompt", "best classical"),
+                   whole=("regime", "prompt", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
                           "its\nCRPS ms", "ratio", "verdict"), listing=True)
     for r in result["table"]:
         if not r.get("packets"):
-            t.add_row(r["regime"], "-", "-", r.get("best", "-"), "-", "-", "-", r.get("note") or "no packets", "-")
+            t.add_row(r["regime"], _prompt(r.get("prompt")), "-", "-", r.get("best", "-"), "-", "-", "-",
+                      r.get("note") or "no packets", "-")
             continue
         ci = ("-" if r.get("diff") is None else
               f"{100 * r['diff']:+.1f} [{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}]")
-        t.add_row(r["regime"], _pct(r.get("model_median_rel_err")), _crps(r.get("model_crps_ms")), r["best"],
+        t.add_row(r["regime"], _prompt(r.get("prompt")), _pct(r.get("model_median_rel_err")),
+                  _crps(r.get("model_crps_ms")), r["best"],
                   _pct(r.get("best_median_rel_err")), _crps(r.get("best_crps_ms")),
                   "-" if r.get("ratio") is None else f"{r['ratio']:.2f}", ci, r.get("verdict") or "-")
     emit(dict(result), False, t)
@@ -235,11 +263,21 @@ def print_regimes(result: dict, path) -> None:
         return ", ".join(f"{r['regime']} {f(r)}" for r in done)
 
     console.print("packets (pairs): " + each(lambda r: f"{r['packets']} ({r['pairs']})"), highlight=False, soft_wrap=True)
-    console.print("model's 90% interval covers, raw → recalibrated on val: "
-                  + each(lambda r: f"{_pct(r.get('cov90'))} → {_pct(r.get('cov90_calibrated'))}")
+    console.print("model's 90% interval covers, raw → recalibrated on its regime's val set: "
+                  + each(lambda r: f"{_pct(r.get('cov90'))} → {_pct(r.get('cov90_calibrated'))}"
+                                   + (f" ({r['calibrated_on']})" if r.get("calibrated_on") else ""))
                   + ("" if cal.get("fitted") else f" (no map: {cal.get('reason')})"), highlight=False, soft_wrap=True)
     console.print("model's CRPS below every baseline's: " + each(lambda r: fmt(r.get("crps_below_every_baseline"))),
                   highlight=False, soft_wrap=True)
+    console.print("median CRPS ms, model vs best classical: "
+                  + each(lambda r: f"{_crps(r.get('model_median_crps_ms'))} vs {_crps(r.get('best_median_crps_ms'))}"),
+                  highlight=False, soft_wrap=True)
+    for r in done:
+        fails = r.get("failure") or {}
+        if fails:
+            console.print(f"{r['regime']}: P(failure) Brier / log score (nats) / AUC: " + "; ".join(
+                f"{n} {_score(f.get('brier'))} / {_score(f.get('log_score'))} / {fmt(f.get('auc'))}"
+                for n, f in fails.items()), highlight=False, soft_wrap=True)
     for r in done:
         if r.get("best_on_test") not in (None, r["best"]):
             console.print(f"{r['regime']}: on these test packets {r['best_on_test']} did better than {r['best']} "
@@ -248,6 +286,15 @@ def print_regimes(result: dict, path) -> None:
     console.print("ratio: model rel err / the baseline's; model − it: in points, interval over (src, dst) pairs",
                   highlight=False, soft_wrap=True)
     console.print(f"report: {path}   predictions: {result.get('predictions', '-')}", highlight=False)
+
+
+def _prompt(p: dict | None) -> str:
+    """A row's prompt in a few characters: its policy and sizes (a report before per-regime
+    prompts has none: '-')."""
+    if not p:
+        return "-"
+    pol, k = p.get("context_policy", "?"), p.get("context_measurements", "?")
+    return f"{pol} {k}+{p.get('context_dst', k)}" if pol == "both" else f"{pol} {k}"
 
 
 def _crps(v) -> str:

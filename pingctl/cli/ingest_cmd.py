@@ -101,7 +101,8 @@ def ingest(
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 if any record was rejected.")] = False,
     target: Annotated[str, typer.Option(
         "--target", help="local: worker processes here; slurm: a job array, one task per file; modal: Modal "
-        "function calls, one per file. A rerun of slurm/modal redoes only the tasks not done.")] = "local",
+        "function calls, one per file (any engine of pingctl.executor.registry). A rerun of a fanned-out "
+        "ingest redoes only the tasks not done.")] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan (tasks, files, bytes; the SLURM script "
                                           "or the Modal app) and run nothing.")] = False,
     partition: PartitionOpt = None,
@@ -147,24 +148,17 @@ def ingest(
 
     from pingctl.ingest.core import exit_status
 
-    if target not in ("local", "slurm", "modal"):
-        from pingctl.errors import UsageError
+    from pingctl.executor import registry
 
-        raise UsageError(f"--target {target!r}: choose local, slurm or modal")
-    if target != "local":
-        from pingctl.ingest.fanout.modal_map import ModalSettings
-        from pingctl.ingest.fanout.slurm import SlurmSettings
-
-        engine = {
-            "slurm_settings": SlurmSettings(partition=partition, account=account, qos=qos, cpus_per_task=cpus_per_task,
-                                            mem=mem, time=time_limit, max_parallel=max_parallel, setup=setup),
-            "modal_settings": ModalSettings(volume=volume, cpu=modal_cpu),
-        }
-        summary = _fanout(inputs, out, cfg, target, force, dry_run, as_json, engine)
+    executor = registry.create(target, "ingest", {
+        "partition": partition, "account": account, "qos": qos, "cpus_per_task": cpus_per_task, "mem": mem,
+        "time": time_limit, "max_parallel": max_parallel, "setup": setup, "volume": volume, "modal_cpu": modal_cpu})
+    if executor.remote:
+        summary = _fanout(inputs, out, cfg, executor, force, dry_run, as_json)
         if summary is None:
             return
     elif dry_run:
-        from pingctl.ingest.fanout.driver import local_dry_run
+        from pingctl.ingest.fanout.step import local_dry_run
 
         _plan_report(local_dry_run(inputs, out, cfg, force), as_json)
         return
@@ -190,11 +184,14 @@ def _local(inputs, out, cfg, force) -> dict:
         return run(inputs, out, cfg, force=force, on_start=on_start, on_bytes=lambda n: bar.advance(task, n))
 
 
-def _fanout(inputs, out, cfg, target, force, dry_run, as_json, engine: dict) -> dict | None:
-    from pingctl.ingest.fanout.driver import fanout
+def _fanout(inputs, out, cfg, executor, force, dry_run, as_json) -> dict | None:
+    from pingctl.executor.fanout import run
+    from pingctl.ingest.fanout.step import IngestFanout
 
+    target = executor.name
+    step = IngestFanout.plan(inputs, out, cfg, force, engine=target)
     if dry_run:
-        _plan_report(fanout(inputs, out, cfg, target, force=force, dry_run=True, **engine), as_json)
+        _plan_report(run(step, executor, dry_run=True), as_json)
         return None
     with progress(transient=True) as bar:
         task = bar.add_task(f"ingest --target {target}", total=None)
@@ -202,9 +199,8 @@ def _fanout(inputs, out, cfg, target, force, dry_run, as_json, engine: dict) -> 
         def on_start(n: int) -> None:
             bar.update(task, total=n, description=f"ingest --target {target}, tasks")
 
-        return fanout(inputs, out, cfg, target, force=force, **engine,
-                      on_event=lambda msg: err_console.print(msg, markup=False, highlight=False),
-                      on_start=on_start, on_progress=lambda k: bar.update(task, completed=k))
+        return run(step, executor, on_event=lambda msg: err_console.print(msg, markup=False, highlight=False),
+                   on_start=on_start, on_progress=lambda k: bar.update(task, completed=k))
 
 
 def register(app) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, kv_table,
-                                load, say)
+                                load, progress, say)
 from pingctl.schema.times import utc_text
 
 
@@ -43,6 +43,12 @@ def inspect(
              "predictions, a pair's RTT distribution).")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, max=1_000_000_000,
                                         help="Also show N random rows (or decoded records).")] = 0,
+    by: Annotated[str | None, typer.Option(
+        "--by", help="Statistics per pair, probe or destination of a table: count, loss share, RTT p5/p50/p95, "
+                     "first and last time.")] = None,
+    limit: Annotated[int, typer.Option(min=0, help="With --by: show the N largest groups (0 = all).")] = 20,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="With --by: write every group to this .csv or .parquet file.")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -50,6 +56,9 @@ def inspect(
     """Describe a dataset (rows, time span, families, probes, pairs, RTT percentiles), probe rows, or a run.
 
     Example: pingctl inspect runs/demo/splits --sample 5
+
+    Per group (pingctl inspect runs/ingest --by pair --limit 10, or -o pairs.csv for all groups):
+    count, loss share, RTT p5/p50/p95, first and last time, largest groups first.
 
     A run directory (pingctl inspect runs/demo/train): model, data shaping, steps and tokens,
     losses, checkpoints; read from its files, so it also works on a run still training.
@@ -61,6 +70,9 @@ def inspect(
     from pingctl.inspect import describe
 
     cfg = load(config, set_)
+    if by is not None or out is not None:
+        _groups(path, by, limit, out, sample, as_json)
+        return
     result = describe(path, sample, cfg.tokenizer.scheme)
     if result["kind"] == "rows" and result["errors"]:
         result["exit_code"] = 1  # as ingest's summary: a result to read, and a failure to see
@@ -139,6 +151,39 @@ def inspect(
     if result.get("missing"):
         console.print(f"[yellow]no Parquet data in {', '.join(s + '/' for s in result['missing'])} "
                       "(an empty split, or one not written)[/]", highlight=False)
+
+
+def _groups(path: Path, by: str | None, limit: int, out: Path | None, sample: int, as_json: bool) -> None:
+    from pingctl.errors import UsageError
+    from pingctl.inspect import describe_groups
+
+    if by is None:
+        raise UsageError("-o writes the groups of --by; add --by pair, probe or destination")
+    if sample:
+        raise UsageError("--sample shows rows of a table, not groups; drop it or --by")
+    with progress(transient=True) as bar:
+        bar.add_task(f"statistics by {by}", total=None)
+        r = describe_groups(path, by, limit, out)
+    if as_json:
+        emit(r, True)
+        return
+    keys = {"pair": ["src_addr", "dst_addr"], "probe": ["prb_id"], "destination": ["dst_addr", "sources"]}[by]
+    if by == "probe":
+        keys += ["src_addr"] * any(g["src_addr"] is not None for g in r["top"]) + ["destinations"]
+    heads = {"src_addr": "src", "dst_addr": "dst", "prb_id": "probe"}
+    cols = [heads.get(k, k) for k in keys] + ["count", "loss", "p5 ms", "p50 ms", "p95 ms", "first (UTC)",
+                                             "last (UTC)"]
+    shown = f"the {r['shown']:,} largest of {r['groups']:,}" if r["shown"] < r["groups"] else f"{r['groups']:,}"
+    t = grid_table(f"{shown} groups by {by}", cols, left=("src", "dst", "first (UTC)", "last (UTC)"),
+                   whole=("probe", "count", "loss", "first (UTC)", "last (UTC)"), listing=True)
+    for g in r["top"]:
+        t.add_row(*(fmt(g[k]) if k != "prb_id" else str(g[k] if g[k] is not None else "-") for k in keys),
+                  fmt(g["count"]), f"{g['loss_share']:.1%}", fmt(g["rtt_p5_ms"]), fmt(g["rtt_p50_ms"]),
+                  fmt(g["rtt_p95_ms"]), str(g["first_time"])[:16], str(g["last_time"])[:16])
+    summary = [("table", str(path)), ("rows", r["rows"]), ("invalid rows (left out)", r["invalid_rows"]), ("groups", r["groups"])]
+    if r["out"]:
+        summary.append(("all groups written to", r["out"]))
+    emit(r, False, [t, kv_table(f"inspect --by {by}", summary)])
 
 
 def _print_run(r: dict) -> None:

@@ -27,7 +27,7 @@ def pull(
     Then: pingctl inspect runs/demo/train; pingctl sample runs/demo/train --src 78.143.22.26 --dst 194.255.199.229
     """
     from pingctl.artifacts.run import parse_steps
-    from pingctl.train.modal_app import pull_run
+    from pingctl.train.modal_run import pull_run
 
     wanted = None if steps in (None, "", "latest") else "all" if steps == "all" else parse_steps(steps)
     with step_progress("pull") as report:

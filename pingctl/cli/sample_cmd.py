@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
+from pingctl.cli.common import (ConfigOpt, EngineOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
                                 handle_errors, kv_table, load, read_valid_rows, say)
 from pingctl.errors import PingctlError
 from pingctl.schema.times import utc_text
@@ -67,6 +67,7 @@ def sample(
                         "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
+    engine: EngineOpt = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed (inverse search, generation).")] = None,
     temperature: Annotated[float | None, typer.Option(
         help="Sampling temperature (inverse search, generation).")] = None,
@@ -89,10 +90,11 @@ def sample(
     """
     from pingctl.artifacts.run import parse_steps
     from pingctl.infer import questions as QS
-    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.model import LoadedModel, check_engine
     from pingctl.infer.runtime import check_hardware
 
     check_hardware(hardware)
+    check_engine(engine)
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     # every option is checked, and every size bounded, before a file is read or the model loads
     q = QS.question_from_options(
@@ -108,13 +110,13 @@ def sample(
         from pingctl.cli import sample_pairs
 
         sample_pairs.answer_pairs(run, q.pairs, ctx, ctx_read, q.context_per_pair, q.out, q.exact, steps, as_json,
-                                  ctx_prb, hardware, cal, q.context_policy, q.context_k)
+                                  ctx_prb, hardware, cal, q.context_policy, q.context_k, engine)
         return
     if ctx is not None:
         ctx = _probe_context(q, ctx, ctx_read, context, ctx_prb, run)
     QS.check_run(q, run)
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps, hardware)
+        model = LoadedModel.load(run, steps, hardware, engine=engine)
     if cal is not None:
         from pingctl.infer.calibration import check_fits
 

@@ -24,7 +24,7 @@ def calibration_label(cal) -> str:
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
                  out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
                  hardware: str | None = None, calibration=None, context_policy: str = "probe",
-                 context_k: int | None = None) -> None:
+                 context_k: int | None = None, engine: str | None = None) -> None:
     from pingctl.artifacts import sample_output as SO
     from pingctl.artifacts.run import run_config
     from pingctl.infer import pairs as P
@@ -46,7 +46,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "each time is its own question (the prompt's context and timestamp depend on it). To ask once "
             "per pair, drop the time column or leave it empty.", err=True, label="note: ")
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps, hardware)
+        model = LoadedModel.load(run, steps, hardware, engine=engine)
     if calibration is not None:
         from pingctl.infer.calibration import check_fits
 
@@ -64,7 +64,8 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "pairs": str(pairs_path), "exact": exact, "calibration": calibration.path if calibration else None}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
-              "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": model.device}
+              "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": model.device,
+              "engine": model.engine}
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
@@ -94,7 +95,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
         *([("calibration", calibration_label(calibration))] if calibration is not None else []),
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
-        ("device", model.device), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
+        ("device", f"{model.device} ({model.engine} engine)"), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
         *([("rejects", str(SO.rejects_path(out)))] if out is not None else []),
     ])])

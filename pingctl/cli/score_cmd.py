@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (HardwareOpt, JsonOpt, StepOpt, emit, err_console, fmt, grid_table, handle_errors,
+from pingctl.cli.common import (EngineOpt, HardwareOpt, JsonOpt, StepOpt, emit, err_console, fmt, grid_table, handle_errors,
                                 kv_table, progress, say)
 
 # pingctl.infer.score's bounds, for the options (the CLI imports nothing heavy at start-up;
@@ -19,9 +19,9 @@ TOP = 10  # flagged rows printed with --threshold; -o and --json hold them all
 
 
 def score(
-    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model.")],
     table: Annotated[Path, typer.Argument(help="Canonical Parquet: a file, a directory or a glob.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go (.parquet).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go (.parquet, or .csv).")],
     threshold: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, help="Flag rows whose tail probability is below P, and print the "
                                f"{TOP} most surprising.")] = None,
@@ -31,16 +31,21 @@ def score(
         help="probe: the probe's preceding rows of the table, as in training; cold: the same without the "
              "scored pair's own; none: no context; both: the probe's rows to other destinations and the "
              "destination's rows from other sources, --context of each (a model trained with "
-             "loader.triangulation_share).")] = "probe",
+             "loader.triangulation_share); stream: each probe's rows as one token stream, every row scored "
+             "after the ones before it in its window (at least --context of them where half the model's "
+             "context holds them): ~10x faster (docs/score.md).")] = "probe",
     limit: Annotated[int | None, typer.Option(
         min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
+    engine: EngineOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Score every measurement of a table: the model's surprise (NLL), PIT and tail probability.
 
     Example: pingctl score runs/demo/train runs/demo/splits/test -o scores.parquet --threshold 0.001
+
+    A day of pings, fast: pingctl score runs/demo/train day.parquet -o scores.csv --context-policy stream
 
     Rows build-rows would reject are set aside and counted by reason (read = scored + rejected).
     Columns written: the canonical ones, then nll (nats), pit, tail_p, p_fail, context_measurements
@@ -49,11 +54,12 @@ def score(
     from pingctl.artifacts import score_output as SO
     from pingctl.artifacts.run import parse_steps, run_config
     from pingctl.infer import score as S
-    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.model import LoadedModel, check_engine
     from pingctl.infer.runtime import check_hardware
     from pingctl.schema.duck import rejected_lines
 
     check_hardware(hardware)
+    check_engine(engine)
     S.check_options(context, context_policy, limit)
     steps = parse_steps(step)
     SO.check_out(out, _inputs(table))
@@ -65,16 +71,18 @@ def score(
         for line in rejected_lines(got.rejected):
             say(line, err=True)
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps, hardware)
+        model = LoadedModel.load(run, steps, hardware, engine=engine)
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
+        # the bar (and its time remaining) moves from the first chunk of rows on
         task = bar.add_task("scoring", total=got.table.num_rows)
         scored = S.score_rows(model, got, context=context, context_policy=context_policy,
                               progress=lambda done, total: bar.update(task, completed=done, total=total))
     elapsed = _time.perf_counter() - t0
     SO.write_scores(scored, out)
     result = {**S.score_meta(scored), **S.summary(scored, threshold), "out": str(out), "seconds": round(elapsed, 3),
-              "device": model.device}
+              "rows_per_s": round(scored.num_rows / elapsed, 1) if elapsed > 0 else None, "device": model.device,
+              "engine": model.engine}
     if as_json:
         emit(result, True)
         return
@@ -103,7 +111,8 @@ def _summary_rows(r: dict) -> list[tuple]:
             ("tail_p < 0.01", r["below_0.01"]), ("tail_p < 0.001", r["below_0.001"])]
     if r.get("threshold") is not None:
         rows.append((f"flagged (tail_p < {r['threshold']:g})", r["flagged"]))
-    return rows + [("device", r["device"]), ("seconds", r["seconds"]), ("scores", r["out"])]
+    return rows + [("device", f"{r['device']} ({r['engine']} engine)"), ("seconds", r["seconds"]),
+                   ("rows/s", r["rows_per_s"]), ("scores", r["out"])]
 
 
 def _top_table(r: dict, threshold: float):

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (
+    EngineOpt,
     HardwareOpt,
     JsonOpt,
     StepOpt,
@@ -32,6 +33,7 @@ def serve(
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free one, printed).")] = 8000,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
+    engine: EngineOpt = None,
     max_batch: Annotated[int | None, typer.Option(
         min=1, max=MAX_BATCH, help="RTT questions of concurrent requests answered in one batch "
                                    "(default: the model's batch, 32; 1 = one at a time).")] = None,
@@ -43,40 +45,46 @@ def serve(
              "(default: the map an export carries, if any).")] = None,
     no_calibration: Annotated[bool, typer.Option(
         "--no-calibration", help="Answer with the raw distributions even where an export carries a map.")] = False,
+    warmup: Annotated[bool, typer.Option(
+        "--warmup/--no-warmup", help="Compile the shapes the batches use before /health says ready (requests "
+                                     "meanwhile get 503 warming); --no-warmup: ready at once.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Serve the model over HTTP JSON: RTT distributions (micro-batched), completions, search, scores.
 
     Example: pingctl serve runs/demo/train --port 8000   # then: curl -s localhost:8000/rtt -H 'content-type: application/json' -d '{"src": "78.143.22.26", "dst": "194.255.199.229"}'
 
-    Endpoints: POST /rtt /complete /search /score, GET /healthz /metadata, OpenAPI docs at /docs.
+    Endpoints: POST /rtt /complete /search /score, GET /health /version /metadata, OpenAPI docs at /docs.
     Stop with Ctrl-C (the requests in flight are answered first).
     """
     import logging
 
-    from pingctl.artifacts.run import parse_steps
-    from pingctl.infer.calibration import for_model
-    from pingctl.infer.model import LoadedModel
-    from pingctl.infer.runtime import check_hardware
+    from pingctl.api import Model
     from pingctl.serve import server as SV
     from pingctl.serve.app import create_app
 
-    check_hardware(hardware)
-    steps = parse_steps(step)
     sock = SV.bind(host, port)  # before the load: an address in use is said at once
     try:
         with err_console.status(f"loading {run} ..."):
-            model = LoadedModel.load(run, steps, hardware)
-        cal = for_model(model.run, model.steps, False if no_calibration else calibration)
-        app = create_app(model, max_batch=max_batch, max_wait_ms=max_wait_ms, log_requests=True, calibration=cal)
+            model = Model.load(run, step, hardware, calibration=False if no_calibration else calibration,
+                               engine=engine)
+        limits = SV.Limits()
+        app = create_app(model, max_batch=max_batch, max_wait_ms=max_wait_ms, log_requests=True, warmup=warmup)
         url = SV.url(sock)
-        info = {"url": url, "docs": f"{url}/docs", "run": str(model.run), "step": model.step,
-                "steps": list(model.steps), "device": model.device, "max_batch": app.state.batcher.max_batch,
-                "max_wait_ms": max_wait_ms, "calibration": cal.path if cal is not None else None}
-        emit(info, as_json, kv_table(f"pingctl serve ({model.label})", [
+        cal = model.calibration
+        info = {"url": url, "docs": f"{url}/docs", "health": f"{url}/health", "run": str(model.run),
+                "step": model.step, "steps": list(model.steps), "device": model.device,
+                "engine": getattr(model.loaded, "engine", None),
+                "max_batch": app.state.batcher.max_batch, "max_wait_ms": max_wait_ms,
+                "calibration": cal.path if cal is not None else None, "warmup": warmup,
+                "limits": {"header_timeout_s": limits.header_timeout_s, "body_timeout_s": limits.body_timeout_s,
+                           "keep_alive_s": limits.keep_alive_s, "max_connections": limits.max_connections,
+                           "max_header_bytes": limits.max_header_bytes}}
+        emit(info, as_json, kv_table(f"pingctl serve (step {model.step})", [
             ("listening", url), ("docs", f"{url}/docs"), ("run", str(model.run)), ("device", model.device),
             ("max batch", info["max_batch"]), ("max wait ms", max_wait_ms),
-            ("calibration", info["calibration"] or "none")]))
+            ("calibration", info["calibration"] or "none"),
+            ("ready", f"after the warm-up ({url}/health)" if warmup else "at once")]))
         sys.stdout.flush()
         sys.__stdout__.flush()  # a script waiting for the --json line reads it now, not at exit
         handler = logging.StreamHandler(sys.stderr)
@@ -84,8 +92,9 @@ def serve(
         log = logging.getLogger("pingctl.serve")
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        log.propagate = False  # a root handler (uvicorn's, a library's) would print each line a second time
         try:
-            SV.serve_forever(app, sock)
+            SV.serve_forever(app, sock, limits=limits)
         except KeyboardInterrupt:  # Ctrl-C is how a service is stopped: not a failure
             pass
         say("stopped", "dim", err=True)

@@ -28,7 +28,8 @@ def synth(
     addresses: Annotated[str | None, typer.Option(
         help="structured (prefixes follow region, AS and city) or random (no relation to place, AS or prefix: "
         "only measurements tell where a host is).  [config: data.synth.addresses]")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an output directory pingctl did not write.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output: another synth world (the same "
+                                        "world is always rewritten), or a directory pingctl did not write.")] = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,

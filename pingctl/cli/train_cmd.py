@@ -21,7 +21,8 @@ def train(
     steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
     max_minutes: Annotated[float | None, typer.Option(
         "--max-minutes", help="Time bound: stop at the first checkpoint committed after this many minutes.")] = None,
-    target: Annotated[str | None, typer.Option(help="local | slurm | modal.")] = None,
+    target: Annotated[str | None, typer.Option(
+        help="local | slurm | modal (any engine of pingctl.executor.registry).")] = None,
     hardware: Annotated[str | None, typer.Option(help="cpu | gpu | tpu.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run directory and start over.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="slurm/modal: show what would run, submit nothing.")] = False,
@@ -62,33 +63,26 @@ def train(
             "train.hardware": hardware,
         },
     )
+    from pingctl.executor import registry
+
+    executor = registry.create(cfg.train.target, "train")
     run = Path(cfg.train.run_dir)
     if (name or detach) and cfg.train.target != "modal":
         from pingctl.errors import UsageError
 
         raise UsageError(f"--name and --detach are for --target modal (this run's target: {cfg.train.target})")
-    if cfg.train.target == "slurm":
-        from pingctl.train.slurm import submit
-
-        result = submit(cfg, run, fresh=fresh, dry_run=dry_run)
-        _remote_report(result, as_json)
+    if executor.remote:
+        extra = {"detach": detach, "name": name} if (name or detach) else {}
+        _remote_report(executor.submit(cfg, run, fresh=fresh, dry_run=dry_run, **extra), as_json)
         return
-    if cfg.train.target == "modal":
-        from pingctl.train.modal_app import launch
-
-        result = launch(cfg, run, fresh=fresh, dry_run=dry_run, detach=detach, name=name)
-        _remote_report(result, as_json)
-        return
-    from pingctl.train.local import run_local
-
     if as_json:
-        summary = run_local(cfg, run, fresh=fresh)
+        summary = executor.submit(cfg, run, fresh=fresh)
     else:
-        summary = _with_live_view(cfg, run, fresh, run_local)
+        summary = _with_live_view(cfg, run, fresh, executor.submit)
     _report(summary, as_json)
 
 
-def _with_live_view(cfg, run: Path, fresh: bool, run_local):
+def _with_live_view(cfg, run: Path, fresh: bool, train):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     bar = Progress(
@@ -118,7 +112,7 @@ def _with_live_view(cfg, run: Path, fresh: bool, run_local):
                 tps=f"{rec['tokens_per_s_per_device']:,.0f}",
             )
 
-        return run_local(cfg, run, fresh=fresh, on_record=on_record, on_start=on_start)
+        return train(cfg, run, fresh=fresh, on_record=on_record, on_start=on_start)
 
 
 def _report(s: dict, as_json: bool) -> None:
@@ -155,9 +149,9 @@ def _stopped(info: dict | None) -> str:
 
 def _submitted(arg: Path | None, run_dir: Path | None, status: bool, follow: bool, config, set_, as_json: bool) -> None:
     """--status / --follow: the run directory is --run-dir, else the argument, else train.run_dir;
-    the engine is the one its remote.json names. Each engine module has `status(run_dir) -> dict`
-    and `follow(run_dir) -> dict` (streams the log to sys.stdout, returns the final status); `ok`
-    False in what follow returns makes the exit status 1."""
+    the engine is the one its remote.json names (pingctl.executor.registry): its `status(run)` and
+    `follow(run)` (streams the log to sys.stdout, returns the final status); `ok` False in what
+    follow returns makes the exit status 1."""
     from pingctl.artifacts.remote import read_remote
     from pingctl.errors import PingctlError, UsageError
 
@@ -171,12 +165,13 @@ def _submitted(arg: Path | None, run_dir: Path | None, status: bool, follow: boo
     if record is None:
         raise PingctlError(f"{run}: nothing was submitted from this run directory (no remote.json); --status and "
                            f"--follow are for runs trained with --target slurm or modal (a local run: `pingctl inspect {run}`)")
-    if record["target"] == "slurm":
-        from pingctl.train import slurm as engine
-    elif record["target"] == "modal":
-        from pingctl.train import modal_app as engine
-    else:
-        raise PingctlError(f"{run}/remote.json: unknown target {record['target']!r} (slurm or modal)")
+    from pingctl.executor import registry
+
+    try:
+        engine = registry.get(record["target"])()
+    except UsageError:
+        raise PingctlError(f"{run}/remote.json: unknown target {record['target']!r} "
+                           f"({', '.join(registry.names())})") from None
     if status:
         result = engine.status(run)
         emit(result, as_json, kv_table(f"{run} ({record['target']})", _status_rows(result)))

@@ -317,6 +317,22 @@ def brier(p_fail, failed, mask=None) -> float | None:
     return _num(np.mean((p[m] - y[m]) ** 2)) if m.any() else None
 
 
+LOG_SCORE_FLOOR = 1e-6  # P(outcome) is clipped here, so one confident miss costs 13.8 nats, not infinity
+
+
+def log_score(p_fail, failed, mask=None) -> float | None:
+    """Mean negative log-likelihood (nats) of the observed outcome under P(failure): −ln p for a
+    failed packet, −ln(1 − p) for a reply, with p clipped to [LOG_SCORE_FLOOR, 1 −
+    LOG_SCORE_FLOOR]. Proper, like the Brier score, but it punishes a confident miss without
+    bound where the Brier score caps it at 1."""
+    p, y = _f(p_fail), np.asarray(failed, dtype=bool)
+    m = _mask(len(p), mask) & np.isfinite(p)
+    if not m.any():
+        return None
+    q = np.clip(p[m], LOG_SCORE_FLOOR, 1.0 - LOG_SCORE_FLOOR)
+    return _num(-np.mean(np.where(y[m], np.log(q), np.log1p(-q))))
+
+
 def average_ranks(x) -> np.ndarray:
     """1-based ranks with ties sharing their average rank (vectorized)."""
     x = _f(x)
@@ -350,12 +366,15 @@ def roc_auc(score, label, mask=None) -> float | None:
 
 def failure_summary(p_fail, failed, mask=None) -> dict:
     """Brier score, the Brier score of always predicting the slice's base rate, the skill
-    1 − brier/brier_base, and ROC AUC."""
+    1 − brier/brier_base, the log score (nats) and the base rate's (its binary entropy: what
+    knowing only the rate scores, in hindsight), and ROC AUC. The two scores are proper: they
+    judge the probability itself, where the AUC only judges its ranking."""
     p, y = _f(p_fail), np.asarray(failed, dtype=bool)
     m = _mask(len(p), mask) & np.isfinite(p)
     n = int(m.sum())
     if n == 0:
-        return {"n": 0, "base_rate": None, "brier": None, "brier_base": None, "brier_skill": None, "auc": None}
+        return {"n": 0, "base_rate": None, "brier": None, "brier_base": None, "brier_skill": None,
+                "log_score": None, "log_score_base": None, "auc": None}
     base = float(y[m].mean())
     b = brier(p, y, m)
     b0 = base * (1 - base)
@@ -365,6 +384,8 @@ def failure_summary(p_fail, failed, mask=None) -> dict:
         "brier": b,
         "brier_base": b0,
         "brier_skill": _num(1.0 - b / b0) if b0 > 0 and b is not None else None,
+        "log_score": log_score(p, y, m),
+        "log_score_base": log_score(np.full(len(p), base), y, m),
         "auc": roc_auc(p, y, m),
     }
 

@@ -6,9 +6,12 @@ The baselines are fitted once on SPLITDIR/train; on each regime's test set every
 predicts the same seeded subset of packets the model answers, beside the predictors that read
 the model's own prompts (`prompt_median`, `vivaldi_refit`, `embedding_refit`:
 report.add_prompt_baselines). The model's distributions are recalibrated with a map fitted on
-SPLITDIR/val (`model_calibrated`). Which baseline a regime is judged against is fixed before
-any test packet is looked at (BEST; the pair regime's between Vivaldi and the embedding by
-their error on val).
+the regime's own val set (`model_calibrated`: SPLITDIR/val for the time regime, val_<regime>
+for the held-out ones where the split has them), asked with the regime's own prompts. Which
+baseline a regime is judged against is fixed before any test packet is looked at (BEST; the
+pair regime's between Vivaldi and the embedding by their error on its val set). Under the
+`fair` context policy each regime gets the prompt with its baseline's information
+(context.FAIR_POLICIES).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import numpy as np
 
 from pingctl.artifacts.eval_output import REGIMES_MODE, report_path, write_predictions
 from pingctl.artifacts.run import run_config
-from pingctl.artifacts.table import REGIMES, regime_test_dirs
+from pingctl.artifacts.table import REGIMES, regime_test_dirs, regime_val_dirs
 from pingctl.atomic import write_json
+from pingctl.context import FAIR, FAIR_POLICIES
 from pingctl.errors import PingctlError
 from pingctl.eval import metrics as M
 from pingctl.eval.model import predict
@@ -60,14 +64,22 @@ def _quantile_dict(q: np.ndarray) -> dict:
     return {0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]}
 
 
+def regime_policies(policy: str) -> dict[str, str]:
+    """The context policy of each regime's prompts: FAIR_POLICIES under `fair`, else `policy` for all."""
+    return dict(FAIR_POLICIES) if policy == FAIR else {r: policy for r in REGIMES}
+
+
 def choose_on_val(fitted: dict, val: dict | None, queries: int, seed: int, policy: str = "cold") -> dict:
     """For each regime in CHOSEN_ON_VAL with more than one candidate (`best_candidates`), the
     one with the lowest median relative error on a seeded subset of val packets (the baselines
-    fitted on train); otherwise, or without val packets, the first. Returns {regime: {"best",
-    "chosen_on", "val_median_rel_err"}}."""
+    fitted on train); otherwise, or without val packets, the first. `val`: one split for every
+    regime, or {regime: its own val split}; `policy`: one for all, or `fair`. Returns {regime:
+    {"best", "chosen_on", "val_median_rel_err"}}."""
+    vals = val if val is None or "rtt" not in val else {r: val for r in BEST}
     out = {}
     for regime in BEST:
-        cands = best_candidates(regime, policy)
+        cands = best_candidates(regime, regime_policies(policy)[regime])
+        val = (vals or {}).get(regime)
         if regime not in CHOSEN_ON_VAL or len(cands) < 2 or val is None or not len(val["rtt"]):
             out[regime] = {"best": cands[0], "chosen_on": "a priori", "val_median_rel_err": None}
             continue
@@ -89,12 +101,12 @@ def regime_row(regime: str, report: dict, best: str, seed: int = 0) -> dict:
 
     def fig(name, key):
         e = p.get(name) or {}
-        if key == "crps":
-            return ((e.get("crps") or {}).get("all") or {}).get("mean_crps_ms")
+        if key in ("crps", "median_crps"):
+            return ((e.get("crps") or {}).get("all") or {}).get("mean_crps_ms" if key == "crps" else "median_crps_ms")
         if key in ("cov50", "cov90"):
             return (((e.get("calibration") or {}).get("coverage")) or {}).get(key)
-        if key == "auc":
-            return (e.get("failure") or {}).get("auc")
+        if key in ("auc", "brier", "log_score"):
+            return (e.get("failure") or {}).get(key)
         return e["slices"]["all"].get(key) if e else None
 
     m, b = fig("model", "median_rel_err"), fig(best, "median_rel_err")
@@ -108,6 +120,7 @@ def regime_row(regime: str, report: dict, best: str, seed: int = 0) -> dict:
         "model_median_rel_err": m, "model_p90_rel_err": fig("model", "p90_rel_err"), "model_crps_ms": fig("model", "crps"),
         "best": best, "best_median_rel_err": b, "best_p90_rel_err": fig(best, "p90_rel_err"),
         "best_crps_ms": fig(best, "crps"),
+        "model_median_crps_ms": fig("model", "median_crps"), "best_median_crps_ms": fig(best, "median_crps"),
         "ratio": (m / b) if m is not None and b else None,
         "diff": comp["diff"], "ci_low": comp["ci_low"], "ci_high": comp["ci_high"], "level": comp["level"],
         "verdict": comp["verdict"],
@@ -115,6 +128,9 @@ def regime_row(regime: str, report: dict, best: str, seed: int = 0) -> dict:
         "cov50": fig("model", "cov50"), "cov90": fig("model", "cov90"),
         "cov50_calibrated": fig("model_calibrated", "cov50"), "cov90_calibrated": fig("model_calibrated", "cov90"),
         "model_fail_auc": fig("model", "auc"),
+        # every predictor that gives P(failure): proper scores beside the AUC
+        "failure": {n: {k: fig(n, k) for k in ("brier", "log_score", "auc")}
+                    for n in report["order"] if (p.get(n) or {}).get("failure")},
         "best_on_test": best_on_test, "best_on_test_median_rel_err": errs.get(best_on_test),
         "best_fallback": (p.get(best) or {}).get("fallback"),
     }
@@ -138,11 +154,17 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
                      progress=lambda _step, _done=0, _total=None: None) -> dict:
     """The model and every baseline on `queries` packets of each regime's test set of
     `split_dir`; writes OUT/report.json (mode "regimes": the table and one full report per
-    regime), OUT/predictions.parquet (every packet of every regime) and OUT/calibration.json
-    (the map fitted on val). Options as `eval.run.evaluate`."""
-    check_options(policy, hardware, per_pair, queries, context, context_dst, seed)
+    regime), OUT/predictions.parquet (every packet of every regime) and the recalibration maps,
+    each fitted on its regime's val set with that regime's prompts (OUT/calibration.json for
+    the time regime's val/, OUT/calibration_<regime>.json where a held-out regime has its own
+    val_<regime>/). Options as `eval.run.evaluate`; `policy` may also be `fair`
+    (FAIR_POLICIES: each regime the prompt with its baseline's information)."""
+    policies = regime_policies(policy)
+    for pol in dict.fromkeys(policies.values()):
+        check_options(pol, hardware, per_pair, queries, context, context_dst, seed)
     out, split_dir = Path(out), Path(split_dir)
     tests = regime_test_dirs(split_dir)
+    val_dirs = regime_val_dirs(split_dir)
     train_path, val_path = split_dir / "train", split_dir / "val"
     check_out_dir(out)
     trained = run_config(run)
@@ -161,34 +183,62 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         fit_s[name] = round(time.perf_counter() - t, 3)
     progress(f"loading the model from {run}")
     model = LoadedModel.load(run, step, hardware)
-    if per_pair is None:  # as the run's training contexts were shaped
-        per_pair = trained.loader.triangulation_per_pair if policy == "both" else model.max_per_pair
-    prompt = {"context_policy": policy, "context_measurements": context, "context_per_pair": per_pair}
-    if policy == "both":
-        prompt["context_dst"] = context if context_dst is None else context_dst
+    def prompt_of(pol: str) -> dict:
+        pp = per_pair
+        if pp is None:  # as the run's training contexts were shaped
+            pp = trained.loader.triangulation_per_pair if pol == "both" else model.max_per_pair
+        pr = {"context_policy": pol, "context_measurements": context, "context_per_pair": 0 if pol == "pair" else pp}
+        if pol == "both":
+            pr["context_dst"] = context if context_dst is None else context_dst
+        return pr
 
-    def ask(split: dict, idx: np.ndarray, cal, what: str) -> dict:
+    prompts = {r: prompt_of(pol) for r, pol in policies.items()}
+    prompt = {"context_policy": policy, "context_measurements": context, "per_regime": prompts}
+    if policy != FAIR:
+        prompt.update(prompts["time"])
+
+    def ask(split: dict, idx: np.ndarray, cal, what: str, pr: dict) -> dict:
         progress(f"model predictions ({what})", 0, len(idx))
-        return predict(model, split, idx, context=context, train=train, policy=policy, per_pair=per_pair,
-                       calibration=cal, context_dst=prompt.get("context_dst"),
+        return predict(model, split, idx, context=context, train=train, policy=pr["context_policy"],
+                       per_pair=pr["context_per_pair"], calibration=cal, context_dst=pr.get("context_dst"),
                        progress=lambda done, total: progress(f"model predictions ({what})", done, total))
 
-    # val: the recalibration map and the pair regime's choice of baseline
-    val = load_split(val_path) if (val_path.is_dir() and any(val_path.glob("*.parquet"))) else None
-    cal, calibration = None, {"fitted": None, "reason": f"no val split in {split_dir}"}
+    # each regime's val set (val/ for time, val_<regime>/ for the others where the split has
+    # them): its recalibration map, asked with the regime's own prompts, and the pair regime's
+    # choice of baseline
+    loaded: dict = {}
+
+    def val_split(path: Path) -> dict | None:
+        if path not in loaded:
+            loaded[path] = load_split(path) if (path.is_dir() and any(path.glob("*.parquet"))) else None
+        return loaded[path]
+
     out.mkdir(parents=True, exist_ok=True)
-    if val is not None and len(val["rtt"]):
-        vidx = _sample(len(val["rtt"]), queries, seed)
-        vpred = ask(val, vidx, None, "val")
-        calibration = fit_calibration(vpred["pit"], out, {
-            "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(val_path.resolve()),
-            "seed": seed, **prompt})
-        if calibration.get("fitted"):
-            cal = CAL.load(Path(calibration["fitted"]))
-    choice = choose_on_val(fitted, val, queries, seed, policy)
+    cals: dict = {}
+    for regime in REGIMES:
+        vpath, pr = val_dirs[regime], prompts[regime]
+        key = (vpath, pr["context_policy"])
+        if key in cals:
+            continue
+        val = val_split(vpath)
+        if val is None or not len(val["rtt"]):
+            cals[key] = (None, {"fitted": None, "reason": f"no val split {vpath}", "fitted_on": None})
+            continue
+        name = "calibration.json" if not cals else f"calibration_{regime}.json"
+        vpred = ask(val, _sample(len(val["rtt"]), queries, seed), None, f"{vpath.name} for {regime}", pr)
+        info = fit_calibration(vpred["pit"], out, {
+            "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(vpath.resolve()),
+            "seed": seed, **pr}, name=name)
+        info["fitted_on"] = vpath.name
+        cals[key] = (CAL.load(Path(info["fitted"])) if info.get("fitted") else None, info)
+    calibrations = {r: cals[(val_dirs[r], prompts[r]["context_policy"])][1] for r in REGIMES}
+    calibration = calibrations["time"]
+    choice = choose_on_val(fitted, {r: val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)
     regimes, table, packets, preds = {}, [], [], []
     for regime in REGIMES:
         path = tests[regime]
+        pr = prompts[regime]
+        cal = cals[(val_dirs[regime], pr["context_policy"])][0]
         test = load_split(path)
         if not len(test["rtt"]):
             table.append({"regime": regime, "packets": 0, "best": choice[regime]["best"], "verdict": None,
@@ -200,10 +250,10 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         report = baseline_table(train, sub, truth=str(truth) if truth else None, baselines=dict(fitted), fitted=True,
                                 seed=seed)
         t1 = time.perf_counter()
-        pred = ask(test, idx, cal, regime)
+        pred = ask(test, idx, cal, regime, pr)
         add_predictor(report, "model", pred["median"], quantiles=_quantile_dict(pred["quantiles"]), pit=pred["pit"],
                       p_fail=pred["p_fail"], crps=pred["crps"],
-                      info={"run": str(run), "steps": list(model.steps), **prompt, "device": model.device,
+                      info={"run": str(run), "steps": list(model.steps), **pr, "device": model.device,
                             "context_sizes": pred["context_sizes"], "seconds": round(time.perf_counter() - t1, 2)})
         if cal is not None:
             c = pred["calibrated"]
@@ -215,20 +265,25 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         report["order"] = [n for n in first if n in report["order"]] + [n for n in report["order"] if n not in first]
         report["comparisons"] = {"model": compare(report, "model", seed=seed)}
         report["nll"] = pred["nll"]
+        report["prompt"] = {**pr, **prompt_stats(pred["pool"], test, idx, pred["contexts"])}
         report["queries"] = int(len(idx))
         report["inputs"] = {"test": str(path)}
         report["rows"] = summary_rows(report)
         best = choice[regime]["best"]
         report["best"] = {"name": best, **choice[regime]}
-        table.append(regime_row(regime, report, best, seed))
+        table.append({**regime_row(regime, report, best, seed), "prompt": pr,
+                      "calibrated_on": calibrations[regime].get("fitted_on")})
         regimes[regime] = dict(report)
         pk, pr = prediction_columns(report)
         packets.append({**pk, "regime": np.full(len(idx), regime, dtype=object)})
         preds.append(pr)
     result = {
         "mode": REGIMES_MODE, "table": table, "regimes": regimes, "choice": choice, "calibration": calibration,
+        "calibrations": calibrations,
         "inputs": {"run": str(run), "splits": str(split_dir), "train": str(train_path),
-                   "val": str(val_path) if val is not None else None, "truth": str(truth) if truth else None},
+                   "val": str(val_path) if val_split(val_path) is not None else None,
+                   "vals": {r: str(p) for r, p in val_dirs.items() if val_split(p) is not None},
+                   "truth": str(truth) if truth else None},
         "prompt": prompt, "queries": queries, "seed": seed, "fit_s": fit_s,
         "baselines_info": {n: getattr(b, "fit_info", None) for n, b in fitted.items() if getattr(b, "fit_info", None)},
     }
@@ -242,6 +297,19 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(report_path(out), result)
     return result
+
+
+def prompt_stats(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray]) -> dict:
+    """What the prompts held, for the report and its reader: their mean size, the share of
+    their measurements that are of the queried pair itself, and the share strictly before the
+    query's time (1.0: no prompt saw the future)."""
+    n = sum(len(c) for c in contexts)
+    if not n:
+        return {"mean_measurements": 0.0, "of_the_pair": None, "before_query": None}
+    psrc, pdst, pt = np.asarray(pool["src"]), np.asarray(pool["dst"]), np.asarray(pool["event_time"], np.int64)
+    same = sum(int(((psrc[c] == test["src"][i]) & (pdst[c] == test["dst"][i])).sum()) for i, c in zip(idx, contexts))
+    before = sum(int((pt[c] < int(test["event_time"][i])).sum()) for i, c in zip(idx, contexts))
+    return {"mean_measurements": n / len(contexts), "of_the_pair": same / n, "before_query": before / n}
 
 
 def _concat(parts: list, sizes: list[int]) -> np.ndarray | None:

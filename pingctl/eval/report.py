@@ -413,10 +413,12 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
             "p90_rel_err": s.get("p90_rel_err"),
             "mae_ms": s.get("mae_ms"),
             "crps_ms": crps.get("mean_crps_ms"),
+            "median_crps_ms": crps.get("median_crps_ms"),
             "cov50": cov.get("cov50"),
             "cov90": cov.get("cov90"),
             "pit_ks": pit.get("ks"),
             "brier": fail.get("brier"),
+            "log_score": fail.get("log_score"),
             "auc": fail.get("auc"),
             "fallback_share": (1.0 - next(iter(fb.values()))) if fb else None,
         })
@@ -425,8 +427,8 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
         s = nf["slices"].get(slice) or {}
         rows.append({"predictor": NOISE_FLOOR, "n": s.get("n"), "median_rel_err": s.get("median_rel_err"),
                      "p90_rel_err": s.get("p90_rel_err"), "mae_ms": s.get("mae_ms"), "crps_ms": None,
-                     "cov50": None, "cov90": None,
-                     "pit_ks": None, "brier": None, "auc": None, "fallback_share": None})
+                     "median_crps_ms": None, "cov50": None, "cov90": None,
+                     "pit_ks": None, "brier": None, "log_score": None, "auc": None, "fallback_share": None})
     return rows
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from pingctl.artifacts.eval_output import report_path, write_predictions
 from pingctl.artifacts.run import run_config
 from pingctl.atomic import unwritable_reason, write_json
-from pingctl.context import check_policy
+from pingctl.context import FAIR, check_policy
 from pingctl.errors import PingctlError, UsageError
 from pingctl.eval.model import predict
 from pingctl.eval.report import (add_predictor, add_prompt_baselines, baseline_table, compare, is_plot_name,
@@ -25,6 +25,8 @@ from pingctl.synth.truth import load_truth
 def check_options(policy: str, hardware: str | None, per_pair: int | None, queries: int, context: int,
                   context_dst: int | None, seed: int) -> None:
     """The options every eval checks before it reads a split or loads the model."""
+    if policy == FAIR:
+        raise UsageError(f"--context-policy {FAIR} gives each regime its own prompt: it goes with --regimes")
     check_policy(policy)
     check_hardware(hardware)
     check_per_pair(per_pair)
@@ -139,10 +141,10 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     return report
 
 
-def fit_calibration(pit, out: Path, meta: dict) -> dict:
-    """The recalibration map of these packets into out/calibration.json, for use on others;
+def fit_calibration(pit, out: Path, meta: dict, name: str = "calibration.json") -> dict:
+    """The recalibration map of these packets into out/`name`, for use on others;
     too few successful packets: no map (and none left from an earlier eval here)."""
-    path = out / "calibration.json"
+    path = out / name
     try:
         cal = CAL.fit(pit, meta)
     except UsageError as e:

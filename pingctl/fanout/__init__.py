@@ -1,9 +1,8 @@
-"""The engines that fan one command out into tasks elsewhere, shared by `ingest` and
-`build-rows` (`--target slurm|modal`): what they have in common and nothing of either.
+"""What the fanned-out commands (`ingest`, `build-rows` with `--target ENGINE`) share on their
+side, knowing neither: the engines and the driver are pingctl.executor's.
 
-    slurm     job arrays: the array spec, sbatch, squeue polling, cancel, what SLURM says of a
-              failed task and where its log is; the caller renders its own script
-    modal     the boundary with Modal (upload, map a task function, download, remove), on the
-              Modal SDK or on a local directory standing in for the volume
+    step      `FanoutStep`: what a step hands the driver and the engines (its plan, where a
+              task writes and its completion marker, its checks, the merge)
+    task      the entry point of a task run as a process (`python -m MODULE WORK INDEX`)
     work      the driver's lock on a work directory, file descriptions and their checks
 """

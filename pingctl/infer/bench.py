@@ -1,6 +1,9 @@
-"""`pingctl bench sample RUN`: what a trained run costs to ask, per question and per prompt length.
+"""`pingctl bench sample RUN`: what a trained run costs to ask, per question and per prompt length,
+with each engine that can answer (light, and MaxText where it is installed).
 
-Cases, each after an untimed warm-up of the same shapes (compilation is not timed):
+Per engine, first `load` (LoadedModel.load in this process: the engine's imports, the weights,
+the first engine's JAX import too) and `first answer` (one pair's exact distribution, without
+context: the shapes compile), then the steady cases, each after an untimed warm-up of the same shapes (compilation is not timed):
 - `forward BxLEN`: batched forward passes at one length bucket -> tokens/s (the unit every
   question is made of; each second-byte pass of a distribution is one such sequence).
 - `lazy|exact, ctx C`: RTT distributions of synthetic pairs whose prompts
@@ -52,10 +55,48 @@ def _timed(fn, min_s: float = 0.5) -> float:
             return elapsed / n
 
 
-def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, streams: int,
-                 progress=lambda what: None) -> dict:
+def bench_engines(load, engines: list[str], queries: int, contexts: list[int], exact_queries: int, streams: int,
+                  progress=lambda what: None) -> dict:
+    """`bench_sample` for each engine in turn, one table with an `engine` column; `load(engine)`
+    returns a LoadedModel. The first rows of each engine: its load and its first answer."""
+    _check(queries, exact_queries, streams)
+    table: list[dict] = []
+    result: dict = {}
+    for engine in engines:
+        progress(f"{engine}: load")
+        t0 = time.perf_counter()
+        model = load(engine)
+        loaded = time.perf_counter() - t0
+        progress(f"{engine}: first answer")
+        (a, b), = _pairs(1)
+        t0 = time.perf_counter()
+        Q.rtt_distributions(model, [Q.query_prefix(a, b, None, np.zeros(0, np.int32), None)])
+        first = time.perf_counter() - t0
+        once = {"prompt_tokens": None, "questions": 1, "per_s": None, "tokens_per_s": None}
+        table += [{"engine": engine, "case": "load", **once, "seconds": round(loaded, 3)},
+                  {"engine": engine, "case": "first answer", **once, "seconds": round(first, 3)}]
+        result = bench_sample(model, queries, contexts, exact_queries, streams,
+                              progress=lambda what, e=engine: progress(f"{e}: {what}"))
+        table += [{"engine": engine, **row} for row in result["table"]]
+        del model
+    result["table"] = [{k: r[k] for k in ("engine", "case", "prompt_tokens", "questions", "seconds", "per_s",
+                                          "tokens_per_s")} for r in table]
+    result["engines"] = list(engines)
+    result["notes"] = [*result.get("notes", []),
+                       "load: LoadedModel.load in this process, the engine's imports included (the first "
+                       "engine's includes JAX's); first answer: one exact distribution, its shapes compiled "
+                       "(or read from JAX's persistent compilation cache)"]
+    return result
+
+
+def _check(queries: int, exact_queries: int, streams: int) -> None:
     if queries < 1 or exact_queries < 0 or streams < 0:
         raise UsageError("--queries must be >= 1, --exact-queries and --streams >= 0")
+
+
+def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, streams: int,
+                 progress=lambda what: None) -> dict:
+    _check(queries, exact_queries, streams)
     table: list[dict] = []
     for length in sorted({b for b in (64, 256, model.seq_len) if b <= model.seq_len}):
         progress(f"forward {length}")
@@ -94,6 +135,7 @@ def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, s
         "run": str(model.run),
         "step": model.step,
         "device": model.device,
+        "engine": model.engine,
         "seq_len": model.seq_len,
         "batch": model.batch,
         "notes": [
@@ -101,7 +143,8 @@ def bench_sample(model, queries: int, contexts: list[int], exact_queries: int, s
             "seconds: per call, the mean of as many calls as fill 0.5 s",
             "lazy: exact at P(failure) and the quantiles (pingctl eval, sample --pairs); "
             "exact: all 65,536 codes (a single --src/--dst query, --pairs --exact)",
-            "a call of >= 100,000 sequence tokens (a context, many prompts) shares each prompt's key-value "
-            "cache between its second-byte passes (PINGCTL_KV_CACHE=0: whole sequences, to compare)",
+            "second-byte passes share each prompt's key-value cache: with the light engine whenever a prompt "
+            "has several candidate bytes, with MaxText in calls of >= 100,000 sequence tokens (a context, many "
+            "prompts); PINGCTL_KV_CACHE=0: whole sequences, to compare",
         ],
     }

@@ -20,7 +20,8 @@ from pingctl import __version__
 from pingctl.artifacts import eval_output
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.records import read_manifest
-from pingctl.artifacts.run import CONFIG, MAXTEXT_YML, METRICS, has_summary, model_dir_kind, read_summary, resolve_steps, run_config
+from pingctl.artifacts.run import (CONFIG, MAXTEXT_YML, METRICS, checkpoint_items, has_summary, model_dir_kind,
+                                   read_summary, resolve_steps, run_config)
 from pingctl.atomic import check_replaceable
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
@@ -43,6 +44,8 @@ RUN_ONLY_KEYS = frozenset({
     "enable_wandb", "wandb_project_name", "wandb_run_name",
 })
 LOSS_POINTS = 10  # rows of the model card's loss table
+# Network keys whose MaxText default (base.yml) a Hugging Face config states outright
+MAXTEXT_DEFAULTS = ("normalization_layer_epsilon", "rope_max_timescale", "logits_via_embedding", "weight_dtype")
 
 
 def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | None = None,
@@ -76,15 +79,17 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
     progress(f"restoring {steps_label(steps)}")
     model = LoadedModel.load(run, steps, hardware="cpu", batch=1)
     tensors = model.weights()
+    net = network_keys(run)
     config = {
         "format": EX.FORMAT,
         "format_version": EX.FORMAT_VERSION,
         "pingctl_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # from the run, not the clock: exporting the same run again writes the same bytes
+        "created": checkpoint_time(run, steps),
         "source": {"run": str(run), "steps": list(steps), "step": steps[-1]},
         "architecture": {"preset": cfg.model.preset, "overrides": dict(cfg.model.overrides or {}),
                          "parameters": parameters(cfg), **architecture(cfg.model.preset, cfg.model.overrides),
-                         "maxtext": network_keys(run)},
+                         "maxtext": net},
         "vocab": {"size": get_vocab(cfg.tokenizer.scheme).size, "scheme": cfg.tokenizer.scheme},
         "tokenizer": {"scheme": cfg.tokenizer.scheme},
         "loader": {"seq_len": cfg.loader.seq_len, "max_per_pair": cfg.loader.max_per_pair,
@@ -97,6 +102,8 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
         "eval_report": str(report_path) if report_path else None,
         # run_config's source for an export: the config exactly as config.yaml holds it
         "pingctl_config": yaml.safe_load((run / CONFIG).read_text()),
+        # what Hugging Face tooling reads (AutoConfig's model_type, hidden_size, ...): copies of the above
+        **EX.hf_fields({**_maxtext_defaults(MAXTEXT_DEFAULTS), **net}),
     }
     progress(f"writing {out}")
     card = model_card(run, config, cfg, report)
@@ -107,6 +114,39 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
             "dtypes": config["weights"]["dtypes"], "calibration": cal.path if cal is not None else None,
             "eval_report": config["eval_report"], "files": files, "bytes": sum(f["bytes"] for f in files),
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def checkpoint_time(run: Path, steps: Sequence[int]) -> str | None:
+    """When the newest of `steps` was committed (UTC), as Orbax recorded it in the checkpoint
+    (the directory's time where it did not): a copy of the run keeps it."""
+    times = []
+    for s in steps:
+        d = checkpoint_items(run, s).parent
+        try:
+            ns = json.loads((d / "_CHECKPOINT_METADATA").read_text())["commit_timestamp_nsecs"]
+            times.append(int(ns) / 1e9)
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                times.append(d.stat().st_mtime)
+            except OSError:
+                pass
+    if not times:
+        return None
+    return dt.datetime.fromtimestamp(max(times), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _maxtext_defaults(keys: Sequence[str]) -> dict:
+    """MaxText's own values (its base.yml) of `keys`: what the network has where the run's
+    maxtext.yml sets nothing. Empty where MaxText is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("maxtext")
+    for where in (spec.submodule_search_locations or []) if spec else []:
+        f = Path(where) / "configs" / "base.yml"
+        if f.is_file():
+            doc = yaml.safe_load(f.read_text()) or {}
+            return {k: doc[k] for k in keys if k in doc}
+    return {}
 
 
 def network_keys(run: Path) -> dict:
@@ -148,20 +188,71 @@ def _eval_report(run: Path, steps: list[int], given: Path | None) -> tuple[Path 
 
 # ----------------------------------------------------------------- the model card
 
+# The card is shared with the model: it names the run and its inputs by their last path parts
+# (`rows/train`), never by the exporting machine's absolute paths.
+LICENSE = "apache-2.0"  # pingctl's own; the measurements a model learnt from keep their own terms
+TAGS = ["pingctl", "network-latency", "rtt", "ping", "ripe-atlas", "maxtext", "jax"]
+ROW_KEYS = (("records", "records (training contexts' sources: one probe's measurements each)"),
+            ("measurements", "measurements"), ("probes", "probes"), ("rows_read", "rows read"),
+            ("rows_rejected", "rows rejected"), ("start", "first measurement"), ("end", "last measurement"))
+# The eval table's columns, as the front matter's metrics name them
+EVAL_METRICS = (("median_rel_err", "median_relative_error", "median relative error"),
+                ("p90_rel_err", "p90_relative_error", "90th percentile relative error"),
+                ("mae_ms", "mae_ms", "mean absolute error (ms)"),
+                ("cov50", "coverage_50", "coverage of the 50% interval"),
+                ("cov90", "coverage_90", "coverage of the 90% interval"))
+
+
+def shown_path(p) -> str:
+    """A path as the card shows it: its last two parts (`rows/train`)."""
+    return "/".join(Path(str(p)).parts[-2:]).lstrip("/") if p else "-"
+
+
+def _rows_manifest(rows: str | None) -> dict | None:
+    try:
+        return read_manifest(rows) if rows else None
+    except PingctlError:
+        return None
+
 
 def _rows_summary(rows: str | None) -> str:
     if not rows:
         return "- rows: not recorded in the run's config\n"
-    try:
-        m = read_manifest(rows)
-    except PingctlError:
-        return f"- rows: `{rows}` (not readable from the machine that exported this model)\n"
-    keys = (("records", "records (training contexts' sources: one probe's measurements each)"),
-            ("measurements", "measurements"), ("probes", "probes"), ("rows_read", "rows read"),
-            ("rows_rejected", "rows rejected"), ("start", "first measurement"), ("end", "last measurement"))
-    lines = [f"- rows: `{rows}`, built by pingctl {m.get('pingctl_version', '?')}"]
-    lines += [f"- {label}: {_num(m[k])}" for k, label in keys if m.get(k) is not None]
+    m = _rows_manifest(rows)
+    if m is None:
+        return f"- rows: `{shown_path(rows)}` (not readable from the machine that exported this model)\n"
+    lines = [f"- rows: `{shown_path(rows)}`, built by pingctl {m.get('pingctl_version', '?')}"]
+    lines += [f"- {label}: {_num(m[k])}" for k, label in ROW_KEYS if m.get(k) is not None]
     return "\n".join(lines) + "\n"
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def front_matter(run: Path, config: dict, cfg, report: dict | None) -> str:
+    """The card's YAML front matter, as model hubs read it: license, tags, library, what it was
+    trained on, and the eval headline (the `model` row of the eval report) when there is one."""
+    a, src = config["architecture"], config["source"]
+    m = _rows_manifest(cfg.train.train_rows) or {}
+    data = {"description": "probe-centric rows of ping measurements (`pingctl build-rows`)",
+            "rows": shown_path(cfg.train.train_rows) if cfg.train.train_rows else None,
+            **{k: m[k] for k, _ in ROW_KEYS if m.get(k) is not None}}
+    doc = {"library_name": "pingctl", "license": LICENSE, "tags": TAGS,
+           "pingctl": {"format": EX.FORMAT, "format_version": EX.FORMAT_VERSION, "run": run.name,
+                       "steps": list(src["steps"]), "preset": a["preset"], "parameters": a["parameters"],
+                       "scheme": config["vocab"]["scheme"], "training_data": data}}
+    row = next((r for r in (report or {}).get("rows", []) if isinstance(r, dict) and r.get("predictor") == "model"),
+               None)
+    metrics = [(kind, name, float(row[key])) for key, kind, name in EVAL_METRICS if row and _finite(row.get(key))]
+    if metrics:
+        doc["metrics"] = [kind for kind, _, _ in metrics]
+        doc["model-index"] = [{"name": run.name, "results": [{
+            "task": {"type": "rtt-prediction", "name": "RTT distribution of a (probe, destination) pair"},
+            "dataset": {"name": shown_path((report.get("inputs") or {}).get("test")), "type": "ping-measurements",
+                        "split": "test"},
+            "metrics": [{"type": kind, "name": name, "value": round(v, 6)} for kind, name, v in metrics]}]}]
+    return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n\n"
 
 
 def _num(v) -> str:
@@ -205,7 +296,8 @@ def _eval_table(report: dict | None, path) -> str:
     def pct(v) -> str:
         return "-" if v is None else f"{v:.1%}"
 
-    lines = [f"From `{path}`: {report.get('queries', '?')} held-out packets of `{report['inputs'].get('test')}`.", "",
+    lines = [f"From `{shown_path(path)}`: {report.get('queries', '?')} held-out packets of "
+             f"`{shown_path(report['inputs'].get('test'))}`.", "",
              "| predictor | median rel err | p90 rel err | MAE ms | cov50 | cov90 |", "|---|---:|---:|---:|---:|---:|"]
     for r in report.get("rows", []):
         mae = r.get("mae_ms")
@@ -222,10 +314,10 @@ def model_card(run: Path, config: dict, cfg, report: dict | None) -> str:
            "and step(s); `pingctl sample EXPORT --src A --dst B --calibration EXPORT/calibration.json` applies it."
            if config["calibration"] else "No calibration map exported (`pingctl export --calibration FILE` adds one).")
     elapsed = summary.get("elapsed_s")
-    return f"""# pingctl model: {run.name}, {steps_label(src['steps'])}
+    return front_matter(run, config, cfg, report) + f"""# pingctl model: {run.name}, {steps_label(src['steps'])}
 
 A generative Transformer over RIPE Atlas-style ping measurements, exported by pingctl
-{config['pingctl_version']} from the run `{src['run']}` ({steps_label(src['steps'])}).
+{config['pingctl_version']} from the run `{run.name}` ({steps_label(src['steps'])}).
 It answers RTT distributions, address completions, inverse searches and whole measurement
 streams: `pingctl sample THIS_DIR --src A --dst B`, or `LoadedModel.load("THIS_DIR")` in Python.
 
@@ -246,7 +338,7 @@ streams: `pingctl sample THIS_DIR --src A --dst B`, or `LoadedModel.load("THIS_D
 
 ## Data
 
-{_rows_summary(cfg.train.train_rows)}- eval rows: {f"`{cfg.train.eval_rows}`" if cfg.train.eval_rows else "none"}
+{_rows_summary(cfg.train.train_rows)}- eval rows: {f"`{shown_path(cfg.train.eval_rows)}`" if cfg.train.eval_rows else "none"}
 
 ## Training
 

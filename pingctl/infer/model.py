@@ -1,4 +1,10 @@
-"""A trained run, loaded for inference: MaxText's model, the run's Orbax parameters.
+"""A trained run (or an export), loaded for inference.
+
+Two engines run the forward passes, with the same answers (tests/test_light_engine.py):
+`light` (the default; pingctl.infer.light: the decoder in plain JAX over named weights, an
+export's safetensors or a run's checkpoint converted once, pingctl.infer.light_weights) and
+`maxtext` (MaxText's own model and Orbax restore: the reference, and the engine for a model
+the light one does not implement). `--engine` / $PINGCTL_ENGINE choose.
 
 Forward passes run jitted at fixed [batch, length] buckets (short queries are padded with
 segment 0, which attention and the outputs ignore), so a session compiles a handful of
@@ -8,6 +14,8 @@ shapes once. Everything the callers see is NumPy.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -17,12 +25,16 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.artifacts import export as EX
-from pingctl.artifacts.run import checkpoint_items, checkpoint_steps, model_dir_kind, resolve_steps, run_config
+from pingctl.artifacts.run import (MAXTEXT_YML, checkpoint_items, checkpoint_steps, model_dir_kind, resolve_steps,
+                                   run_config)
 from pingctl.errors import PingctlError, UsageError
-from pingctl.infer import kv_cache, weights
+from pingctl.infer import kv_cache, light, light_kv, weights
+from pingctl.infer import light_weights as LW
 from pingctl.infer.runtime import check_hardware, inference_config, prepare_env, require_gpu
 from pingctl.tokenizer import C, GrammarState, decode, get_vocab
 
+ENGINES = ("light", "maxtext")
+ENGINE_ENV = "PINGCTL_ENGINE"
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_BATCHES = (8,)
 
@@ -46,6 +58,46 @@ def steps_label(steps: Sequence[int]) -> str:
     if len(steps) > 1:
         return f"mean of steps {', '.join(map(str, steps))}"
     return f"step {steps[0]}"
+
+
+def check_engine(engine: str | None, what: str = "--engine") -> str | None:
+    """`--engine` (or $PINGCTL_ENGINE) as typed, checked before anything slow (None: not chosen)."""
+    if engine is not None and engine not in ENGINES:
+        raise UsageError(f"{what} {engine!r}: expected one of {', '.join(ENGINES)}")
+    return engine
+
+
+def _maxtext_keys(run: Path, export: bool) -> dict:
+    """The MaxText keys the network is built from: an export's architecture.maxtext, or the
+    run's maxtext.yml (run-only keys included: the light engine ignores them)."""
+    import yaml
+
+    if export:
+        config = EX.read_config(run)
+        config = config.model_dump() if hasattr(config, "model_dump") else config  # a typed config.json
+        keys = config["architecture"]["maxtext"]
+        where = run / EX.CONFIG
+    else:
+        where = run / MAXTEXT_YML
+        try:
+            keys = yaml.safe_load(where.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise PingctlError(f"{where}: not readable ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(keys, dict):
+        raise PingctlError(f"{where}: no MaxText keys describing the network")
+    return keys
+
+
+def _jax(cfg, hardware: str | None):
+    """JAX, imported once the environment is set, with the compilation cache training uses:
+    a later process reuses the compiled forward shapes."""
+    import jax
+
+    if hardware == "gpu":
+        require_gpu(jax)
+    jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return jax
 
 
 def _export_steps(export: Path, step: int | Sequence[int] | None) -> list[int]:
@@ -103,35 +155,64 @@ class LoadedModel:
     _items: Path | None = None  # the one checkpoint's Orbax items (None for averaged weights)
     _hardware: str = "cpu"
     device: str = "cpu"  # the JAX platform the forward passes run on (cpu, gpu, tpu)
-    _kv: object = None  # kv_cache.SecondBytes once built; False when it cannot be
+    _kv: object = None  # kv_cache.SecondBytes / light_kv.SecondBytes once built; False when it cannot be
+    engine: str = "light"  # what runs the forward passes: light (pingctl.infer.light) or maxtext
+    _tensors: dict | None = None  # the light engine's weights by name, as loaded
+    _arch: object = None  # the light engine's light.Arch
 
     @classmethod
     def load(cls, run_dir: Path | str, step: int | Sequence[int] | None = None, hardware: str | None = None,
-             batch: int = 32):
+             batch: int = 32, engine: str | None = None):
         """`run_dir`: a `pingctl train` run or a `pingctl export` directory.
         `step`: one checkpoint (default: the latest) or several, whose weights are averaged; an
         export holds one set of weights, so only its own step(s) are accepted.
         `hardware`: cpu | gpu (None: the run's train.hardware; a run trained for a GPU is then
-        asked on the CPU where JAX finds none, while an explicit gpu insists on one)."""
+        asked on the CPU where JAX finds none, while an explicit gpu insists on one).
+        `engine`: light | maxtext (None: $PINGCTL_ENGINE, else light; a model the light engine
+        does not implement is then answered by MaxText where it is installed)."""
+        asked = check_engine(engine, "--engine") or check_engine(os.environ.get(ENGINE_ENV) or None,
+                                                                 f"${ENGINE_ENV}")
         run = Path(run_dir).resolve()
         cfg = run_config(run)
         export = model_dir_kind(run) == "export"
-        if export:
-            steps = _export_steps(run, step)
-            paths = []
-        else:
-            steps = resolve_steps(run, step)
-            paths = [checkpoint_items(run, s) for s in steps]
+        steps = _export_steps(run, step) if export else resolve_steps(run, step)
         hw = check_hardware(hardware) or cfg.train.hardware
         prepare_env(hw, forced=hardware is not None)
-        import jax
+        if (asked or "light") == "light":
+            try:
+                return cls._load_light(run, cfg, export, steps, hw, hardware, batch)
+            except light.Unsupported as e:
+                if asked == "light":
+                    raise PingctlError(f"--engine light: {run}: {e}; answer with --engine maxtext") from None
+                if importlib.util.find_spec("maxtext") is None:
+                    raise PingctlError(f"{run}: {e}, and MaxText, which would answer it, is not installed "
+                                       "(pip install 'pingctl[train]')") from None
+                print(f"note: {run}: {e}; answering with MaxText", file=sys.stderr)
+        return cls._load_maxtext(run, cfg, export, steps, hw, hardware, batch)
 
-        if hardware == "gpu":
-            require_gpu(jax)
+    @classmethod
+    def _load_light(cls, run: Path, cfg, export: bool, steps: list[int], hw: str, hardware: str | None,
+                    batch: int):
+        arch = light.Arch.from_keys(_maxtext_keys(run, export))
+        if export:
+            source, tensors = EX.weights_path(run), LW.export_tensors(run)
+        else:
+            source = checkpoint_items(run, steps[0]).parent if len(steps) == 1 else run
+            with _quiet_failed_restore():
+                tensors = LW.average(LW.run_tensors(run, s) for s in steps)
+        light.check_weights(arch, tensors, source)
+        jax = _jax(cfg, hardware)
+        params = light.prepare(arch, tensors)
+        forward = jax.jit(functools.partial(light.decoder, arch=arch))
+        return cls(run, steps[-1], cfg.tokenizer.scheme, cfg.loader.seq_len, arch.vocab, batch, forward, params,
+                   cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps), None, hw,
+                   jax.devices()[0].platform, engine="light", _tensors=tensors, _arch=arch)
 
-        # Reuse compiled forward shapes across invocations (the same cache training uses).
-        jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    @classmethod
+    def _load_maxtext(cls, run: Path, cfg, export: bool, steps: list[int], hw: str, hardware: str | None,
+                      batch: int):
+        paths = [] if export else [checkpoint_items(run, s) for s in steps]
+        jax = _jax(cfg, hardware)
         from flax import nnx
         from maxtext.utils import model_creation_utils
 
@@ -175,7 +256,7 @@ class LoadedModel:
 
         return cls(run, steps[-1], cfg.tokenizer.scheme, cfg.loader.seq_len, int(mt.vocab_size), batch, run_forward,
                    state, cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps),
-                   paths[0] if len(paths) == 1 else None, hw, jax.devices()[0].platform)
+                   paths[0] if len(paths) == 1 else None, hw, jax.devices()[0].platform, engine="maxtext")
 
     @property
     def label(self) -> str:
@@ -183,6 +264,8 @@ class LoadedModel:
 
     def weights(self) -> dict[str, np.ndarray]:
         """The parameters by name, as `pingctl export` writes them (pingctl.infer.weights)."""
+        if self._tensors is not None:
+            return dict(self._tensors)
         return weights.named_arrays(self._state)
 
     # ------------------------------------------------------------------ forward
@@ -226,13 +309,19 @@ class LoadedModel:
 
     def second_byte_log_probs(self, firsts: list[np.ndarray], candidates: list[np.ndarray]) -> list[np.ndarray]:
         """[len(candidates[i]), vocab]: log P(next | firsts[i] + [byte b]) for each candidate
-        byte b of each prompt (prompts ending with RttStart). A large batch shares each
-        prompt's key-value cache (`kv_cache`) when the prompts are long enough for it to pay
-        (`kv_cache.worth_it`, decided per call); otherwise, or where the cache cannot be built
-        (averaged weights, PINGCTL_KV_CACHE=0), whole sequences are run."""
+        byte b of each prompt (prompts ending with RttStart). Where it pays, each prompt's
+        key-value cache is shared by its candidates: the light engine's (`light_kv`) whenever
+        the prompts have several candidates each; MaxText's engine (`kv_cache`) for a large
+        batch of long prompts (`kv_cache.worth_it`, decided per call). Otherwise, or where the
+        cache cannot be built (MaxText with averaged weights, PINGCTL_KV_CACHE=0), whole
+        sequences are run: the same numbers to float32 rounding."""
         byte0 = get_vocab(self.scheme).byte_offset
         kv = None
-        if firsts and kv_cache.worth_it(min(len(f) for f in firsts), sum(len(c) for c in candidates)):
+        n_cand = sum(len(c) for c in candidates)
+        if self.engine == "light":
+            if firsts and light_kv.worth_it(len(firsts), n_cand):
+                kv = self._kv_engine(0, byte0)
+        elif firsts and kv_cache.worth_it(min(len(f) for f in firsts), n_cand):
             kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
         if kv is not None:
             try:
@@ -244,8 +333,11 @@ class LoadedModel:
         return np.split(flat, np.cumsum([len(c) for c in candidates])[:-1])
 
     def _kv_engine(self, tokens: int, byte0: int):
-        if self._kv is None and self._items is not None and tokens >= kv_cache.MIN_TOKENS \
-                and os.environ.get("PINGCTL_KV_CACHE", "1") != "0":
+        if self._kv is not None or os.environ.get("PINGCTL_KV_CACHE", "1") == "0":
+            return self._kv or None
+        if self.engine == "light":
+            self._kv = light_kv.SecondBytes(self._arch, self._state, byte0)
+        elif self._items is not None and tokens >= kv_cache.MIN_TOKENS:
             try:
                 self._kv = kv_cache.SecondBytes(self.run, self._items, self._hardware, self.seq_len, byte0)
             except Exception as e:  # noqa: BLE001 - any failure leaves the (slower, equal) uncached path

@@ -20,7 +20,7 @@ from pingctl.context import last_k_per_key
 from pingctl.errors import PingctlError, UsageError
 from pingctl.tokenizer import C, Measurements, decode, encode, get_vocab
 from pingctl.tokenizer.measurements import format_addresses
-from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
+from pingctl.tokenizer.rtt_codec import POSSIBLE_FIRST_BYTES, decode_rtt, possible_first_bytes, token_codes
 
 V = get_vocab("compact")
 BYTE0 = V.byte_offset
@@ -149,6 +149,12 @@ def bytes_distribution(lp: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
+def first_byte_distribution(lp: np.ndarray) -> np.ndarray:
+    """P(first RTT byte) from the log-probs after RttStart, over the first bytes a token stream
+    can carry (the grammar's `rtt_codec.POSSIBLE_FIRST_BYTES`), renormalised."""
+    return possible_first_bytes(bytes_distribution(lp))
+
+
 def rtt_distribution(model, prefix: np.ndarray) -> RttDistribution:
     return rtt_distributions(model, [prefix])[0]
 
@@ -160,7 +166,7 @@ def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0) -> 
     _require_compact(model)
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
     p_fail, p1 = first_pass(model, prefixes)
-    live = [np.flatnonzero(row > prune) if prune > 0 else np.arange(256) for row in p1]
+    live = [np.flatnonzero(row > prune) if prune > 0 else np.flatnonzero(POSSIBLE_FIRST_BYTES) for row in p1]
     p2_all = bytes_distribution(np.concatenate(model.second_byte_log_probs(firsts, live)))
     codes, values, _, _ = _code_table()
     order = codes.astype(np.int64)
@@ -184,13 +190,16 @@ def _code_table() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return codes[order], values[order], per_byte.min(axis=1), per_byte.max(axis=1)
 
 
+code_table = _code_table  # the same table for `pingctl score`'s reads (pingctl.infer.score)
+
+
 def first_pass(model, prefixes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(P(failure) [n], P(first RTT byte | success) [n, 256]) after each prompt, one pass."""
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
     lps = model.log_probs(firsts, at=[np.array([len(p) - 1, len(p)]) for p in prefixes])
     if not lps:
         return np.zeros(0), np.zeros((0, 256))
-    return np.array([fail_probability(lp[0]) for lp in lps]), np.stack([bytes_distribution(lp[1]) for lp in lps])
+    return np.array([fail_probability(lp[0]) for lp in lps]), np.stack([first_byte_distribution(lp[1]) for lp in lps])
 
 
 def fail_probability(lp: np.ndarray) -> float:
@@ -220,6 +229,7 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
     order = codes.astype(np.int64)  # sorted position k holds code order[k]
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
     p_fail, p1 = first if first is not None else first_pass(model, prefixes)
+    p1 = possible_first_bytes(p1)  # a caller's own pass may not be restricted yet
     n = len(prefixes)
     joint = np.repeat(p1[:, :, None] / 256.0, 256, axis=2)  # [n, first, second]
     refined = np.zeros((n, 256), bool)
@@ -327,7 +337,7 @@ def complete(
     (fs, asrc), (fd, adst) = parse_pair(src, dst)
     plan: list = [C.MeasurementStart]
     if rtt_ms is not None:  # training shuffles field order, so the result can come first
-        code = int(encode_rtt([rtt_ms])[0])
+        code = int(token_codes([rtt_ms])[0])
         plan += [C.RttStart, np.arange(256) == code >> 8, np.arange(256) == code & 0xFF]
     plan += _block(C.SrcIPv4, fs, asrc) + _block(C.DstIPv4, fd, adst)
     ctx = [] if context is None else list(map(int, context))
@@ -378,7 +388,7 @@ def inverse(
     src_b = _parse_full(src)
     nb = 4 if fam == 4 else 16
     rtts = rng.uniform(rtt_lo, rtt_hi, n) if rtt_hi > rtt_lo else np.full(n, rtt_lo)
-    codes = encode_rtt(rtts)
+    codes = token_codes(rtts)
     ctx = [] if context is None else list(map(int, context))
     seqs = [
         ctx + [C.MeasurementStart, C.RttStart, BYTE0 + (int(c) >> 8), BYTE0 + (int(c) & 0xFF),

@@ -553,7 +553,8 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
         raise PingctlError("a --pairs question is answered by pingctl.infer.pairs.answer")
     q = question
     result: dict = {"mode": q.mode, "run": str(model.run if run is None else run), "step": model.step,
-                    "steps": list(model.steps), "timestamps": model.timestamps, "device": model.device}
+                    "steps": list(model.steps), "timestamps": model.timestamps, "device": model.device,
+                    "engine": getattr(model, "engine", "maxtext")}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     if context is not None:
         per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair

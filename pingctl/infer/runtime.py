@@ -1,5 +1,5 @@
 """The process an answer runs in: JAX's environment, the hardware asked for, and the MaxText
-config every inference path (plain forward passes, the key-value-cache engine) builds."""
+config every MaxText-engine path (plain forward passes, the key-value-cache engine) builds."""
 
 from __future__ import annotations
 
@@ -27,9 +27,12 @@ def prepare_env(hardware: str, forced: bool = False) -> None:
     config at INFO, and a query's output should be the answer."""
     jax_env(hardware, forced)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from absl import logging as absl_logging
+    try:  # absl comes with MaxText and Orbax; the light engine's install may not have it
+        from absl import logging as absl_logging
 
-    absl_logging.set_verbosity(absl_logging.ERROR)
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:
+        pass
     logging.getLogger().setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 

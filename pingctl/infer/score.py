@@ -30,10 +30,25 @@ the scored table itself, any destination, as in training; `cold` the same withou
 (src, dst) pair's own; `none` no context; `both` a triangulation context from the table (the
 probe's rows to other destinations and the destination's from other sources, `context` a side). Only the table is searched for context: score a
 pair's history with it, or its first packets are scored with little context.
+
+Stream (`context_policy="stream"`, score only): a prompt per row costs a forward pass over its
+whole context, ~200 tokens for one row. Instead each probe's rows (by prb_id, else source
+address; in time order, file order among equal times) are encoded as one token stream, every
+block in the query's order (time, source, destination, result), and cut into windows of the
+model's context; one teacher-forced pass over a window reads each of its rows' results (the
+result block closes a measurement, so its P(failure), P(first byte) and P(second byte) sit at
+known positions) with the rows before it in the window as its context. Windows overlap: after
+the first, a window opens with up to `context` rows already scored (in at most half its
+tokens), so every row is scored once, after between that many and a window's worth of rows.
+The reads are the other policies' (the same PIT/tail refinement), the context is what differs:
+not capped per pair, the probe's previous rows whatever their time (equal times included), and
+`context_measurements` says how many. About 10x the rows/s of `probe` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import math
 import tempfile
@@ -44,14 +59,14 @@ import numpy as np
 
 from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import resolve_inputs
-from pingctl.context import check_policy, context_indices, context_pool, dict_encode
+from pingctl.context import POLICIES, codes_in, context_indices, context_pool, dict_encode, vocabulary
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import queries as Q
 from pingctl.schema.columns import COLUMNS
 from pingctl.schema.duck import canonical_head, rejected_lines
 from pingctl.tokenizer import C, Measurements, encode
 from pingctl.tokenizer.measurements import event_seconds
-from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
+from pingctl.tokenizer.rtt_codec import decode_rtt, possible_first_bytes, token_codes
 
 # ----------------------------------------------------------------- defaults and bounds
 #
@@ -64,12 +79,19 @@ MAX_ROWS = 1_000_000
 MAX_CONTEXT = 10_000
 CONTEXT = 16
 SCORE_COLUMNS = ("nll", "pit", "tail_p", "p_fail", "context_measurements")
+# `stream`: each probe's history as one teacher-forced token stream (module docstring, "Stream")
+STREAM = "stream"
+SCORE_POLICIES = (*POLICIES, STREAM)
+ORDER = ("time", "src", "dst", "result")  # a query's block order, and a stream's
+EPS = 1e-3  # as `rtt_distributions_at`: unrefined first bytes may hold this much mass at a read
 _TINY = np.finfo(np.float64).tiny  # a probability that underflowed: a finite, huge NLL
 
 
 def check_options(context: int = CONTEXT, context_policy: str = "probe", limit: int | None = None) -> None:
     """The bounds of every size `score_table` takes (a `UsageError` naming the option)."""
-    check_policy(context_policy)
+    if context_policy not in SCORE_POLICIES:
+        raise UsageError(f"context policy {context_policy!r} (--context-policy): expected one of "
+                         f"{', '.join(SCORE_POLICIES)}")
     if not isinstance(context, int) or not 0 <= context <= MAX_CONTEXT:
         raise UsageError(f"context {context!r}: expected 0 to {MAX_CONTEXT:,} measurements (--context)")
     if limit is not None and (not isinstance(limit, int) or not 1 <= limit <= MAX_ROWS):
@@ -124,7 +146,7 @@ def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
         m = len(p)
         if len(f) >= m + 3 and np.array_equal(f[:m], p) and f[m] == C.RttStart:
             p_fail[k] = Q.fail_probability(lp[m - 1])
-            p1[k] = Q.bytes_distribution(lp[m])
+            p1[k] = Q.first_byte_distribution(lp[m])
             known[(k, int(f[m + 1]) - Q.BYTE0)] = Q.bytes_distribution(lp[m + 1])
         else:
             missing.append(k)
@@ -275,7 +297,10 @@ def score_rows(model, got: ScoreInput, *, context: int = CONTEXT, context_policy
     if per_pair is None:  # as the run's training contexts were shaped
         per_pair = (run_config(model.run).loader.triangulation_per_pair if context_policy == "both"
                     else model.max_per_pair)
-    cols = _score(model, rows, context, context_policy, per_pair, chunk, progress)
+    if context_policy == STREAM:
+        cols = _score_stream(model, rows, context, progress)
+    else:
+        cols = _score(model, rows, context, context_policy, per_pair, chunk, progress)
     out = got.table.select(list(COLUMNS))
     for name in SCORE_COLUMNS:
         out = out.append_column(name, pa.array(cols[name]))
@@ -298,42 +323,186 @@ def score_meta(table) -> dict:
 def _score(model, rows: dict, context: int, policy: str, per_pair: int, chunk: int, progress) -> dict:
     n = len(rows["rtt"])
     idx = np.arange(n)
+    progress(0, n)
     pool = context_pool(rows, None, policy)
     ctxs = context_indices(pool, rows, idx, context, policy, per_pair)
-    ps, fulls = prompts(model, rows, idx, pool, ctxs)
     actual = rows["rtt"]
     out = {"nll": np.zeros(n), "pit": np.full(n, np.nan), "tail_p": np.zeros(n), "p_fail": np.zeros(n),
            "context_measurements": np.array([len(c) for c in ctxs], np.int64)}
-    progress(0, n)
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        first, known, _ = teacher_forced(model, ps[a:b], fulls[a:b])
-        dists = Q.rtt_distributions_at(model, ps[a:b], quantiles=(), points=actual[a:b], first=first, known=known)
-        p_fail, p1 = first
-        codes = encode_rtt(np.maximum(actual[a:b], 0.0)).astype(np.int64)
+        # prompts built chunk by chunk: the first rows are scored (and the progress moves) at once
+        ps, fulls = prompts(model, rows, idx[a:b], pool, ctxs[a:b])
+        first, known, _ = teacher_forced(model, ps, fulls)
+        codes = token_codes(np.maximum(actual[a:b], 0.0)).astype(np.int64)
         need = [k for k in range(b - a) if actual[a + k] >= 0 and (k, int(codes[k] >> 8)) not in known]
         if need:  # a prompt that was not a prefix of its full sequence: P(second byte) asked apart
             rows2 = model.second_byte_log_probs(
-                [np.concatenate([ps[a + k], [C.RttStart]]).astype(np.int32) for k in need],
+                [np.concatenate([ps[k], [C.RttStart]]).astype(np.int32) for k in need],
                 [np.array([int(codes[k] >> 8)]) for k in need])
             known.update({(k, int(codes[k] >> 8)): Q.bytes_distribution(r[0]) for k, r in zip(need, rows2)})
-        for k, d in enumerate(dists):
-            i = a + k
-            pf = float(p_fail[k])
-            out["p_fail"][i] = pf
-            if actual[i] < 0:
-                out["nll"][i] = -math.log(max(pf, _TINY))
-                out["tail_p"][i] = pf
-                continue
-            c = int(codes[k])
-            p_code = p1[k, c >> 8] * known[(k, c >> 8)][c & 0xFF]
-            out["nll"][i] = -math.log(max(1.0 - pf, _TINY)) - math.log(max(float(p_code), _TINY))
-            x = float(decode_rtt(c))
-            below = float(d.probs[d.values_ms < x].sum())
-            at = float(d.probs[d.values_ms == x].sum())
-            out["pit"][i] = min(below + at, 1.0)
-            out["tail_p"][i] = min(1.0, 2.0 * min(below + at, 1.0 - below))
+        p_fail, p1 = first
+        p1 = possible_first_bytes(p1)
+        ok = actual[a:b] >= 0
+        p2 = np.zeros((b - a, 256))
+        for k in np.flatnonzero(ok):
+            p2[k] = known[(k, int(codes[k] >> 8))]
+        extra = {(k, fb): row for (k, fb), row in known.items() if not (ok[k] and fb == codes[k] >> 8)}
+        _read(out, slice(a, b), ok, p_fail, p1, p2, codes, extra, model, ps)
         progress(b, n)
+    return out
+
+
+# ----------------------------------------------------------------- reading a packet's result
+
+
+@functools.cache
+def _values() -> np.ndarray:
+    """[256, 256]: the RTT (ms) of code (first byte, second byte)."""
+    return decode_rtt(np.arange(65536, dtype=np.uint16)).reshape(256, 256)
+
+
+def _read(out: dict, rows: slice, ok: np.ndarray, p_fail: np.ndarray, p1: np.ndarray, p2: np.ndarray,
+          codes: np.ndarray, extra: dict, model, prefixes: list[np.ndarray]) -> None:
+    """The scores of a chunk of packets from P(failure), P(first byte) and P(second byte | the
+    observed first byte); `extra`: {(packet, first byte): P(second byte)} rows known already.
+
+    The PIT and tail read the distribution at the observed value x as `rtt_distributions_at`
+    does (exact there): every first byte whose codes straddle x, other than the observed one,
+    is refined (its P(second byte) asked, one pass over the packet's prompt + RttStart), most
+    probable first, until the unrefined ones hold at most EPS; an unrefined first byte keeps its
+    mass spread evenly over its 256 codes."""
+    values = _values()
+    _, _, lo, hi = Q.code_table()
+    n = len(ok)
+    first = codes >> 8
+    x = values.reshape(-1)[codes]
+    # packet k's refined rows: the observed first byte, then what `extra` and the passes add
+    refined = {(k, int(first[k])): p2[k] for k in np.flatnonzero(ok)}
+    refined.update({key: row for key, row in extra.items() if key[0] < n and ok[key[0]]})
+    straddle = (lo[None, :] <= x[:, None]) & (x[:, None] <= hi[None, :]) & ok[:, None]
+    straddle[np.arange(n), first] = False
+    for (k, fb) in refined:
+        straddle[k, fb] = False
+    want: list[tuple[int, int]] = []
+    for k in np.flatnonzero((p1 * straddle).sum(axis=1) > EPS):  # rare: overlapping first bytes with mass
+        cand = np.flatnonzero(straddle[k])
+        cand = cand[np.argsort(-p1[k, cand], kind="stable")]
+        rest = np.cumsum(p1[k, cand][::-1])[::-1]
+        want += [(int(k), int(fb)) for fb in cand[rest > EPS]]
+    if want:
+        groups = [(k, np.array([fb for _, fb in g])) for k, g in itertools.groupby(sorted(want), key=lambda t: t[0])]
+        got = model.second_byte_log_probs([np.concatenate([prefixes[k], [C.RttStart]]).astype(np.int32)
+                                           for k, _ in groups], [fbs for _, fbs in groups])
+        for (k, fbs), lps in zip(groups, got):
+            for fb, lp in zip(fbs, lps):
+                refined[(k, int(fb))] = Q.bytes_distribution(lp)
+    # mass below and at x: unrefined first bytes spread evenly, refined ones by their rows
+    below_n = (values[None, :, :] < x[:, None, None]).sum(axis=2) / 256.0  # [n, 256]
+    at_n = (values[None, :, :] == x[:, None, None]).sum(axis=2) / 256.0
+    below = (p1 * below_n).sum(axis=1)
+    at = (p1 * at_n).sum(axis=1)
+    for (k, fb), row in refined.items():
+        v = values[fb]
+        below[k] += p1[k, fb] * (row[v < x[k]].sum() - below_n[k, fb])
+        at[k] += p1[k, fb] * (row[v == x[k]].sum() - at_n[k, fb])
+    total = p1.sum(axis=1)
+    below, at = below / total, at / total
+    p_code = p1[np.arange(n), first] * p2[np.arange(n), codes & 0xFF]
+    i = np.arange(rows.start, rows.stop)
+    out["p_fail"][i] = p_fail
+    fail = ~ok
+    out["nll"][i[fail]] = -np.log(np.maximum(p_fail[fail], _TINY))
+    out["tail_p"][i[fail]] = p_fail[fail]
+    out["nll"][i[ok]] = (-np.log(np.maximum(1.0 - p_fail[ok], _TINY))
+                         - np.log(np.maximum(p_code[ok], _TINY)))
+    out["pit"][i[ok]] = np.minimum(below[ok] + at[ok], 1.0)
+    out["tail_p"][i[ok]] = np.minimum(1.0, 2.0 * np.minimum(np.minimum(below[ok] + at[ok], 1.0), 1.0 - below[ok]))
+
+
+# ----------------------------------------------------------------- stream
+
+
+def _stream_windows(lengths: np.ndarray, budget: int, context: int) -> list[tuple[int, int, int]]:
+    """(start, first scored, end) measurement windows over one probe's history: each fits
+    `budget` tokens (its first measurement's time grows to an absolute one: 8 tokens held
+    back), and after the first, opens with up to `context` already-scored measurements in at
+    most half the budget, so that every measurement is scored once, after some context."""
+    out: list[tuple[int, int, int]] = []
+    n, end = len(lengths), 0
+    while end < n:
+        a, used = end, 0
+        if out:
+            while a > 0 and end - a < context and used + lengths[a - 1] <= budget // 2:
+                a -= 1
+                used += int(lengths[a])
+        b, used = end, used + 8
+        while b < n and (b == end or used + lengths[b] <= budget):
+            used += int(lengths[b])
+            b += 1
+        out.append((a, end, b))
+        end = b
+    return out
+
+
+def _score_stream(model, rows: dict, context: int, progress, windows_per_pass: int = 128) -> dict:
+    """Each probe's measurements (prb_id, else source address), in time order (file order
+    among equal times), as one token stream cut into windows of the model's context: one
+    teacher-forced pass over a window scores each of its measurements after the ones before
+    it, a few tokens a row (module docstring, "Stream")."""
+    n = len(rows["rtt"])
+    progress(0, n)
+    timed = model.timestamps
+    key = np.asarray(rows["prb_id"], np.int64)
+    key = np.where(key >= 0, key, -1 - codes_in(rows["src"], vocabulary(rows["src"])))
+    order = np.lexsort((np.arange(n), np.asarray(rows["event_time"], np.int64), key))
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    budget = model.seq_len - 8
+    out = {"nll": np.zeros(n), "pit": np.full(n, np.nan), "tail_p": np.zeros(n), "p_fail": np.zeros(n),
+           "context_measurements": np.zeros(n, np.int64)}
+    pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (tokens, scored rows, their result starts)
+    done = 0
+
+    def flush() -> None:
+        nonlocal done
+        seqs = [t for t, _, _ in pending]
+        # P(result role), P(first byte), P(second byte | the observed first); clipped: a failed
+        # packet closing its window has no byte positions (and needs none)
+        at = [np.minimum(np.stack([r - 1, r, r + 1], axis=1).reshape(-1), len(t) - 1) for t, _, r in pending]
+        lps = model.log_probs(seqs, at=at)
+        idx = np.concatenate([i for _, i, _ in pending])
+        lp = np.concatenate([x.reshape(-1, 3, x.shape[-1]) for x in lps])
+        tokens = np.concatenate([t[np.minimum(r + 1, len(t) - 1)] * 256 + t[np.minimum(r + 2, len(t) - 1)]
+                                 for t, _, r in pending])
+        ok = np.asarray(rows["rtt"])[idx] >= 0
+        codes = np.where(ok, tokens - Q.BYTE0 * 257, 0)  # (b1 - BYTE0) * 256 + (b2 - BYTE0)
+        p_fail = (np.exp(lp[:, 0, C.Failed]) / (np.exp(lp[:, 0, C.Failed]) + np.exp(lp[:, 0, C.RttStart])))
+        p1 = possible_first_bytes(Q.bytes_distribution(lp[:, 1]))
+        p2 = Q.bytes_distribution(lp[:, 2])
+        prefixes = [t[:r] for t, _, rs in pending for r in rs]
+        part = {k: np.zeros(len(idx)) for k in ("nll", "tail_p", "p_fail")}
+        part["pit"] = np.full(len(idx), np.nan)
+        _read(part, slice(0, len(idx)), ok, p_fail, p1, p2, codes, {}, model, prefixes)
+        for k, v in part.items():
+            out[k][idx] = v
+        done += len(idx)
+        pending.clear()
+        progress(done, n)
+
+    for g in np.split(order, bounds):
+        m = measurements(rows, g, timed)
+        lengths = encode(m, "compact", order=ORDER).lengths
+        for a, s, b in _stream_windows(lengths, budget, context):
+            enc = encode(m.take(np.arange(a, b)), "compact", order=ORDER)
+            ends = enc.offsets[s - a + 1:]
+            ok = np.asarray(rows["rtt"])[g[s:b]] >= 0
+            starts = np.where(ok, ends - 3, ends - 1)  # the result block closes a measurement
+            out["context_measurements"][g[s:b]] = np.arange(s - a, b - a)
+            pending.append((enc.tokens.astype(np.int32), g[s:b], starts.astype(np.int64)))
+            if len(pending) >= windows_per_pass:
+                flush()
+    if pending:
+        flush()
     return out
 
 

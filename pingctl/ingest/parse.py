@@ -415,55 +415,14 @@ def parse_records(
 
     if flush is None:
         flush = _default_flush(batch)
-    loads = orjson.loads
-    JSONDecodeError = orjson.JSONDecodeError
-    dumps = orjson.dumps
-    acache, lookup = _address_lookup(batch.names)
-    aget = acache.get
-    c = new_counts()
-    filtered = c["filtered"]
-    rejected = c["rejected"]
-    reject_add = rejects.add
-
-    def reject(reason, line, raw, d=None, detail=None):
-        rejected[reason] = rejected.get(reason, 0) + 1
-        if raw is None:
-            try:
-                raw = dumps(d)
-            except Exception:  # noqa: BLE001 - raw is best effort
-                raw = repr(d)
-        reject_add(reason, line, raw, detail)
-
-    msm_set = opts.msm_ids
-    prb_set = opts.probe_ids
-    tmin, tmax = opts.tmin_us, opts.tmax_us
-    since = opts.since_us if opts.since_us is not None else -(1 << 62)
-    until = opts.until_us if opts.until_us is not None else 1 << 62
-    lo_ok = max(tmin, since)  # lo_ok <= ts < hi_ok: valid and inside --since/--until
-    hi_ok = min(tmax + 1, until)
-    sampling = opts.sample < 1.0
-    threshold = int(opts.sample * (1 << 64))
-    af_keep = opts.af
-    drop_dups = opts.drop_dups
-    src_mode = opts.src_field
-    auto_src = src_mode == "auto"
-    rgr = opts.row_group_rows
-
-    results_append = batch.results.append
-    rtts = batch.rtts
-    rtt_append = rtts.append
-
-    n_records = n_summary = 0
-    n_dup = n_dup_drop = n_late = n_other = 0
-    n_src_from = n_src_private = 0
-
+    k = _Run(opts, batch, rejects, orjson.dumps)
+    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
     fast_decode, UNSET = (fast_decoder() if fast else None) or (None, None)
     fast_off = 0  # blocks left with the fast path switched off
-
     for line0, raws, bad in blocks:
         if bad is not None and bad is not NO_EOL:
-            n_records += 1
-            reject(bad[0], line0, raws[0], detail=bad[1])
+            k.records += 1
+            k.reject(bad[0], line0, raws[0], detail=bad[1])
             continue
         use_fast = fast_decode is not None and not fast_off
         if fast_off:
@@ -473,400 +432,459 @@ def parse_records(
             if not raw:
                 continue  # blank line
             if use_fast:
-                # ---- fast path: the same rules on the typed struct; it only writes or
-                # filters. Whatever it would reject falls through, untouched, to the
-                # generic path below, which decides the reason.
                 try:
                     r = fast_decode(raw) if raw.isascii() else None
                 except Exception:  # noqa: BLE001 - any shape or JSON error: generic path
                     r = None
-                if r is not None:
-                    msm = r.msm_id
-                    if msm_set and msm not in msm_set:
-                        n_records += 1
-                        filtered["msm"] += 1
-                        continue
-                    prb = r.prb_id
-                    if prb_set and prb not in prb_set:
-                        n_records += 1
-                        filtered["probe"] += 1
-                        continue
-                    ts = r.timestamp
-                    ts_us = (ts * 1_000_000 if type(ts) is int
-                             else round(ts * 1_000_000) if -TS_ABS_MAX_S < ts < TS_ABS_MAX_S
-                             else -1)  # out of range: the generic path rejects it
-                    if lo_ok <= ts_us < hi_ok:
-                        if sampling and not sample_keep(msm, prb, ts_us, threshold):
-                            n_records += 1
-                            filtered["sample"] += 1
-                            continue
-                        dst = r.dst_addr
-                        dinfo = aget(dst)
-                        if dinfo is None and dst:
-                            dinfo = lookup(dst)
-                        if dinfo is not None:
-                            af = r.af
-                            if af_keep and af != af_keep:
-                                n_records += 1
-                                filtered["af"] += 1
-                                continue
-                            if dinfo[1] == af:
-                                src = None
-                                add_from = add_priv = 0
-                                if auto_src:
-                                    s = r.src_addr
-                                    sinfo = aget(s)
-                                    if sinfo is not None and sinfo[3] == af:
-                                        src = sinfo[4]
-                                    else:
-                                        if sinfo is None:
-                                            if not s:
-                                                s = r.srcaddr
-                                            sinfo = lookup(s)
-                                        f = r.from_
-                                        finfo = aget(f)
-                                        if finfo is None:
-                                            finfo = lookup(f)
-                                        if sinfo is not None and sinfo[3] == af:
-                                            src = sinfo[4]
-                                        elif finfo is not None and finfo[3] == af:
-                                            src = finfo[4]
-                                            add_from = 1
-                                        elif sinfo is not None and sinfo[1] == af:
-                                            src = sinfo[4]
-                                            add_priv = 1
-                                        elif finfo is not None and finfo[1] == af:
-                                            src = finfo[4]
-                                            add_from = add_priv = 1
-                                else:
-                                    s = r.from_ if src_mode == "from" else (r.src_addr or r.srcaddr)
-                                    sinfo = lookup(s)
-                                    if sinfo is not None and sinfo[1] == af:
-                                        src = sinfo[4]
-                                        if not sinfo[2]:
-                                            add_priv = 1
-                                if src is not None:
-                                    # written: nothing below can reject (msgspec checked
-                                    # size and every packet)
-                                    size = r.size
-                                    n0 = len(rtts)
-                                    err = 0
-                                    for e in r.result:
-                                        rt = e.rtt
-                                        if rt is not UNSET:
-                                            if e.late is not UNSET:
-                                                n_late += 1
-                                            if e.dup:
-                                                n_dup += 1
-                                                if drop_dups:
-                                                    n_dup_drop += 1
-                                                    continue
-                                            rtt_append(rt)
-                                        elif e.error is not UNSET:
-                                            err += 1
-                                            rtt_append(-1.0)
-                                        elif e.x is not UNSET:
-                                            rtt_append(-1.0)
-                                        else:
-                                            n_other += 1
-                                            if e.late is not UNSET:
-                                                n_late += 1
-                                            rtt_append(-1.0)
-                                    results_append(
-                                        (msm, ts_us, src, dinfo[4], af, 0 if size is None else size, err, prb, len(rtts) - n0)
-                                    )
-                                    n_records += 1
-                                    n_src_from += add_from
-                                    n_src_private += add_priv
-                                    continue
-                    elif tmin <= ts_us <= tmax:
-                        n_records += 1
-                        filtered["time"] += 1
-                        continue
+                if r is not None and _fast_result(k, r, UNSET):
+                    continue
                 misses += 1
-            # ---- generic path
             try:
                 obj = loads(raw)
             except JSONDecodeError as e:
-                if not raw.strip():
-                    continue
-                n_records += 1
-                reject("truncated" if bad is NO_EOL else "bad_json", line0 + j, raw, detail=str(e))
+                if raw.strip():
+                    k.records += 1
+                    k.reject("truncated" if bad is NO_EOL else "bad_json", line0 + j, raw, detail=str(e))
                 continue
             if type(obj) is dict:
-                items = (obj,)
-                single = True
+                k.records += 1
+                _generic_result(k, obj, line0 + j, raw)
             elif type(obj) is list:  # a JSON array on one line (e.g. an API page)
-                items = obj
-                single = False
+                for d in obj:
+                    k.records += 1
+                    _generic_result(k, d, line0 + j, None)
             else:
-                n_records += 1
-                reject("not_an_object", line0 + j, raw)
-                continue
-
-            for d in items:
-                n_records += 1
-                if type(d) is not dict:
-                    reject("not_an_object", line0 + j, raw if single else None, d)
-                    continue
-                t = d.get("type")
-                if t != "ping" and t is not None:
-                    reject("not_ping", line0 + j, raw if single else None, d)
-                    continue
-                msm = d.get("msm_id")
-                if type(msm) is not int or not (0 <= msm <= I64):
-                    reject("bad_msm_id", line0 + j, raw if single else None, d)
-                    continue
-                if msm_set and msm not in msm_set:
-                    filtered["msm"] += 1
-                    continue
-                prb = d.get("prb_id")
-                if (type(prb) is not int or not (0 <= prb <= I64)) and prb is not None:
-                    reject("bad_prb_id", line0 + j, raw if single else None, d)
-                    continue
-                if prb_set and prb not in prb_set:
-                    filtered["probe"] += 1
-                    continue
-                ts = d.get("timestamp")
-                if type(ts) is int:
-                    ts_us = ts * 1_000_000
-                elif type(ts) is float and -TS_ABS_MAX_S < ts < TS_ABS_MAX_S:
-                    ts_us = round(ts * 1_000_000)
-                else:
-                    reject("bad_time", line0 + j, raw if single else None, d)
-                    continue
-                if not (lo_ok <= ts_us < hi_ok):
-                    if not (tmin <= ts_us <= tmax):
-                        reject("bad_time", line0 + j, raw if single else None, d)
-                    else:
-                        filtered["time"] += 1
-                    continue
-                if sampling and not sample_keep(msm, prb, ts_us, threshold):
-                    filtered["sample"] += 1
-                    continue
-
-                # destination: dst_addr (fw >= 4460) / addr (older); else an IP-literal name
-                dst = d.get("dst_addr")
-                try:
-                    dinfo = aget(dst)
-                except TypeError:  # unhashable junk
-                    dinfo = None
-                if dinfo is None:
-                    if dst is None or dst == "":
-                        dst = d.get("addr")
-                    if dst is None or dst == "":
-                        name = d.get("dst_name")
-                        if name is None or name == "":
-                            name = d.get("name")
-                        dinfo = lookup(name)
-                        if dinfo is None:
-                            v4 = ipv4_mapped(name)
-                            if v4 is not None:
-                                reject("ipv4_mapped", line0 + j, raw if single else None, d, _mapped("dst_name", name, v4))
-                            else:
-                                reject("no_dst_addr", line0 + j, raw if single else None, d)
-                            continue
-                    else:
-                        dinfo = lookup(dst)
-                        if dinfo is None:
-                            v4 = ipv4_mapped(dst)
-                            if v4 is not None:
-                                reject("ipv4_mapped", line0 + j, raw if single else None, d, _mapped("dst_addr", dst, v4))
-                            else:
-                                reject("bad_dst_addr", line0 + j, raw if single else None, d)
-                            continue
-
-                # address family: af (>= 4460) / pf (4400) / mode ICMP4|ICMP6 / destination
-                af = d.get("af")
-                if af is None:
-                    af = d.get("pf")
-                    if af is None:
-                        mode = d.get("mode")
-                        af = 4 if mode == "ICMP4" else 6 if mode == "ICMP6" else dinfo[1]
-                if type(af) is not int or (af != 4 and af != 6):
-                    reject("bad_af", line0 + j, raw if single else None, d)
-                    continue
-                if af_keep and af != af_keep:
-                    filtered["af"] += 1
-                    continue
-                if dinfo[1] != af:
-                    reject("af_mismatch", line0 + j, raw if single else None, d, "dst_addr")
-                    continue
-
-                res = d.get("result")
-                if type(res) is not list:
-                    # summary-only firmware has no `result` key at all; a `result` that is
-                    # there but not a list ("abc", {}, null) is damage, not an old format
-                    if "result" not in d and ("avg" in d or "min" in d or "max" in d):
-                        n_summary += 1  # oldest firmware: summary only, no per-packet list
-                    else:
-                        reject("no_result", line0 + j, raw if single else None, d)
-                    continue
-
-                # source address
-                if auto_src:
-                    s = d.get("src_addr")
-                    try:
-                        sinfo = aget(s)
-                    except TypeError:
-                        sinfo = None
-                    if sinfo is not None and sinfo[3] == af:
-                        src = sinfo[4]
-                    else:
-                        if sinfo is None:  # missing, old name, not cached yet, or junk
-                            if s is None or s == "":
-                                s = d.get("srcaddr")
-                            sinfo = lookup(s)
-                        f = d.get("from")
-                        try:
-                            finfo = aget(f)
-                        except TypeError:
-                            finfo = None
-                        if finfo is None:
-                            finfo = lookup(f)
-                        if sinfo is not None and sinfo[3] == af:
-                            src = sinfo[4]
-                        elif finfo is not None and finfo[3] == af:
-                            src = finfo[4]
-                            n_src_from += 1
-                        elif sinfo is not None and sinfo[1] == af:
-                            src = sinfo[4]
-                            n_src_private += 1
-                        elif finfo is not None and finfo[1] == af:
-                            src = finfo[4]
-                            n_src_from += 1
-                            n_src_private += 1
-                        else:
-                            detail = "src_addr/from"
-                            if (s is None or s == "") and (f is None or f == ""):
-                                why = "no_src_addr"
-                            elif sinfo is not None or finfo is not None:
-                                why = "af_mismatch"
-                            elif ipv4_mapped(s) or ipv4_mapped(f):
-                                why = "ipv4_mapped"
-                                detail = _mapped("src_addr", s, ipv4_mapped(s)) if ipv4_mapped(s) else \
-                                    _mapped("from", f, ipv4_mapped(f))
-                            else:
-                                why = "bad_src_addr"
-                            reject(why, line0 + j, raw if single else None, d, detail)
-                            continue
-                else:
-                    if src_mode == "from":
-                        s = d.get("from")
-                    else:
-                        s = d.get("src_addr")
-                        if s is None or s == "":
-                            s = d.get("srcaddr")
-                    if s is None or s == "":
-                        reject("no_src_addr", line0 + j, raw if single else None, d, src_mode)
-                        continue
-                    sinfo = lookup(s)
-                    if sinfo is None:
-                        v4 = ipv4_mapped(s)
-                        if v4 is not None:
-                            reject("ipv4_mapped", line0 + j, raw if single else None, d, _mapped(src_mode, s, v4))
-                        else:
-                            reject("bad_src_addr", line0 + j, raw if single else None, d, src_mode)
-                        continue
-                    if sinfo[1] != af:
-                        reject("af_mismatch", line0 + j, raw if single else None, d, src_mode)
-                        continue
-                    src = sinfo[4]
-                    if not sinfo[2]:
-                        n_src_private += 1
-
-                size = d.get("size", 0)
-                if type(size) is not int or not (0 <= size <= I64):
-                    if size is None:
-                        size = 0
-                    else:
-                        reject("bad_size", line0 + j, raw if single else None, d)
-                        continue
-
-                # packets: replies/timeouts/errors are read off the RTT column per batch;
-                # only the rare kinds (dup, late, other) are counted here.
-                n0 = len(rtts)
-                err = 0
-                try:
-                    for e in res:
-                        r = e.get("rtt")  # AttributeError: not an object
-                        if r is not None:
-                            tr = type(r)
-                            if tr is float:
-                                if not (0.0 <= r <= MAX_RTT_MS):  # also NaN and inf
-                                    raise ValueError
-                            elif tr is int:
-                                if not (0 <= r <= MAX_RTT_MS):
-                                    raise ValueError
-                                r = float(r)
-                            else:
-                                raise ValueError
-                            if len(e) > 1:
-                                if "late" in e:
-                                    n_late += 1
-                                if e.get("dup"):
-                                    n_dup += 1
-                                    if drop_dups:
-                                        n_dup_drop += 1
-                                        continue
-                            rtt_append(r)
-                        elif "error" in e:
-                            err += 1
-                            rtt_append(-1.0)
-                        elif "x" in e:
-                            rtt_append(-1.0)
-                        elif "rtt" in e:  # "rtt": null
-                            raise ValueError
-                        else:  # e.g. {"late": n} without rtt, or {}: no usable RTT
-                            n_other += 1
-                            if "late" in e:
-                                n_late += 1
-                            rtt_append(-1.0)
-                except (AttributeError, ValueError) as ex:
-                    del rtts[n0:]
-                    dup, dup_drop, late, other = _packet_prefix_counts(res, drop_dups)
-                    n_dup -= dup
-                    n_dup_drop -= dup_drop
-                    n_late -= late
-                    n_other -= other
-                    why = "bad_packet" if isinstance(ex, AttributeError) else "bad_rtt"
-                    reject(why, line0 + j, raw if single else None, d)
-                    continue
-
-                results_append((msm, ts_us, src, dinfo[4], af, size, err, prb, len(rtts) - n0))
-
+                k.records += 1
+                k.reject("not_an_object", line0 + j, raw)
         if use_fast and misses * 2 > len(raws) >= 64:
             fast_off = 8  # mostly misses: leave this file to the generic path for a while
-        if len(rtts) >= rgr:
+        if len(k.rtts) >= k.rgr:
             flush()
-            results_append = batch.results.append
-            rtts = batch.rtts
-            rtt_append = rtts.append
-
+            k.bind(batch)
     flush()
-    st = batch.stats
-    kept_dups = n_dup - n_dup_drop
-    c.update(
-        records=n_records,
-        results_written=st["results_written"],
-        empty_results=st["empty_results"],
-        summary_only=n_summary,
-        rows=st["rows"],
-        rows_v4=st["rows_v4"],
-        rows_v6=st["rows"] - st["rows_v4"],
-        replies=st["rows"] - st["failed_rows"] - kept_dups,
-        dups=n_dup,
-        dups_dropped=n_dup_drop,
-        timeouts=st["failed_rows"] - st["errors"] - n_other,
-        errors=st["errors"],
-        late=n_late,
-        other_packets=n_other,
-        src_from=n_src_from,
-        src_private=n_src_private,
-        first_us=st["first_us"],
-        last_us=st["last_us"],
-    )
-    return c
+    return k.counts_from(batch.stats)
+
+
+class _Run:
+    """One `parse_records` call: the resolved options, the address cache, where rows go and the
+    counters, shared by the two paths (attributes, read once per result)."""
+
+    __slots__ = ("acache", "lookup", "aget", "c", "filtered", "rejected", "reject_add", "dumps", "msm_set", "prb_set",
+                 "tmin", "tmax", "lo_ok", "hi_ok", "sampling", "threshold", "af_keep", "drop_dups", "src_mode",
+                 "auto_src", "rgr", "records", "summary", "dup", "dup_drop", "late", "other", "src_from",
+                 "src_private", "results_append", "rtts", "rtt_append")
+
+    def __init__(self, opts: Options, batch: Batch, rejects: Rejects, dumps):
+        self.acache, self.lookup = _address_lookup(batch.names)
+        self.aget = self.acache.get
+        self.c = new_counts()
+        self.filtered, self.rejected = self.c["filtered"], self.c["rejected"]
+        self.reject_add, self.dumps = rejects.add, dumps
+        self.msm_set, self.prb_set = opts.msm_ids, opts.probe_ids
+        self.tmin, self.tmax = opts.tmin_us, opts.tmax_us
+        since = opts.since_us if opts.since_us is not None else -(1 << 62)
+        until = opts.until_us if opts.until_us is not None else 1 << 62
+        self.lo_ok = max(self.tmin, since)  # lo_ok <= ts < hi_ok: valid and inside --since/--until
+        self.hi_ok = min(self.tmax + 1, until)
+        self.sampling = opts.sample < 1.0
+        self.threshold = int(opts.sample * (1 << 64))
+        self.af_keep, self.drop_dups, self.src_mode = opts.af, opts.drop_dups, opts.src_field
+        self.auto_src = self.src_mode == "auto"
+        self.rgr = opts.row_group_rows
+        self.records = self.summary = self.dup = self.dup_drop = self.late = self.other = 0
+        self.src_from = self.src_private = 0
+        self.bind(batch)
+
+    def bind(self, batch: Batch) -> None:
+        """Rows go to the batch's (new, after a flush) lists."""
+        self.results_append = batch.results.append
+        self.rtts = batch.rtts
+        self.rtt_append = self.rtts.append
+
+    def reject(self, reason, line, raw, d=None, detail=None) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if raw is None:
+            try:
+                raw = self.dumps(d)
+            except Exception:  # noqa: BLE001 - raw is best effort
+                raw = repr(d)
+        self.reject_add(reason, line, raw, detail)
+
+    def counts_from(self, st: dict) -> dict:
+        kept_dups = self.dup - self.dup_drop
+        self.c.update(
+            records=self.records,
+            results_written=st["results_written"],
+            empty_results=st["empty_results"],
+            summary_only=self.summary,
+            rows=st["rows"],
+            rows_v4=st["rows_v4"],
+            rows_v6=st["rows"] - st["rows_v4"],
+            replies=st["rows"] - st["failed_rows"] - kept_dups,
+            dups=self.dup,
+            dups_dropped=self.dup_drop,
+            timeouts=st["failed_rows"] - st["errors"] - self.other,
+            errors=st["errors"],
+            late=self.late,
+            other_packets=self.other,
+            src_from=self.src_from,
+            src_private=self.src_private,
+            first_us=st["first_us"],
+            last_us=st["last_us"],
+        )
+        return self.c
+
+
+# ---------------------------------------------------------------- the fast path
+
+
+def _fast_result(k: _Run, r, UNSET) -> bool:
+    """The rules on msgspec's typed struct `r`: True when the result is written or filtered
+    (counted); False when it would be rejected (nothing counted: the generic path decides)."""
+    msm = r.msm_id
+    if k.msm_set and msm not in k.msm_set:
+        k.records += 1
+        k.filtered["msm"] += 1
+        return True
+    prb = r.prb_id
+    if k.prb_set and prb not in k.prb_set:
+        k.records += 1
+        k.filtered["probe"] += 1
+        return True
+    ts = r.timestamp
+    ts_us = (ts * 1_000_000 if type(ts) is int
+             else round(ts * 1_000_000) if -TS_ABS_MAX_S < ts < TS_ABS_MAX_S
+             else -1)  # out of range: the generic path rejects it
+    if not (k.lo_ok <= ts_us < k.hi_ok):
+        if k.tmin <= ts_us <= k.tmax:
+            k.records += 1
+            k.filtered["time"] += 1
+            return True
+        return False
+    if k.sampling and not sample_keep(msm, prb, ts_us, k.threshold):
+        k.records += 1
+        k.filtered["sample"] += 1
+        return True
+    dst = r.dst_addr
+    dinfo = k.aget(dst)
+    if dinfo is None and dst:
+        dinfo = k.lookup(dst)
+    if dinfo is None:
+        return False
+    af = r.af
+    if k.af_keep and af != k.af_keep:
+        k.records += 1
+        k.filtered["af"] += 1
+        return True
+    if dinfo[1] != af:
+        return False
+    sinfo = k.aget(r.src_addr) if k.auto_src else None
+    if sinfo is not None and sinfo[3] == af:  # the common case: a public src_addr seen before
+        src, add_from, add_priv = sinfo[4], 0, 0
+    else:
+        src, add_from, add_priv = _fast_source(k, r, af)
+        if src is None:
+            return False
+    # written: nothing below can reject (msgspec checked size and every packet)
+    size = r.size
+    rtts, rtt_append = k.rtts, k.rtt_append
+    n0 = len(rtts)
+    err = 0
+    for e in r.result:
+        rt = e.rtt
+        if rt is not UNSET:
+            if e.late is not UNSET:
+                k.late += 1
+            if e.dup:
+                k.dup += 1
+                if k.drop_dups:
+                    k.dup_drop += 1
+                    continue
+            rtt_append(rt)
+        elif e.error is not UNSET:
+            err += 1
+            rtt_append(-1.0)
+        elif e.x is not UNSET:
+            rtt_append(-1.0)
+        else:
+            k.other += 1
+            if e.late is not UNSET:
+                k.late += 1
+            rtt_append(-1.0)
+    k.results_append((msm, ts_us, src, dinfo[4], af, 0 if size is None else size, err, prb, len(rtts) - n0))
+    k.records += 1
+    k.src_from += add_from
+    k.src_private += add_priv
+    return True
+
+
+def _fast_source(k: _Run, r, af: int) -> tuple[str | None, int, int]:
+    """(source, taken from `from`, private) of struct `r`; None when the generic path must decide."""
+    aget, lookup = k.aget, k.lookup
+    if not k.auto_src:
+        s = r.from_ if k.src_mode == "from" else (r.src_addr or r.srcaddr)
+        sinfo = lookup(s)
+        if sinfo is not None and sinfo[1] == af:
+            return sinfo[4], 0, 0 if sinfo[2] else 1
+        return None, 0, 0
+    s = r.src_addr
+    sinfo = aget(s)
+    if sinfo is not None and sinfo[3] == af:
+        return sinfo[4], 0, 0
+    if sinfo is None:
+        if not s:
+            s = r.srcaddr
+        sinfo = lookup(s)
+    f = r.from_
+    finfo = aget(f)
+    if finfo is None:
+        finfo = lookup(f)
+    if sinfo is not None and sinfo[3] == af:
+        return sinfo[4], 0, 0
+    if finfo is not None and finfo[3] == af:
+        return finfo[4], 1, 0
+    if sinfo is not None and sinfo[1] == af:
+        return sinfo[4], 0, 1
+    if finfo is not None and finfo[1] == af:
+        return finfo[4], 1, 1
+    return None, 0, 0
+
+
+# ---------------------------------------------------------------- the generic path
+
+
+def _generic_result(k: _Run, d, line: int, raw) -> None:
+    """The rules on one decoded result `d` (counted by the caller): written, summary-only,
+    filtered or rejected with its reason. `raw`: the line, when `d` is all of it."""
+    if type(d) is not dict:
+        return k.reject("not_an_object", line, raw, d)
+    t = d.get("type")
+    if t != "ping" and t is not None:
+        return k.reject("not_ping", line, raw, d)
+    msm = d.get("msm_id")
+    if type(msm) is not int or not (0 <= msm <= I64):
+        return k.reject("bad_msm_id", line, raw, d)
+    if k.msm_set and msm not in k.msm_set:
+        k.filtered["msm"] += 1
+        return None
+    prb = d.get("prb_id")
+    if (type(prb) is not int or not (0 <= prb <= I64)) and prb is not None:
+        return k.reject("bad_prb_id", line, raw, d)
+    if k.prb_set and prb not in k.prb_set:
+        k.filtered["probe"] += 1
+        return None
+    ts = d.get("timestamp")
+    if type(ts) is int:
+        ts_us = ts * 1_000_000
+    elif type(ts) is float and -TS_ABS_MAX_S < ts < TS_ABS_MAX_S:
+        ts_us = round(ts * 1_000_000)
+    else:
+        return k.reject("bad_time", line, raw, d)
+    if not (k.lo_ok <= ts_us < k.hi_ok):
+        if not (k.tmin <= ts_us <= k.tmax):
+            return k.reject("bad_time", line, raw, d)
+        k.filtered["time"] += 1
+        return None
+    if k.sampling and not sample_keep(msm, prb, ts_us, k.threshold):
+        k.filtered["sample"] += 1
+        return None
+    dinfo = _destination(k, d, line, raw)
+    if dinfo is None:
+        return None
+    # address family: af (>= 4460) / pf (4400) / mode ICMP4|ICMP6 / destination
+    af = d.get("af")
+    if af is None:
+        af = d.get("pf")
+        if af is None:
+            mode = d.get("mode")
+            af = 4 if mode == "ICMP4" else 6 if mode == "ICMP6" else dinfo[1]
+    if type(af) is not int or (af != 4 and af != 6):
+        return k.reject("bad_af", line, raw, d)
+    if k.af_keep and af != k.af_keep:
+        k.filtered["af"] += 1
+        return None
+    if dinfo[1] != af:
+        return k.reject("af_mismatch", line, raw, d, "dst_addr")
+    res = d.get("result")
+    if type(res) is not list:
+        # summary-only firmware has no `result` key at all; a `result` that is
+        # there but not a list ("abc", {}, null) is damage, not an old format
+        if "result" not in d and ("avg" in d or "min" in d or "max" in d):
+            k.summary += 1  # oldest firmware: summary only, no per-packet list
+            return None
+        return k.reject("no_result", line, raw, d)
+    src = _auto_source(k, d, af, line, raw) if k.auto_src else _chosen_source(k, d, af, line, raw)
+    if src is None:
+        return None
+    size = d.get("size", 0)
+    if type(size) is not int or not (0 <= size <= I64):
+        if size is not None:
+            return k.reject("bad_size", line, raw, d)
+        size = 0
+    _packets(k, d, res, line, raw, (msm, ts_us, src, dinfo[4], af, size))
+    return None
+
+
+def _destination(k: _Run, d: dict, line: int, raw):
+    """The destination's address info: dst_addr (fw >= 4460) / addr (older); else an IP-literal
+    name. None when rejected."""
+    dst = d.get("dst_addr")
+    try:
+        dinfo = k.aget(dst)
+    except TypeError:  # unhashable junk
+        dinfo = None
+    if dinfo is not None:
+        return dinfo
+    if dst is None or dst == "":
+        dst = d.get("addr")
+    if dst is None or dst == "":
+        name = d.get("dst_name")
+        if name is None or name == "":
+            name = d.get("name")
+        field_, text, missing = "dst_name", name, "no_dst_addr"
+    else:
+        field_, text, missing = "dst_addr", dst, "bad_dst_addr"
+    dinfo = k.lookup(text)
+    if dinfo is None:
+        v4 = ipv4_mapped(text)
+        if v4 is not None:
+            k.reject("ipv4_mapped", line, raw, d, _mapped(field_, text, v4))
+        else:
+            k.reject(missing, line, raw, d)
+    return dinfo
+
+
+def _auto_source(k: _Run, d: dict, af: int, line: int, raw) -> str | None:
+    """`--src-field auto`: a public src_addr, else a public `from`, else a private src_addr, else
+    `from`; None when rejected."""
+    aget, lookup = k.aget, k.lookup
+    s = d.get("src_addr")
+    try:
+        sinfo = aget(s)
+    except TypeError:
+        sinfo = None
+    if sinfo is not None and sinfo[3] == af:
+        return sinfo[4]
+    if sinfo is None:  # missing, old name, not cached yet, or junk
+        if s is None or s == "":
+            s = d.get("srcaddr")
+        sinfo = lookup(s)
+    f = d.get("from")
+    try:
+        finfo = aget(f)
+    except TypeError:
+        finfo = None
+    if finfo is None:
+        finfo = lookup(f)
+    if sinfo is not None and sinfo[3] == af:
+        return sinfo[4]
+    if finfo is not None and finfo[3] == af:
+        k.src_from += 1
+        return finfo[4]
+    if sinfo is not None and sinfo[1] == af:
+        k.src_private += 1
+        return sinfo[4]
+    if finfo is not None and finfo[1] == af:
+        k.src_from += 1
+        k.src_private += 1
+        return finfo[4]
+    detail = "src_addr/from"
+    if (s is None or s == "") and (f is None or f == ""):
+        why = "no_src_addr"
+    elif sinfo is not None or finfo is not None:
+        why = "af_mismatch"
+    elif ipv4_mapped(s) or ipv4_mapped(f):
+        why = "ipv4_mapped"
+        detail = _mapped("src_addr", s, ipv4_mapped(s)) if ipv4_mapped(s) else _mapped("from", f, ipv4_mapped(f))
+    else:
+        why = "bad_src_addr"
+    k.reject(why, line, raw, d, detail)
+    return None
+
+
+def _chosen_source(k: _Run, d: dict, af: int, line: int, raw) -> str | None:
+    """`--src-field from|src_addr`: that field only; None when rejected."""
+    src_mode = k.src_mode
+    if src_mode == "from":
+        s = d.get("from")
+    else:
+        s = d.get("src_addr")
+        if s is None or s == "":
+            s = d.get("srcaddr")
+    if s is None or s == "":
+        k.reject("no_src_addr", line, raw, d, src_mode)
+        return None
+    sinfo = k.lookup(s)
+    if sinfo is None:
+        v4 = ipv4_mapped(s)
+        if v4 is not None:
+            k.reject("ipv4_mapped", line, raw, d, _mapped(src_mode, s, v4))
+        else:
+            k.reject("bad_src_addr", line, raw, d, src_mode)
+        return None
+    if sinfo[1] != af:
+        k.reject("af_mismatch", line, raw, d, src_mode)
+        return None
+    if not sinfo[2]:
+        k.src_private += 1
+    return sinfo[4]
+
+
+def _packets(k: _Run, d: dict, res: list, line: int, raw, head: tuple) -> None:
+    """The packets of a result whose other fields passed: its RTTs appended and the result
+    written (`head`: msm, time, source, destination, af, size), or rejected whole (bad_packet,
+    bad_rtt) with the rare-kind counts of the packets before the bad one taken back.
+    Replies/timeouts/errors are read off the RTT column per batch; only the rare kinds (dup,
+    late, other) are counted here."""
+    rtts, rtt_append, drop_dups = k.rtts, k.rtt_append, k.drop_dups
+    n0 = len(rtts)
+    err = 0
+    try:
+        for e in res:
+            r = e.get("rtt")  # AttributeError: not an object
+            if r is not None:
+                tr = type(r)
+                if tr is float:
+                    if not (0.0 <= r <= MAX_RTT_MS):  # also NaN and inf
+                        raise ValueError
+                elif tr is int:
+                    if not (0 <= r <= MAX_RTT_MS):
+                        raise ValueError
+                    r = float(r)
+                else:
+                    raise ValueError
+                if len(e) > 1:
+                    if "late" in e:
+                        k.late += 1
+                    if e.get("dup"):
+                        k.dup += 1
+                        if drop_dups:
+                            k.dup_drop += 1
+                            continue
+                rtt_append(r)
+            elif "error" in e:
+                err += 1
+                rtt_append(-1.0)
+            elif "x" in e:
+                rtt_append(-1.0)
+            elif "rtt" in e:  # "rtt": null
+                raise ValueError
+            else:  # e.g. {"late": n} without rtt, or {}: no usable RTT
+                k.other += 1
+                if "late" in e:
+                    k.late += 1
+                rtt_append(-1.0)
+    except (AttributeError, ValueError) as ex:
+        del rtts[n0:]
+        dup, dup_drop, late, other = _packet_prefix_counts(res, drop_dups)
+        k.dup -= dup
+        k.dup_drop -= dup_drop
+        k.late -= late
+        k.other -= other
+        k.reject("bad_packet" if isinstance(ex, AttributeError) else "bad_rtt", line, raw, d)
+        return
+    msm, ts_us, src, dst, af, size = head
+    k.results_append((msm, ts_us, src, dst, af, size, err, d.get("prb_id"), len(rtts) - n0))
 
 
 def reconcile(c: dict) -> list[str]:

@@ -18,6 +18,7 @@ from pingctl.artifacts.table import check_not_raw_results, is_splits_dir
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
 from pingctl.inspect.export import describe_export
+from pingctl.inspect.groups import group_stats
 from pingctl.inspect.outputs import describe_distribution, describe_predictions
 from pingctl.inspect.records import describe_rows
 from pingctl.inspect.run import describe_run
@@ -82,3 +83,13 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
     if kind == "splits":
         return describe_splits(path, sample)
     return {"kind": "table", "path": str(path), **describe_table([path], sample)}
+
+
+def describe_groups(path: Path, by: str, limit: int = 20, out: Path | None = None) -> dict:
+    """`inspect TABLE --by pair|probe|destination`: statistics per group of a canonical table."""
+    kind = detect(path)
+    if kind == "splits":
+        raise UsageError(f"{path}: --by groups one table; give one split, e.g. {Path(path) / 'train'}")
+    if kind != "table":
+        raise UsageError(f"{path}: --by groups the rows of a canonical Parquet table, not of a {kind} output")
+    return group_stats([Path(path)], by, limit, out)

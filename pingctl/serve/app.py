@@ -1,35 +1,43 @@
 """The FastAPI application of `pingctl serve` (docs/serve.md): `create_app(model, ...)`.
 
-Endpoints: POST /rtt (one pair or many), /complete, /search, /score; GET /healthz, /metadata;
-FastAPI's own /docs and /openapi.json. Every model call goes through one `Batcher` (one
-worker thread; concurrent /rtt questions share forward passes); the event loop validates,
-queues and awaits. Prompts are built in the request's thread (NumPy only).
+Routes (`routes.ROUTES`, module-level functions over one `routes.ServeState`): POST /rtt (one
+pair or many), /complete, /search, /score; GET /health (and /healthz), /version, /metadata;
+FastAPI's own /docs and /openapi.json, where every 200 and every error code is typed
+(`responses`).
 
 Errors are JSON, `{"error": {"kind", "message"}}`: a body that fails its checks is 422 naming
-the field (`pairs[3].src: ...`, with FastAPI's `detail` list beside it), a question the run
-cannot answer 422 (`UsageError`) or 400 (`PingctlError`), a body past its bound 413, a full
-queue 503, anything else 500 — and the next request is
-answered as if nothing happened: no exception leaves a request.
+the field (`context[3].prb_id: ...`, with FastAPI's `detail` list beside it), a body that is
+not JSON 422 saying where (line, column) and what, a question the run cannot answer 422
+(`UsageError`) or 400 (`PingctlError`), a body past its bound 413, a full queue or a service
+still warming up 503, anything else 500 — and the next request is answered as if nothing
+happened: no exception leaves a request. One log line per request (`_Guard`).
 """
+
+from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
 
 from pingctl import __version__
+from pingctl.api import Model
 from pingctl.errors import PingctlError, UsageError
 from pingctl.serve import answers as A
+from pingctl.serve import routes as RT
 from pingctl.serve import schemas as S
+from pingctl.serve import warmup as W
 from pingctl.serve.batcher import Batcher, Overloaded
 
 log = logging.getLogger("pingctl.serve")
 
 DESCRIPTION = """A trained pingctl run, answering over HTTP JSON: the RTT distribution of a pair
 (or of many), completions of partial addresses, destinations at an RTT, scores of measurements.
-The answers are those `pingctl sample` prints; docs/serve.md is the manual."""
+The answers are those `pingctl sample` prints; docs/serve.md is the manual. Every error is
+`{"error": {"kind", "message"}}`."""
+
+BODY_KEY = "pingctl.body"  # where _Guard keeps the bytes of a body, for a JSON error's line and column
 
 
 async def _send_json(send, status: int, content: dict, headers: list | None = None) -> None:
@@ -46,8 +54,9 @@ def _error(kind: str, message: str, **extra) -> dict:
 
 class _Guard:
     """Around the whole application: refuses a body past `max_body_bytes` (by its
-    Content-Length at once, or while it streams in), turns an exception no handler took into a
-    500 JSON error instead of a dropped connection, and logs one line per request."""
+    Content-Length at once, or while it streams in), keeps the body's bytes for a JSON error's
+    position, turns an exception no handler took into a 500 JSON error instead of a dropped
+    connection, and logs one line per request."""
 
     def __init__(self, app, max_body_bytes: int, log_requests: bool):
         self.app, self.max_body_bytes, self.log_requests = app, max_body_bytes, log_requests
@@ -57,6 +66,8 @@ class _Guard:
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
         state = {"status": None, "seen": 0, "note": ""}
+        chunks: list[bytes] = []
+        scope[BODY_KEY] = chunks
         too_large = _error("too_large", f"the request body is larger than {self.max_body_bytes:,} bytes "
                                         "(the service's bound: ask for fewer pairs or context rows per request)")
 
@@ -68,12 +79,16 @@ class _Guard:
         async def receiving():
             message = await receive()
             if message["type"] == "http.request":
-                state["seen"] += len(message.get("body", b""))
+                part = message.get("body", b"")
+                state["seen"] += len(part)
                 if state["seen"] > self.max_body_bytes:
                     # an HTTPException passes through FastAPI's body parsing to the 413 handler
                     from starlette.exceptions import HTTPException
 
                     raise HTTPException(413, too_large["error"]["message"])
+                chunks.append(part)
+            elif message["type"] == "http.disconnect":
+                state["note"] = " (the client went away)"
             return message
 
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -91,6 +106,9 @@ class _Guard:
                      1000 * (time.perf_counter() - t0), state["note"])
 
 
+# ------------------------------------------------------------------ errors
+
+
 def _validation_errors(errors) -> list[dict]:
     """FastAPI's error list, JSON-safe and short: where, what, which kind (no echo of the input)."""
     out = []
@@ -100,30 +118,98 @@ def _validation_errors(errors) -> list[dict]:
     return out
 
 
+def _json_error(body: bytes) -> dict | None:
+    """Where and what is wrong with a body that is not JSON: {loc, msg, type} (None if it parses)."""
+    try:
+        json.loads(body)
+    except json.JSONDecodeError as e:
+        return {"loc": ["body"], "msg": f"not valid JSON at line {e.lineno}, column {e.colno} (byte {e.pos}): {e.msg}",
+                "type": "json_invalid", "line": e.lineno, "column": e.colno}
+    except UnicodeDecodeError as e:
+        return {"loc": ["body"], "msg": f"not UTF-8 text at byte {e.start}: {e.reason}", "type": "json_invalid"}
+    except ValueError as e:
+        return {"loc": ["body"], "msg": f"not valid JSON: {e}", "type": "json_invalid"}
+    return None
+
+
+async def on_invalid(request, exc):
+    from fastapi.responses import JSONResponse
+
+    detail = _validation_errors(exc.errors())
+    if any(d["type"] == "json_invalid" for d in detail):
+        found = _json_error(b"".join(request.scope.get(BODY_KEY) or []))
+        detail = [found or {"loc": ["body"], "msg": "not valid JSON", "type": "json_invalid"}]
+    first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+    more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
+    return JSONResponse(_error("usage", f"{A.field_name(first['loc'])}: {first['msg']}{more}", detail=detail),
+                        status_code=422)
+
+
+async def on_refused(request, exc):
+    from fastapi.responses import JSONResponse
+
+    if isinstance(exc, A.FieldError):
+        return JSONResponse(_error("usage", str(exc), detail=[{"loc": list(exc.loc), "msg": exc.msg,
+                                                               "type": exc.type}]), status_code=422)
+    if isinstance(exc, (Overloaded, RT.Warming)):
+        return JSONResponse(_error(exc.kind, str(exc)), status_code=503, headers={"Retry-After": "1"})
+    return JSONResponse(_error(exc.kind, str(exc)), status_code=422 if isinstance(exc, UsageError) else 400)
+
+
+async def on_http_error(request, exc):
+    from fastapi.responses import JSONResponse
+
+    kind = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
+    return JSONResponse(_error(kind, str(exc.detail), detail=exc.detail), status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+# ------------------------------------------------------------------ the application
+
+
+def _warm_up(st: RT.ServeState, forward_batch: int) -> None:
+    """On the worker thread, before any request's job: the warm-up, then ready (or failed:
+    answering anyway, the first requests paying the compilations)."""
+    try:
+        done = W.warm(st.model, st.batcher.max_batch, st.meta["seq_len"], forward_batch, log=log.info)
+        st.warmup.update(done, status="ready")
+        log.info("ready: warm-up of %d calls in %.1f s", done["calls"], done["seconds"])
+    except Exception as e:  # noqa: BLE001 - a failed warm-up is reported by /health, not fatal
+        st.warmup.update(status="failed", error=f"{type(e).__name__}: {str(e)[:300]}")
+        log.warning("warm-up failed (%s: %s); answering anyway", type(e).__name__, e)
+
+
 def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0, max_queued: int = S.MAX_QUEUED,
-               max_body_bytes: int = S.MAX_BODY_BYTES, log_requests: bool = False, calibration=None):
-    """The application answering with `model` (a `pingctl.api.Model` or the `LoadedModel` it
-    holds). `calibration`: a loaded calibration map that /rtt's distributions are recalibrated
-    with (default: the Model's own, if it was given one). `max_batch`: RTT questions per gathered batch (default: the model's batch);
-    `max_wait_ms`: how long the worker waits for more once it has one; `max_queued`: questions
-    waiting past which requests get 503; `log_requests`: one log line per request
-    (logger `pingctl.serve`)."""
+               max_body_bytes: int = S.MAX_BODY_BYTES, log_requests: bool = False, calibration=None,
+               warmup: bool = True):
+    """The application answering with `model` (a `pingctl.api.Model`, or the `LoadedModel` one
+    holds). `calibration`: a loaded calibration map /rtt's distributions are recalibrated with
+    (default: the Model's own). `max_batch`: RTT questions per gathered batch (default: the
+    model's forward batch); `max_wait_ms`: how long the worker waits for more once it has one;
+    `max_queued`: questions waiting past which requests get 503; `log_requests`: one log line
+    per request (logger `pingctl.serve`); `warmup`: compile the batch shapes before /health
+    says ready (False: ready at once, the first requests pay the compilations)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 
-    if calibration is None:
-        calibration = getattr(model, "calibration", None)
-    model = getattr(model, "loaded", model)
+    if not isinstance(model, Model):
+        model = Model(model, calibration)
+    elif calibration is not None:
+        model = Model(model.loaded, calibration)
     if max_wait_ms < 0 or max_body_bytes < 1:
         raise UsageError("max_wait_ms must be >= 0 and max_body_bytes >= 1")
-    batcher = Batcher(max_batch or model.batch, max_wait_ms / 1000.0, max_queued)
-    started = time.time()
+    # the forward batch is not part of Model's metadata: the loaded model's, where it says
+    forward_batch = int(getattr(model.loaded, "batch", 32))
+    batcher = Batcher(max_batch or forward_batch, max_wait_ms / 1000.0, max_queued)
+    st = RT.ServeState(model, batcher, model.metadata(), max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if warmup:
+            batcher.call(lambda: _warm_up(st, forward_batch))  # the worker's first job
+        else:
+            st.warmup.update(status="ready", calls=0, seconds=0.0)
         yield
         await asyncio.to_thread(batcher.close)
 
@@ -132,79 +218,14 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
                   # that answers questions about networks reports nothing anywhere
                   telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False,
                              "auto_configure": False})
-    app.state.model, app.state.batcher = model, batcher
+    app.state.serve, app.state.model, app.state.batcher = st, model, batcher
     app.add_middleware(_Guard, max_body_bytes=max_body_bytes, log_requests=log_requests)
+    app.add_exception_handler(RequestValidationError, on_invalid)
+    app.add_exception_handler(PingctlError, on_refused)
+    app.add_exception_handler(HTTPException, on_http_error)
+    from pingctl.serve.responses import errors
 
-    # ------------------------------------------------------------------ errors
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, exc):
-        detail = _validation_errors(exc.errors())
-        first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
-        more = f" (and {len(detail) - 1} more)" if len(detail) > 1 else ""
-        return JSONResponse(_error("usage", f"{A.field_name(first['loc'])}: {first['msg']}{more}", detail=detail),
-                            status_code=422)
-
-    @app.exception_handler(PingctlError)
-    async def refused(request, exc):
-        if isinstance(exc, A.FieldError):
-            return JSONResponse(_error("usage", str(exc), detail=[{"loc": list(exc.loc), "msg": exc.msg,
-                                                                   "type": exc.type}]), status_code=422)
-        if isinstance(exc, Overloaded):
-            return JSONResponse(_error(exc.kind, str(exc)), status_code=503, headers={"Retry-After": "1"})
-        return JSONResponse(_error(exc.kind, str(exc)), status_code=422 if isinstance(exc, UsageError) else 400)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, exc):
-        kind = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
-        return JSONResponse(_error(kind, str(exc.detail), detail=exc.detail), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
-
-    async def on_worker(fn):
-        """`fn()` on the model's worker thread, awaited."""
-        return await asyncio.wrap_future(batcher.call(fn))
-
-    # ------------------------------------------------------------------ endpoints
-
-    @app.get("/healthz", summary="Liveness and the batcher's figures")
-    async def healthz() -> dict:
-        return {"status": "ok", "run": str(model.run), "step": model.step, "queued": batcher.queued,
-                "max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000, "batcher": dict(batcher.stats),
-                "uptime_s": round(time.time() - started, 3)}
-
-    @app.get("/metadata", summary="The run: step, preset, scheme, seq_len, times, eval headline")
-    async def metadata() -> dict:
-        out = await run_in_threadpool(A.metadata, model, started, calibration)
-        return {**out, "serve": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000,
-                                 "bounds": {"pairs": S.MAX_PAIRS, "context_rows": S.MAX_CONTEXT_ROWS,
-                                            "search_samples": S.MAX_SEARCH_SAMPLES, "score_rows": S.MAX_SCORE_ROWS,
-                                            "body_bytes": max_body_bytes, "queued": batcher.max_queued}}}
-
-    @app.post("/rtt", summary="RTT distribution of one pair or many (pingctl sample --src/--dst, --pairs)")
-    async def rtt(body: S.RttRequest) -> dict:
-        if missing := body.missing():
-            raise RequestValidationError([{"loc": ("body", name), "msg": "Field required (give src and dst, or pairs)",
-                                           "type": "missing"} for name in missing])
-        questions = body.questions()
-        A.check_times(model, questions, body.pairs is not None)
-        cap = A.per_pair(model, body.context_per_pair)
-        work = await run_in_threadpool(A.rtt_prompts, model, questions, body.context, cap)
-        fn = functools.partial(A.rtt_answers, model, exact=body.exact, calibration=calibration)
-        summaries = await asyncio.wrap_future(batcher.submit(("rtt", body.exact), fn, work.prompts))
-        return A.rtt_response(model, body, work, summaries, cap, calibration)
-
-    @app.post("/complete", summary="Most probable completions of partial addresses (pingctl sample --src 8.8.*.*)")
-    async def complete(body: S.CompleteRequest) -> dict:
-        q = A.complete_question(body)
-        return await on_worker(functools.partial(A.ask, model, q, body.context))
-
-    @app.post("/search", summary="Destinations a source reaches at an RTT (pingctl sample --src IP --rtt 10-30)")
-    async def search(body: S.SearchRequest) -> dict:
-        q = A.search_question(body)
-        return await on_worker(functools.partial(A.ask, model, q, body.context))
-
-    @app.post("/score", summary="Scores of measurements under the model (pingctl.infer.score.score_table)")
-    async def score(body: S.ScoreRequest) -> dict:
-        return await on_worker(functools.partial(A.score_rows, model, body))
-
+    for path, method, fn, model_type, summary, codes in RT.ROUTES:
+        app.add_api_route(path, fn, methods=[method], response_model=model_type, summary=summary,
+                          responses=errors(*codes))
     return app

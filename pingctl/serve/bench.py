@@ -4,7 +4,8 @@ The service runs in this process (uvicorn in a thread, on 127.0.0.1, a free port
 clients run in a child process (`python -m pingctl.serve.load`), so their HTTP and JSON work
 does not share this interpreter's lock with the server's. Each case drives /rtt at a fixed
 number of concurrent clients (keep-alive connections), for at most `requests` requests and
-`seconds` seconds, after an untimed warm-up of the same shapes (compilation is not timed):
+`seconds` seconds, after an untimed warm-up (the service's own, `pingctl.serve.warmup`, once,
+and a few requests of the case's shapes: compilation is not timed):
 
 - `one at a time`: a service with max_batch 1 and one client — each question its own passes;
 - `unbatched, C clients`: max_batch 1 and C clients — concurrency without batching;
@@ -25,13 +26,12 @@ import warnings
 
 import numpy as np
 
+from pingctl.api import Model
 from pingctl.errors import PingctlError, UsageError
-from pingctl.infer import kv_cache
-from pingctl.infer import queries as Q
 from pingctl.processes import die_with_us
+from pingctl.serve import warmup as W
 from pingctl.serve.app import create_app
 from pingctl.serve.server import ServerThread
-from pingctl.tokenizer import Measurements
 
 T0 = 1_704_067_200  # 2024-01-01: context rows must lie in a canonical row's time range
 
@@ -86,35 +86,24 @@ def _get(url: str) -> dict:
 # ----------------------------------------------------------------- the cases
 
 
-def _warm_kv_cache(model, n: int, context: int) -> None:
-    """One untimed batch of `n` context questions: large enough (>= kv_cache.MIN_TOKENS
-    sequence tokens) to build the model's shared key-value cache, which later second-byte
-    passes of long prompts use, batched or not. Without it the cases would differ in whether
-    the cache existed yet (the first batch that is large enough builds it), not in batching."""
-    rows = _context(_pair(0)[0], context)
-    m = Measurements.from_fields([r["src"] for r in rows], [r["dst"] for r in rows], [r["rtt"] for r in rows],
-                                 [r["time"] for r in rows])
-    tokens, last = Q.context_tokens(model, m, model.seq_len - 64, model.max_per_pair, timed=model.timestamps)
-    Q.rtt_distributions_at(model, [Q.query_prefix(*_pair(i), None, tokens, last) for i in range(max(n, 32))])
-
-
 def bench_serve(model, requests: int = 512, clients: int = 32, seconds: float = 15.0, contexts: tuple[int, ...] = (0, 24),
                 max_batch: int | None = None, max_wait_ms: float = 5.0, progress=lambda what: None) -> dict:
     if requests < 1 or clients < 1 or seconds <= 0:
         raise UsageError("--requests and --clients must be >= 1, --seconds > 0")
-    batch = max_batch or model.batch
+    model = model if isinstance(model, Model) else Model(model)
+    forward_batch = int(getattr(model.loaded, "batch", 32))
+    batch = max_batch or forward_batch
     # (case, server max_batch, clients, pairs per request): one server per max_batch, in turn
     cases = [("one at a time", 1, 1, 1), (f"unbatched, {clients} clients", 1, clients, 1),
              (f"micro-batched, {clients} clients", batch, clients, 1), (f"{batch} pairs per request", batch, 1, batch)]
     table: list[dict] = []
-    if max(contexts) > 0:
-        # built before any timed case, so that no case pays for building it; short prompts
-        # still run as whole sequences (the rule is per call: kv_cache.worth_it)
-        progress("building the shared key-value cache")
-        _warm_kv_cache(model, batch, max(contexts))
+    # once, before any timed case, so that no case pays for a compilation or for building the
+    # shared key-value cache; each service below then says ready at once
+    progress("warm-up: the shapes the batches use")
+    W.warm(model, batch, model.metadata()["seq_len"], forward_batch)
     for ctx in sorted(contexts):
         for server_batch in sorted({c[1] for c in cases}):
-            app = create_app(model, max_batch=server_batch, max_wait_ms=max_wait_ms)
+            app = create_app(model, max_batch=server_batch, max_wait_ms=max_wait_ms, warmup=False)
             with ServerThread(app) as srv:
                 for name, mb, n_clients, pairs in cases:
                     if mb != server_batch:
@@ -124,10 +113,9 @@ def bench_serve(model, requests: int = 512, clients: int = 32, seconds: float = 
                     table.append(_case(srv, label, server_batch, n_clients, pairs, ctx, requests, seconds))
     notes = [("pairs_per_s: RTT distributions answered per second (exact at P(failure) and the quantiles, "
               "as `pingctl sample --pairs`); latency: per request, at the client, after an untimed warm-up"),
-             "pairs_per_batch: RTT questions per gathered batch on the model's worker (warm-up included)",
-             ("the model's shared key-value cache is built (untimed) before the cases: a fresh service builds "
-              "it the first time one batch asks for >= 100,000 sequence tokens; from then on it serves the "
-              f"second-byte passes of prompts of >= {kv_cache.MIN_PROMPT} tokens")]
+             "pairs_per_batch: RTT requests' pairs per gathered batch on the model's worker (warm-up included)",
+             ("the service's warm-up (pingctl.serve.warmup: every batch shape, the shared key-value cache) runs "
+              "untimed before the cases, as a fresh `pingctl serve` runs it before /health says ready")]
     for ctx in contexts:
         rows = {r["case"].split(",")[0]: r for r in table if r["case"].endswith(f"ctx {ctx}")}
         one, mb = rows.get("one at a time"), rows.get("micro-batched")

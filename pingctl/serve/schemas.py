@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -52,10 +53,18 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 # once rather than queued for minutes.
 MAX_QUEUED = 16 * MAX_PAIRS
 MAX_TEXT = 64  # characters of an address, pattern or time (the longest IPv6 text is 45)
+# A probe id lands in the canonical table's int64 `prb_id` column (and NumPy int64 arrays on the
+# way): a larger one is refused here by name instead of overflowing there (a 500).
+MAX_PRB_ID = 2**63 - 1
+MAX_SEED = 2**63 - 1  # a NumPy generator's seed, kept within int64 like every other integer
 
 Text = Annotated[StrictStr, Field(max_length=MAX_TEXT)]
+# Times are parsed by `parse_when`, which bounds Unix seconds to +-1e15 (no int64 overflow later)
 Time = Annotated[StrictInt | StrictFloat | StrictStr | None,
-                 Field(description="ISO 8601 (naive = UTC) or Unix seconds", examples=["2024-01-31T12:00:00Z"])]
+                 Field(description="When: ISO 8601 text (naive = UTC) or Unix seconds; null or absent: no time "
+                                   "in the prompt", examples=["2024-01-31T12:00:00Z"])]
+# JSON numbers: an int is a float too; text ("20") and booleans are refused (strict)
+Number = StrictFloat | StrictInt
 
 
 def _whole(text: str) -> str:
@@ -101,8 +110,8 @@ class _Body(BaseModel):
 class Pair(_Body):
     """One RTT question: a source, a destination, and when (None: no time in the prompt)."""
 
-    src: Address = Field(examples=["193.0.0.1"])
-    dst: Address = Field(examples=["8.8.8.8"])
+    src: Address = Field(description="Source: a whole IPv4 or IPv6 address (the probe's)", examples=["193.0.0.1"])
+    dst: Address = Field(description="Destination: a whole address of the source's family", examples=["8.8.8.8"])
     time: Seconds = None
 
     @model_validator(mode="after")
@@ -112,15 +121,29 @@ class Pair(_Body):
         return self
 
 
+class PairIn(_Body):
+    """One pair of a batch as sent: its types are checked with the body (a wrong type is a 422
+    for the whole request); its values (`Pair`'s checks) pair by pair, a bad pair set aside with
+    its reason while the others are answered."""
+
+    src: Text | None = Field(None, description="Source: a whole IPv4 or IPv6 address", examples=["193.0.0.1"])
+    dst: Text | None = Field(None, description="Destination: a whole address of the source's family",
+                             examples=["8.8.8.8"])
+    time: Time = None
+
+
 class ContextRow(_Body):
     """An earlier measurement of a probe, as a canonical row holds it: `rtt` in ms, -1 for a
     failed packet; `prb_id` names the probe (its rows then count for every address it has)."""
 
-    src: Address
-    dst: Address
-    time: Annotated[StrictInt | StrictFloat | StrictStr, Field(description="ISO 8601 or Unix seconds")]
-    rtt: float = Field(description="ms; -1 = the packet failed", examples=[23.4])
-    prb_id: int | None = Field(None, ge=0)
+    src: Address = Field(description="Source address of the measurement (the probe's)")
+    dst: Address = Field(description="Destination address of the measurement")
+    time: Annotated[StrictInt | StrictFloat | StrictStr,
+                    Field(description="When it was measured: ISO 8601 or Unix seconds, 2000-01-01 .. now")]
+    rtt: Number = Field(description="Round-trip time in ms; -1 = the packet failed", examples=[23.4])
+    prb_id: StrictInt | None = Field(None, ge=0, le=MAX_PRB_ID,
+                                     description="The RIPE Atlas probe id (0 .. 2**63-1); its rows then count for "
+                                                 "every address the probe has")
 
     @field_validator("time")
     @classmethod
@@ -150,7 +173,7 @@ class _WithContext(_Body):
         None, max_length=MAX_CONTEXT_ROWS,
         description="Earlier measurements; each question's prompt holds those of its source's probe "
                     "(before its time), as `pingctl sample --context` picks them")
-    context_per_pair: int | None = Field(
+    context_per_pair: StrictInt | None = Field(
         None, ge=0, le=MAX_CONTEXT_ROWS,
         description="At most this many context measurements per (src, dst) pair (default: as the run was "
                     "trained; 0 = no cap)")
@@ -159,12 +182,17 @@ class _WithContext(_Body):
 class RttRequest(_WithContext):
     """One pair (`src`, `dst`, `time`) or many (`pairs`)."""
 
-    src: Address | None = None
-    dst: Address | None = None
+    src: Address | None = Field(None, description="One pair's source: a whole IPv4 or IPv6 address",
+                                examples=["193.0.0.1"])
+    dst: Address | None = Field(None, description="One pair's destination: a whole address of src's family",
+                                examples=["8.8.8.8"])
     time: Seconds = None
-    pairs: list[Pair] | None = Field(None, min_length=1, max_length=MAX_PAIRS)
-    exact: bool = Field(False, description="Every one of the 65,536 codes (the means exact too, ~5x slower); "
-                                           "default: exact at P(failure) and the quantiles")
+    pairs: list[PairIn] | None = Field(
+        None, min_length=1, max_length=MAX_PAIRS,
+        description=f"Many pairs (instead of src/dst/time), at most {MAX_PAIRS:,}: each answered in order; a pair "
+                    "whose values fail the checks is listed in `rejected` with its reason, the others answered")
+    exact: StrictBool = Field(False, description="true: every one of the 65,536 codes (the means exact too, ~5x "
+                                                 "slower); false: exact at P(failure) and the quantiles")
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -182,20 +210,38 @@ class RttRequest(_WithContext):
             return []
         return [n for n in ("src", "dst") if getattr(self, n) is None]
 
-    def questions(self) -> list[Pair]:
-        if self.pairs is not None:
-            return list(self.pairs)
-        return [Pair.model_construct(src=self.src, dst=self.dst, time=self.time)]
+    def questions(self) -> tuple[list[tuple[int, Pair]], list[dict]]:
+        """([(index in the body, pair)] of the pairs that pass `Pair`'s checks; the others as
+        {index, field, reason, message})"""
+        if self.pairs is None:
+            return [(0, Pair.model_construct(src=self.src, dst=self.dst, time=self.time))], []
+        good, bad = [], []
+        for i, p in enumerate(self.pairs):
+            try:
+                good.append((i, Pair.model_validate(p.model_dump(exclude_none=True))))
+            except ValueError as e:  # pydantic's ValidationError: the first problem names the field
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first.get("loc", ()))
+                field = f"pairs[{i}]" + (f".{where}" if where else "")
+                msg = str(first.get("msg", "")).removeprefix("Value error, ")
+                if first.get("type") == "missing":
+                    msg = "Field required"
+                bad.append({"index": i, "field": field, "reason": first.get("type", "value_error"),
+                            "message": f"{field}: {msg}"})
+        return good, bad
 
 
 class CompleteRequest(_WithContext):
     """The `k` most probable (src, dst) filling the patterns (a side left out: any address of
     the other's family), given an RTT if set: `pingctl sample --src 8.8.*.* --dst ...`."""
 
-    src: Text | None = Field(None, examples=["193.0.*.*"])
-    dst: Text | None = Field(None, examples=["8.8.8.8"])
-    rtt: float | None = Field(None, ge=0, le=MAX_MS, description="ms: complete given this RTT")
-    k: int = Field(QS.K, ge=1, le=QS.COMPLETE_BEAM)
+    src: Text | None = Field(None, description="Source: an address or a pattern (8.8.*.*, 193.0.0.0/16); "
+                                               "absent: any address of dst's family", examples=["193.0.*.*"])
+    dst: Text | None = Field(None, description="Destination: an address or a pattern; absent: any address of "
+                                               "src's family", examples=["8.8.8.8"])
+    rtt: Number | None = Field(None, ge=0, le=MAX_MS, description="ms: complete given this RTT (absent: any)")
+    k: StrictInt = Field(QS.K, ge=1, le=QS.COMPLETE_BEAM,
+                         description=f"How many completions, most probable first (1 .. {QS.COMPLETE_BEAM})")
 
     @field_validator("src", "dst")
     @classmethod
@@ -217,12 +263,14 @@ class SearchRequest(_WithContext):
     """Destinations `src` reaches at an RTT (ms, or a range "10-30"): `n` samples drawn at
     `temperature` (seeded), deduplicated, the `k` most probable returned."""
 
-    src: Address = Field(examples=["193.0.0.1"])
-    rtt: float | StrictStr = Field(examples=["10-30"], description="ms (20) or a range (\"10-30\")")
-    n: int = Field(QS.SAMPLES, ge=1, le=MAX_SEARCH_SAMPLES)
-    k: int = Field(QS.K, ge=1, le=MAX_SEARCH_SAMPLES)
-    seed: int = Field(0, ge=0, le=2**63 - 1)
-    temperature: float = Field(1.0, gt=0, le=100)
+    src: Address = Field(description="Source: a whole IPv4 or IPv6 address", examples=["193.0.0.1"])
+    rtt: Number | StrictStr = Field(examples=["10-30"], description="RTT in ms (20) or a range (\"10-30\")")
+    n: StrictInt = Field(QS.SAMPLES, ge=1, le=MAX_SEARCH_SAMPLES,
+                         description=f"Destinations sampled (1 .. {MAX_SEARCH_SAMPLES:,}), then deduplicated")
+    k: StrictInt = Field(QS.K, ge=1, le=MAX_SEARCH_SAMPLES, description="How many candidates, most probable first")
+    seed: StrictInt = Field(0, ge=0, le=MAX_SEED,
+                            description="Seed of the sampling (0 .. 2**63-1): the same seed, the same answer")
+    temperature: Number = Field(1.0, gt=0, le=100, description="Sampling temperature (0 < t <= 100; 1 = the model's)")
 
     @field_validator("rtt")
     @classmethod
@@ -235,15 +283,16 @@ class SearchRequest(_WithContext):
             raise ValueError(str(e).replace("--rtt ", "rtt ", 1)) from None
         return v
 
-    def rtt_bounds(self) -> tuple[float, float]:
-        return QS.rtt_range(str(self.rtt))
-
 
 class ScoreRequest(_Body):
     """Measurements to score (`pingctl.infer.score.score_table`): each row's RTT under the model,
     its prompt holding up to `context` earlier measurements picked by `context_policy`."""
 
-    rows: list[ContextRow] = Field(min_length=1, max_length=MAX_SCORE_ROWS)
-    context: int = Field(16, ge=0, le=MAX_SCORE_CONTEXT)
-    context_policy: Literal["probe", "cold", "none"] = "probe"
-    limit: int | None = Field(None, ge=1, le=MAX_SCORE_ROWS)
+    rows: list[ContextRow] = Field(min_length=1, max_length=MAX_SCORE_ROWS,
+                                   description=f"Measurements to score (1 .. {MAX_SCORE_ROWS:,}), canonical rows")
+    context: StrictInt = Field(16, ge=0, le=MAX_SCORE_CONTEXT,
+                               description="Earlier measurements of the probe (among `rows`) each prompt holds")
+    context_policy: Literal["probe", "cold", "none"] = Field(
+        "probe", description="probe: the probe's preceding rows; cold: none for a probe's first rows; none: no "
+                             "context (as `pingctl score --context-policy`)")
+    limit: StrictInt | None = Field(None, ge=1, le=MAX_SCORE_ROWS, description="Score only the first `limit` rows")

@@ -1,19 +1,102 @@
 """Running the application: a bound socket, uvicorn in the foreground (`pingctl serve`) or in
-a thread (`pingctl bench serve`, the tests).
+a thread (`pingctl bench serve`, the tests), under connection limits.
 
 The socket is bound before the model loads, so an address in use is a one-line error at
 once, not after half a minute of loading; port 0 picks a free port (`ServerThread.port`).
+
+uvicorn (h11) bounds a request head's size and an idle keep-alive connection's life, but not
+the time a head or a body takes to arrive: a client that sends part of its headers and then
+nothing held its connection for ever, and 200 such clients held 200 connections. `Limits`
+adds those two deadlines (a protocol subclass of uvicorn's h11 one) and caps the connections;
+docs/serve.md lists every figure.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 from pingctl.errors import PingctlError, UsageError
 
 START_TIMEOUT_S = 60.0  # uvicorn's start-up (the lifespan, the listening socket): seconds here
+log = logging.getLogger("pingctl.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold (docs/serve.md, "Limits")."""
+
+    # a request head (request line and headers) completes within this many seconds of the
+    # connection opening, or of the previous response on a keep-alive connection
+    header_timeout_s: float = 10.0
+    # a request body, once its head is in, arrives within this many seconds
+    body_timeout_s: float = 30.0
+    # an idle keep-alive connection is closed after this many seconds (uvicorn's timeout_keep_alive)
+    keep_alive_s: int = 5
+    # open connections; one past it is closed at once, and a request while this many
+    # connections or requests are open is answered 503 (uvicorn's limit_concurrency)
+    max_connections: int = 256
+    # bytes of a request head (h11_max_incomplete_event_size); a larger one is a 400
+    max_header_bytes: int = 16 * 1024
+
+
+def _protocol(limits: Limits):
+    """uvicorn's h11 protocol with a deadline on each request head and body."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Bounded(H11Protocol):
+        _deadline = None
+        _waiting_for: str | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                log.warning("closed a connection: %d open (bound %d)", len(self.connections), limits.max_connections)
+                self.transport.close()
+                return
+            self._watch()
+
+        def connection_lost(self, exc) -> None:
+            self._arm(None)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._watch()
+
+        def _watch(self) -> None:
+            """Arm the deadline of what the connection waits for from the client: a head
+            (h11 IDLE), a body (SEND_BODY); none while the application answers. An armed
+            deadline is not moved by more bytes of the same head or body."""
+            state = self.conn.their_state
+            want = "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
+            if want != self._waiting_for:
+                self._arm(want)
+
+        def _arm(self, want: str | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline, self._waiting_for = None, want
+            if want is not None:
+                seconds = limits.header_timeout_s if want == "head" else limits.body_timeout_s
+                self._deadline = self.loop.call_later(seconds, self._expired, want, seconds)
+
+        def _expired(self, want: str, seconds: float) -> None:
+            self._deadline = None
+            if self.transport is not None and not self.transport.is_closing():
+                if want == "body" or self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
+                    log.info("closed a connection: its request %s did not arrive within %g s", want, seconds)
+                self.transport.close()
+
+    return Bounded
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -43,26 +126,28 @@ def url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _server(app, log: bool):
+def _server(app, log: bool, limits: Limits):
     import uvicorn
 
     # access_log off: the application logs its own one line per request (create_app(log_requests=))
     config = uvicorn.Config(app, log_level="info" if log else "warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=10, http=_protocol(limits),
+                            timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.max_connections,
+                            h11_max_incomplete_event_size=limits.max_header_bytes)
     return uvicorn.Server(config)
 
 
-def serve_forever(app, sock: socket.socket, log: bool = True) -> None:
+def serve_forever(app, sock: socket.socket, log: bool = True, limits: Limits = Limits()) -> None:
     """uvicorn on `sock` until Ctrl-C or SIGTERM (it finishes the requests in flight)."""
-    _server(app, log).run(sockets=[sock])
+    _server(app, log, limits).run(sockets=[sock])
 
 
 class ServerThread:
     """`with ServerThread(app) as s: ... s.url ...`: the application served on 127.0.0.1 (a
     free port unless one is given) in a daemon thread, stopped and joined on exit."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log: bool = False):
-        self.app, self.host, self.port_asked, self.log = app, host, port, log
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log: bool = False, limits: Limits = Limits()):
+        self.app, self.host, self.port_asked, self.log, self.limits = app, host, port, log, limits
         self.sock = self.server = self.thread = None
         self.port = None
 
@@ -73,7 +158,7 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         self.sock = bind(self.host, self.port_asked)
         self.port = self.sock.getsockname()[1]
-        self.server = _server(self.app, self.log)
+        self.server = _server(self.app, self.log, self.limits)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="pingctl-serve", daemon=True)
         self.thread.start()
@@ -84,6 +169,25 @@ class ServerThread:
                 raise PingctlError(f"the service on {self.host}:{self.port} did not start within {START_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
         return self
+
+    def wait_ready(self, timeout: float = 600.0) -> dict:
+        """Poll GET /health until it says ready (or failed); its answer."""
+        import http.client
+        import json
+
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                conn.request("GET", "/health")
+                health = json.loads(conn.getresponse().read())
+            finally:
+                conn.close()
+            if health.get("status") != "warming":
+                return health
+            if time.monotonic() > deadline:
+                raise PingctlError(f"the service on {self.host}:{self.port} was still warming up after {timeout:.0f} s")
+            time.sleep(0.1)
 
     def __exit__(self, *exc) -> None:
         if self.server is not None:

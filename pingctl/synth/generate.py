@@ -10,6 +10,7 @@ chunk size and the bytes depend only on (seed, config).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Callable
 import numpy as np
 
 from pingctl import __version__
-from pingctl.atomic import atomic_dir, check_replaceable, MANIFEST, write_json
+from pingctl.atomic import atomic_dir, check_replaceable, is_pingctl_output, MANIFEST, write_json
+from pingctl.errors import UsageError
 from pingctl.schema.columns import arrow_schema, FAILED_RTT
 from pingctl.schema.parquet import WRITE_OPTIONS
 from pingctl.synth import model as M
@@ -197,6 +199,8 @@ def generate(cfg, out: Path, force: bool = False, progress: Progress = _noop) ->
 
     out = Path(out)
     check_replaceable(out, force)
+    if not force:
+        check_no_other_world(out, cfg)
     t0 = time.perf_counter()
     w = build_world(cfg)
     a = _Arrays(w)
@@ -233,7 +237,7 @@ def generate(cfg, out: Path, force: bool = False, progress: Progress = _noop) ->
         gen_s = time.perf_counter() - t0
         summary = _summary(cfg, w, stats, files, truth_files, t_first, t_last)
         manifest = {
-            "kind": "pingctl synth",
+            "kind": KIND,
             "pingctl_version": __version__,
             "seed": cfg.seed,
             "config": cfg.model_dump(mode="json"),
@@ -248,6 +252,35 @@ def generate(cfg, out: Path, force: bool = False, progress: Progress = _noop) ->
     summary["rows_per_s"] = int(summary["rows"] / elapsed) if elapsed > 0 else 0
     summary["bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     return summary
+
+
+KIND = "pingctl synth"
+
+
+def check_no_other_world(out: Path, cfg) -> None:
+    """Refuse to replace another world, or any other pingctl output, at `out` (--force does):
+    splits and rows built from it would silently stop matching it. The same world again (same
+    config, same model constants: the same bytes) may be written over itself, so a script that
+    regenerates its world reruns."""
+    if not out.is_dir() or not any(out.iterdir()) or not is_pingctl_output(out):
+        return  # absent or empty; a directory pingctl did not write is check_replaceable's
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        kind = manifest.get("kind") if isinstance(manifest, dict) else None
+        raise UsageError(f"-o {out} holds a pingctl output that is not a synth world{f' ({kind})' if kind else ''}: "
+                         "choose another output directory, or pass --force to replace it")
+    old, new = manifest.get("config") or {}, cfg.model_dump(mode="json")
+    if old == new and manifest.get("model") == _model_constants():
+        return
+    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    why = ", ".join(changed) if changed else "the same config under other model constants (another pingctl)"
+    rows = manifest.get("rows")
+    raise UsageError(f"-o {out} holds another synth world ({f'{rows:,} rows' if isinstance(rows, int) else 'a world'}; "
+                     f"this one differs: {why}); splits and rows built from it would no longer match it. "
+                     "Pass --force to replace it, or choose another output directory")
 
 
 def _iso(us: int | None) -> str | None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from pingctl.tokenizer import layout
 from pingctl.tokenizer.measurements import MeasurementError, Measurements
-from pingctl.tokenizer.rtt_codec import encode_rtt
+from pingctl.tokenizer.rtt_codec import token_codes
 from pingctl.tokenizer.vocab import COMPACT, C
 
 BLOCKS = ("src", "dst", "result", "time")
@@ -97,7 +97,7 @@ def encode(m: Measurements, rng=None, order=None, context_starts=None) -> layout
     failed = m.rtt_ms < 0
     w(tokens, starts[failed, RESULT], [C.Failed])
     ok = ~failed
-    codes = encode_rtt(m.rtt_ms[ok])
+    codes = token_codes(m.rtt_ms[ok])  # clamped at the ceiling the grammar and the read-out share
     w(tokens, starts[ok, RESULT], [C.RttStart], layout.be_bytes(codes, ">u2"), off)
 
     for k, dtype in ((ABS, ">i8"), (DELTA1, ">u1"), (DELTA4, ">u4")):

@@ -20,7 +20,7 @@ from pingctl.tokenizer import compact, full
 from pingctl.tokenizer.layout import from_be_bytes
 from pingctl.schema.columns import FAILED_RTT
 from pingctl.tokenizer.measurements import Measurements
-from pingctl.tokenizer.rtt_codec import decode_rtt
+from pingctl.tokenizer.rtt_codec import POSSIBLE_FIRST_BYTES, decode_rtt
 from pingctl.tokenizer.spec import IPV6, SchemeSpec, get_spec
 
 ERROR_KINDS = {
@@ -35,6 +35,7 @@ ERROR_KINDS = {
     "family_mismatch": "source and destination address families differ",
     "delta_without_reference": "a timestamp delta before any absolute timestamp in the context",
     "trailing_tokens": "tokens after the last field of a measurement",
+    "impossible_rtt": "an RTT first byte no token stream carries (a code above the ceiling or not canonical)",
 }
 _KIND = list(ERROR_KINDS)
 _CODE = {k: i + 1 for i, k in enumerate(_KIND)}  # 0 = no error
@@ -166,6 +167,12 @@ def decode(tokens, scheme: str = "compact") -> Decoded:
         pos[clash] = c[clash] + hdr[clash] - 1
         pstart = c + hdr
         bend = pstart + np.maximum(plen, 0)
+        if scheme == "compact":
+            # the grammar judges the RTT's first byte before any later byte of the field
+            rb = (code == 0) & (blk == compact.RESULT) & (plen == 2) & (pstart < end)
+            t1 = tc[np.minimum(pstart, L - 1)]
+            bad = rb & (t1 >= off) & (t1 < V) & ~POSSIBLE_FIRST_BYTES[np.clip(t1 - off, 0, 255)]
+            code[bad], pos[bad] = _CODE["impossible_rtt"], pstart[bad]
         nb = (code == 0) & (nonbyte_cum[np.minimum(bend, end)] > nonbyte_cum[np.minimum(pstart, end)])
         if nb.any():
             code[nb] = _CODE["non_byte_in_field"]
@@ -307,6 +314,8 @@ def _message(spec: SchemeSpec, tok, kind: str, pos: int, block: int) -> str:
         return f"measurement has no {field_name} field"
     if kind == "family_mismatch":
         return f"source and destination address families differ (at {pos})"
+    if kind == "impossible_rtt":
+        return f"{name} at {pos}: no RTT code up to the ceiling starts with this byte"
     if kind == "delta_without_reference":
         return f"{name} at {pos} has no earlier absolute timestamp to count from"
     return f"{ERROR_KINDS.get(kind, kind)} (at {pos})"

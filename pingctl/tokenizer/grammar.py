@@ -11,14 +11,18 @@ sampler can afford one per generated token. The rules (docs/tokenizer.md, "Gramm
 - src and dst have the same address family (Atlas pings are single-family, and the
   canonical table rejects mixed rows);
 - compact: TimestampDelta1/Delta4 only after an earlier timestamp in the context;
-  ThroughputStart is reserved and never legal.
+  ThroughputStart is reserved and never legal;
+- compact: an RTT's first byte is one of `rtt_codec.POSSIBLE_FIRST_BYTES` (a canonical code
+  at most the ceiling, what `token_codes` emits).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pingctl.tokenizer import compact
 from pingctl.tokenizer.decode import DecodeError, decode
+from pingctl.tokenizer.rtt_codec import POSSIBLE_FIRST_BYTES
 from pingctl.tokenizer.spec import SchemeSpec, get_spec
 
 _START, _BETWEEN, _FAMILY, _BYTES = range(4)
@@ -67,7 +71,7 @@ class GrammarState:
         key = (self.spec.scheme, self.phase, self.seen if self.phase == _BETWEEN else 0,
                self.fam, self.has_ref, self.block if self.phase == _FAMILY else -1)
         if self.phase == _BYTES:
-            key = (self.spec.scheme, _BYTES)
+            key = (self.spec.scheme, _BYTES, self._rtt_first_byte())
         m = self._masks.get(key)
         if m is None:
             m = self._compute_mask()
@@ -78,11 +82,14 @@ class GrammarState:
     def allowed(self) -> list[int]:
         return np.flatnonzero(self.mask()).tolist()
 
+    def _rtt_first_byte(self) -> bool:
+        return self.spec.scheme == "compact" and self.block == compact.RESULT and self.remaining == 2
+
     def _compute_mask(self) -> np.ndarray:
         spec, v = self.spec, self.spec.vocab
         m = np.zeros(v.size, bool)
         if self.phase == _BYTES:
-            m[v.byte_offset :] = True
+            m[v.byte_offset :] = POSSIBLE_FIRST_BYTES if self._rtt_first_byte() else True
             return m
         if self.phase == _FAMILY:
             for t in range(v.size):

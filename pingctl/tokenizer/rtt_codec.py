@@ -11,7 +11,14 @@ mantissa m (0..2047). Encoding rounds to the nearest representable value (ties t
   saturates at 0xFFFF.
 
 Non-canonical codes (e > 0 with m < 1024) never come out of the encoder but decode to
-their value like any other code, so every 16-bit pattern is a legal RTT.
+their value like any other code.
+
+What a token stream may carry is narrower than what the code can express: `token_codes`
+clamps RTTs at CEILING_MS (2047 * 2**15 us = 67.08 s, the largest code with e <= 15, i.e.
+every code below 0x8000) and emits canonical codes only, so of the 256 first bytes exactly
+the 68 in POSSIBLE_FIRST_BYTES ever occur. The grammar forbids the other 188 and the RTT
+read-out renormalises over the 68: a model's small floor on each byte it never saw would
+otherwise add up to visible mass at hours and days (docs/tokenizer.md, "RTT ceiling").
 """
 
 from __future__ import annotations
@@ -24,6 +31,15 @@ MAX_CODE = 0xFFFF
 MAX_US = 2047 * 2**31  # 4,395,899,027,456 us = 50.88 days
 MAX_MS = MAX_US / 1000.0
 _SAT_MS = 2.0**44 / 1000.0  # any ms at or above this encodes as MAX_CODE
+
+# Above any RTT a ping returns: RIPE Atlas pings time out within seconds, the largest reply
+# in the shared and held-back sets is 11.5 s, and the read-out already treated mass past
+# 60 s as the model's error. First-byte aligned (exponent <= 15), so the ceiling splits no
+# first byte between possible and impossible codes.
+CEILING_EXPONENT = 15
+CEILING_CODE = (CEILING_EXPONENT << MANTISSA_BITS) | 0x7FF  # 0x7FFF
+CEILING_US = 2047 * 2**CEILING_EXPONENT  # 67,076,096 us
+CEILING_MS = CEILING_US / 1000.0
 
 
 def encode_rtt(rtt_ms) -> np.ndarray:
@@ -50,6 +66,32 @@ def decode_rtt(codes) -> np.ndarray:
     c = np.asarray(codes).astype(np.int64)
     us = np.ldexp((c & 0x7FF).astype(np.float64), (c >> MANTISSA_BITS).astype(np.int32))
     return us / 1000.0
+
+
+def token_codes(rtt_ms) -> np.ndarray:
+    """The codes a token stream carries: `encode_rtt` of min(rtt, CEILING_MS), so every code
+    is canonical and at most CEILING_CODE (NaN and +inf become the ceiling too)."""
+    return encode_rtt(np.fmin(np.asarray(rtt_ms, dtype=np.float64), CEILING_MS))
+
+
+def _possible_first_bytes() -> np.ndarray:
+    b = np.arange(256)
+    e, m_hi = b >> (MANTISSA_BITS - 8), b & 0x7
+    ok = (e <= CEILING_EXPONENT) & ((e == 0) | (m_hi >= 4))  # e > 0 needs a mantissa >= 1024
+    ok.flags.writeable = False
+    return ok
+
+
+POSSIBLE_FIRST_BYTES = _possible_first_bytes()  # bool[256], 68 True
+
+
+def possible_first_bytes(p1) -> np.ndarray:
+    """P(first RTT byte) [..., 256] restricted to POSSIBLE_FIRST_BYTES and renormalised: the
+    distribution an answer reads (uniform over them where a row holds no mass there)."""
+    p = np.where(POSSIBLE_FIRST_BYTES, np.asarray(p1, dtype=np.float64), 0.0)
+    total = p.sum(axis=-1, keepdims=True)
+    flat = POSSIBLE_FIRST_BYTES / POSSIBLE_FIRST_BYTES.sum()
+    return np.where(total > 0, p / np.where(total > 0, total, 1.0), flat)
 
 
 def error_bound_ms(rtt_ms) -> np.ndarray:

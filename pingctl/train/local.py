@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from pingctl.artifacts.records import check_files, read_manifest
-from pingctl.artifacts.run import CONFIG, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps, has_run_traces, tensorboard_dir
+from pingctl.artifacts.run import (CONFIG, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps,
+                                  has_run_traces, read_config_doc, tensorboard_dir, write_config)
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
@@ -102,9 +101,8 @@ def _check_resume(cfg: Config, run: Path, new: dict) -> None:
         return
     old_path = run / CONFIG
     try:
-        old = yaml.safe_load(old_path.read_text())
-        old_shape = _shape(old)
-    except (OSError, yaml.YAMLError, TypeError, KeyError, AttributeError):
+        old_shape = _shape(read_config_doc(old_path))
+    except (PingctlError, TypeError, KeyError, AttributeError):
         raise PingctlError(
             f"{old_path}: missing or damaged, so the checkpoints in {run} cannot be resumed safely; "
             "use --fresh to start over or choose another --run-dir"
@@ -147,8 +145,7 @@ def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False, dry_run: bool =
     if fresh and run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True, exist_ok=True)
-    with atomic_file(run / CONFIG) as tmp:
-        tmp.write_text(yaml.safe_dump(new, sort_keys=False))
+    write_config(run / CONFIG, new)
     with atomic_file(run / MAXTEXT_YML) as tmp:
         tmp.write_text(maxtext)
     return run

@@ -220,12 +220,20 @@ def tensorboard_records(tb_dir: Path) -> list[dict]:
 def run_history(run: Path, log_records: list[dict] | None = None) -> list[dict]:
     """Every train and eval record of a run across its invocations, one per (kind, step).
 
-    From the TensorBoard events when they hold any; otherwise (see the module docstring)
-    metrics.jsonl merged with `log_records`, by default those of the whole train.log."""
+    From the TensorBoard events when they hold any, plus the records of `log_records` (those
+    of the invocation that just ended) past the events' last step; otherwise (see the module
+    docstring) metrics.jsonl merged with `log_records`, by default those of the whole train.log.
+
+    MaxText logs a step's line before it writes the step's events (MetricLogger.write_metrics:
+    log_metrics, then write_metrics_to_tensorboard), so a worker stopped between the two (Ctrl-C,
+    which terminates it; a kill; a preemption) leaves its last step in train.log only: the
+    log's record stands in for it, or the run's history would lack a step its log and the live
+    view showed."""
     run = Path(run)
     records = tensorboard_records(tensorboard_dir(run))
     if records:
-        return records
+        last = records[-1]["step"]
+        return merge(records, [r for r in log_records or () if r["step"] > last])
     if log_records is None:
         log_records = parse_log(run / LOG).records if (run / LOG).exists() else []
     return merge(read_jsonl(run / METRICS), log_records)

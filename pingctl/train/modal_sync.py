@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from pingctl.artifacts.records import destination_rows, read_manifest
 from pingctl.artifacts.run import (COMMITTED, CONFIG, LOG, LOSS_PLOT, MAXTEXT_RUN_NAME, MAXTEXT_YML, METRICS, STOPPED,
-                                   SUMMARY, checkpoint_steps, checkpoints_dir)
+                                   SUMMARY, checkpoint_steps, checkpoints_dir, read_config, read_config_doc,
+                                   write_config)
 from pingctl.atomic import MANIFEST, atomic_dir, atomic_file, write_json
 from pingctl.config import Config, TrainConfig
 from pingctl.errors import PingctlError, UsageError
@@ -270,8 +269,8 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
                            f"{checkpoints_dir(run)} first")
     if (run / CONFIG).is_file():
         try:
-            target = (yaml.safe_load((run / CONFIG).read_text()) or {}).get("train", {}).get("target")
-        except (yaml.YAMLError, AttributeError):
+            target = read_config_doc(run / CONFIG).get("train", {}).get("target")
+        except (PingctlError, AttributeError):
             target = None
         if target not in ("modal", None):
             raise UsageError(f"{run} holds a {target} run; pull the Modal run into its own directory")
@@ -322,10 +321,9 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
     cfg = None
     if (staging / CONFIG).is_file():
         try:
-            remote = Config.model_validate(yaml.safe_load((staging / CONFIG).read_text()))
-        except (yaml.YAMLError, ValueError) as e:
-            raise PingctlError(f"{staging / CONFIG} (pulled from /{base}): not a pingctl config "
-                               f"({str(e).splitlines()[0][:200]})") from None
+            remote = read_config(staging / CONFIG)
+        except PingctlError as e:
+            raise PingctlError(f"pulled from /{base}: {e}") from None
         cfg = local_config(remote, run, local)
         _localize_summary(run, f"{MOUNT}/{base}", remote.train.run_dir)
         records = M.run_history(run)  # the pulled events: current even for a run still training
@@ -334,8 +332,7 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
             M.plot_loss(records, run / LOSS_PLOT, f"{cfg.model.preset} preset, {name}")
         # last: a directory becomes a run directory (artifacts.run.is_run_dir) once a pull got this far
         maxtext = render_maxtext(cfg, run)
-        with atomic_file(run / CONFIG) as tmp:
-            tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        write_config(run / CONFIG, cfg)
         with atomic_file(run / MAXTEXT_YML) as tmp:
             tmp.write_text(maxtext)
     return {

@@ -1,0 +1,4 @@
+"""Where work runs: one `Executor` interface (`base`), one module per engine (`local`, `slurm`,
+`modal`), the `registry` every `--target` reads, and the one fan-out driver of `ingest` and
+`build-rows` (`fanout`: plan, tasks, completion, merge, resume of the failed tasks only).
+docs/architecture.md, "Adding an engine"."""

@@ -1,0 +1,387 @@
+"""The light engine: pingctl's decoder in plain JAX, reading named weights, without MaxText.
+
+The network is MaxText's `llama2` decoder block as `pingctl train` configures it
+(pingctl/templates/maxtext.yml.j2): token embedding (untied), scanned layers of RMSNorm ->
+multi-head attention with rotary position embedding -> residual -> RMSNorm -> MLP -> residual,
+a final RMSNorm and a dense projection to the vocabulary. Every operation, its order and its
+dtype casts follow MaxText 0.2.5's code (layers/normalizations.py RMSNorm, embeddings.py
+RotaryEmbedding, attentions.py / attention_op.py dot-product attention, linears.py
+DenseGeneral and MlpBlock, nnx_decoders.py), so the logits are MaxText's to float32 rounding
+(tests/test_light_engine.py compares them on every preset). Notable details of that code:
+
+- RMSNorm normalises in float32, casts to the compute dtype, then scales (epsilon:
+  `normalization_layer_epsilon`, 1e-5).
+- RoPE is the "default" variant: the two halves of each head are rotated (not interleaved),
+  timescales min * (max / min) ** (2i / head_dim) with min 1 and max 10,000.
+- Queries are not scaled by 1/sqrt(head_dim) in the forward pass: MaxText folds that factor
+  into the query kernel's initialisation, so the trained kernel carries it.
+- Attention masks by segment (a token attends to earlier tokens of its own segment; padding
+  is segment 0) and causality; softmax in the compute dtype unless `float32_logits`.
+- The MLP activation is `jax.nn.<name>` as named (gelu: its tanh approximation, JAX's default).
+- Weights are cast to the compute dtype before each matmul (bfloat16 for `base`).
+
+Weights come by name (`pingctl.artifacts.export`: the nnx state path joined by dots), with the
+scanned layers stacked on axis 1 as MaxText keeps them; `prepare` moves that axis first for
+`lax.scan` and casts to the compute dtype once.
+
+`Arch.from_keys` reads the MaxText keys of a run's maxtext.yml or an export's config.json and
+refuses (`Unsupported`) any key that would change the network in a way this file does not
+implement, so a model it cannot reproduce is never answered wrongly: the caller falls back to
+MaxText (`--engine maxtext`).
+
+The key-value-cache path (`prefill` + `decode`) scores many candidate next tokens after one
+prompt: the prompt's keys and values are computed once per layer, then each candidate token is
+one decoder step attending over them and itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pingctl.errors import PingctlError
+
+# MaxText keys (base.yml defaults) this engine implements, by meaning.
+_DEFAULTS = {
+    "dtype": "bfloat16",
+    "normalization_layer_epsilon": 1e-5,
+    "rope_min_timescale": 1,
+    "rope_max_timescale": 10_000,
+    "float32_qk_product": False,
+    "float32_logits": False,
+    "activations_in_float32": False,
+    "logits_dot_in_fp32": False,
+}
+# Keys whose value must be MaxText's default (or one listed) for this engine to be the same network.
+_FIXED = {
+    "decoder_block": ("llama2",),
+    "logits_via_embedding": (False,),
+    "scan_layers": (True,),
+    "param_scan_axis": (1,),
+    "fused_qkv": (False,),
+    "fused_mlp": (False,),
+    "use_qk_norm": (False,),
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "rope_type": ("default",),
+    "rope_linear_scaling_factor": (1, 1.0),
+    "use_untrainable_positional_embedding": (False,),
+    "trainable_position_size": (-1, 0),
+    "final_logits_soft_cap": (None, 0, 0.0),
+    "attn_logits_soft_cap": (None, 0, 0.0),
+    "global_parameter_scale": (1,),
+    "num_experts": (1,),
+    "quantization": ("", None),
+    "attention_type": ("global",),
+    "cast_logits_to_fp32": (True, False),  # the log-softmax is taken in float32 either way
+    "use_iota_embed": (False, True),  # a one-hot matmul picks the same rows
+    "matmul_precision": ("default", "high", "highest", "float32", "bfloat16"),  # float32 on a CPU regardless
+}
+# Keys about training, the run or the runtime: no effect on a forward pass.
+_IGNORED = frozenset({
+    "base_config", "run_name", "base_output_directory", "hardware", "steps", "per_device_batch_size", "attention",
+    "remat_policy", "learning_rate", "warmup_steps_fraction", "learning_rate_final_fraction", "dataset_type",
+    "grain_train_files", "grain_eval_files", "grain_worker_count", "eval_interval", "eval_steps",
+    "enable_checkpointing", "async_checkpointing", "checkpoint_period", "save_checkpoint_on_completion",
+    "enable_tensorboard", "log_period", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
+    "enable_wandb", "wandb_project_name", "wandb_run_name", "enable_dropout", "dropout_rate", "max_target_length",
+    "weight_dtype", "gradient_clipping_threshold", "opt_type", "max_prefill_predict_length", "load_parameters_path",
+    "shard_mode", "gradient_accumulation_steps", "packing", "enable_data_shuffling", "data_shuffle_seed",
+    "init_weights_seed", "checkpoint_storage_use_ocdbt", "checkpoint_storage_use_zarr3", "profiler",
+})
+_IGNORED_PREFIXES = ("adam_", "wandb_", "tensorboard_", "ici_", "dcn_", "profiler_", "upload_", "checkpoint_")
+_SHAPE_KEYS = ("vocab_size", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "head_dim",
+               "base_mlp_dim")
+
+
+class Unsupported(ValueError):
+    """A model this engine does not implement (a MaxText key it would get wrong)."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    vocab: int
+    emb: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    activations: tuple[str, ...]
+    dtype: str
+    eps: float = 1e-5
+    rope_min: float = 1
+    rope_max: float = 10_000
+    float32_qk_product: bool = False
+    float32_logits: bool = False
+    activations_in_float32: bool = False
+    logits_dot_in_fp32: bool = False
+
+    @classmethod
+    def from_keys(cls, keys: dict) -> Arch:
+        """The architecture MaxText builds from these keys (a maxtext.yml, or an export's
+        architecture.maxtext), or `Unsupported` naming the first key this engine cannot honour."""
+        missing = [k for k in _SHAPE_KEYS if k not in keys]
+        if missing:
+            raise Unsupported(f"no {missing[0]} among the model's MaxText keys")
+        for k, v in keys.items():
+            if k in _FIXED:
+                if v not in _FIXED[k]:
+                    raise Unsupported(f"MaxText key {k}={v!r} (the light engine implements {k}={_FIXED[k][0]!r})")
+            elif k not in _DEFAULTS and k not in _SHAPE_KEYS and k not in ("base_num_kv_heads", "mlp_activations") \
+                    and k not in _IGNORED and not k.startswith(_IGNORED_PREFIXES):
+                raise Unsupported(f"MaxText key {k}={v!r}, which the light engine does not implement")
+        get = {**_DEFAULTS, **keys}.get
+        acts = get("mlp_activations") or ["silu", "linear"]
+        acts = tuple([acts] if isinstance(acts, str) else acts)
+        import jax
+
+        for a in acts:
+            if a != "linear" and not callable(getattr(jax.nn, a, None)):
+                raise Unsupported(f"mlp_activations {a!r}: not a jax.nn function")
+        heads = int(keys["base_num_query_heads"])
+        kv = int(get("base_num_kv_heads") or heads)
+        if heads % kv:
+            raise Unsupported(f"{heads} query heads do not group over {kv} key-value heads")
+        dtype = str(get("dtype"))
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise Unsupported(f"dtype {dtype!r}")
+        return cls(vocab=int(keys["vocab_size"]), emb=int(keys["base_emb_dim"]),
+                   layers=int(keys["base_num_decoder_layers"]), heads=heads, kv_heads=kv,
+                   head_dim=int(keys["head_dim"]), mlp=int(keys["base_mlp_dim"]), activations=acts, dtype=dtype,
+                   eps=float(get("normalization_layer_epsilon")), rope_min=get("rope_min_timescale"),
+                   rope_max=get("rope_max_timescale"), float32_qk_product=bool(get("float32_qk_product")),
+                   float32_logits=bool(get("float32_logits")),
+                   activations_in_float32=bool(get("activations_in_float32")),
+                   logits_dot_in_fp32=bool(get("logits_dot_in_fp32")))
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """name -> shape of every weight, as MaxText names and stacks them."""
+        e, n, k, d, f, L = self.emb, self.heads, self.kv_heads, self.head_dim, self.mlp, self.layers
+        wi = {"decoder.layers.mlp.wi.kernel": (e, L, f)} if len(self.activations) == 1 else \
+            {f"decoder.layers.mlp.wi_{i}.kernel": (e, L, f) for i in range(len(self.activations))}
+        return {
+            "token_embedder.embedding": (self.vocab, e),
+            "decoder.decoder_norm.scale": (e,),
+            "decoder.logits_dense.kernel": (e, self.vocab),
+            "decoder.layers.pre_self_attention_layer_norm.scale": (e, L),
+            "decoder.layers.post_self_attention_layer_norm.scale": (e, L),
+            "decoder.layers.self_attention.query.kernel": (e, L, n, d),
+            "decoder.layers.self_attention.key.kernel": (e, L, k, d),
+            "decoder.layers.self_attention.value.kernel": (e, L, k, d),
+            "decoder.layers.self_attention.out.kernel": (n, L, d, e),
+            **wi,
+            "decoder.layers.mlp.wo.kernel": (f, L, e),
+        }
+
+
+def check_weights(arch: Arch, tensors: dict, source) -> None:
+    """The same names and shapes the architecture has, or an error naming the first that differs."""
+    want = arch.weight_shapes()
+    for name, shape in want.items():
+        if name not in tensors:
+            raise PingctlError(f"{source}: tensor {name} is missing: the model's architecture has {len(want)} "
+                               f"weights, this file {len(tensors)} tensors")
+        if tuple(tensors[name].shape) != shape:
+            raise PingctlError(f"{source}: tensor {name} has shape {list(tensors[name].shape)}, the model's "
+                               f"architecture {list(shape)}")
+    extra = sorted(set(tensors) - set(want))
+    if extra:
+        raise PingctlError(f"{source}: tensor {extra[0]} is not a weight of the model's architecture "
+                           f"({len(extra)} such)")
+
+
+def prepare(arch: Arch, tensors: dict):
+    """The device-side parameters: layer axis first (for lax.scan), cast to the compute dtype
+    (as MaxText casts each weight before its matmul; the norms' scales likewise)."""
+    import jax.numpy as jnp
+
+    dt = jnp.dtype(arch.dtype)
+
+    def put(name, layered=False, dtype=dt):
+        a = np.asarray(tensors[name])
+        if layered:
+            a = np.moveaxis(a, 1, 0)
+        return jnp.asarray(a, dtype)
+
+    wi = ["decoder.layers.mlp.wi.kernel"] if len(arch.activations) == 1 else \
+        [f"decoder.layers.mlp.wi_{i}.kernel" for i in range(len(arch.activations))]
+    logits_dt = jnp.float32 if arch.logits_dot_in_fp32 else dt
+    return {
+        "embedding": put("token_embedder.embedding"),
+        "final_norm": put("decoder.decoder_norm.scale"),
+        "logits": put("decoder.logits_dense.kernel", dtype=logits_dt),
+        "layers": {
+            "pre_norm": put("decoder.layers.pre_self_attention_layer_norm.scale", True),
+            "post_norm": put("decoder.layers.post_self_attention_layer_norm.scale", True),
+            "q": put("decoder.layers.self_attention.query.kernel", True),
+            "k": put("decoder.layers.self_attention.key.kernel", True),
+            "v": put("decoder.layers.self_attention.value.kernel", True),
+            "o": put("decoder.layers.self_attention.out.kernel", True),
+            "wi": [put(n, True) for n in wi],
+            "wo": put("decoder.layers.mlp.wo.kernel", True),
+        },
+    }
+
+
+# ----------------------------------------------------------------- the network
+
+
+def _dense(x, w, contract: int = 1):
+    """MaxText's DenseGeneral: the last `contract` axes of x against the first of w."""
+    import jax
+
+    n = x.ndim
+    return jax.lax.dot_general(x, w, ((tuple(range(n - contract, n)), tuple(range(contract))), ((), ())))
+
+
+def _norm(x, scale, arch: Arch):
+    import jax
+    import jax.numpy as jnp
+
+    x = x.astype(jnp.float32)
+    y = (x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + arch.eps)).astype(arch.dtype)
+    return y * scale
+
+
+def _rope(x, positions, arch: Arch):
+    """x [..., t, heads, head_dim] rotated by positions [..., t] (MaxText's RotaryEmbedding)."""
+    import jax.numpy as jnp
+
+    d = x.shape[-1]
+    fraction = 2 * jnp.arange(0, d // 2) / d
+    timescale = arch.rope_min * (arch.rope_max / arch.rope_min) ** fraction
+    sinusoid = positions[..., None, None] / timescale
+    sin = jnp.sin(sinusoid).astype(x.dtype)
+    cos = jnp.cos(sinusoid).astype(x.dtype)
+    sin = jnp.concatenate([sin, sin], axis=-1)
+    cos = jnp.concatenate([cos, cos], axis=-1)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return (x * cos + jnp.concatenate((-x2, x1), axis=-1) * sin).astype(arch.dtype)
+
+
+def _qkv(x, p, positions, arch: Arch):
+    import jax.numpy as jnp
+
+    lnx = _norm(x, p["pre_norm"], arch)
+    q = _rope(_dense(lnx, p["q"]), positions, arch)
+    k = _rope(_dense(lnx, p["k"]), positions, arch)
+    v = _dense(lnx, p["v"])
+    if arch.float32_qk_product:
+        q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+    return q, k, v
+
+
+def _after_attention(x, attn, p, arch: Arch):
+    """Output projection, residual, MLP, residual."""
+    import jax
+    import jax.numpy as jnp
+
+    h = x + _dense(attn.astype(arch.dtype), p["o"], 2)
+    hn = _norm(h, p["post_norm"], arch)
+    acts = []
+    for w, name in zip(p["wi"], arch.activations):
+        a = _dense(hn, w)
+        if arch.activations_in_float32:
+            a = a.astype(jnp.float32)
+        acts.append(a if name == "linear" else getattr(jax.nn, name)(a))
+    m = acts[0]
+    for a in acts[1:]:
+        m = m * a
+    return _dense(m.astype(arch.dtype), p["wo"]) + h
+
+
+_MASKED = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
+
+
+def _softmax_weighted(logits, values_einsum):
+    """MaxText's unnormalised local attention then the division by the exponentials' sum."""
+    import jax.numpy as jnp
+
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - m)
+    return values_einsum(e), jnp.sum(e, axis=-1, keepdims=True)
+
+
+def _layer(x, p, positions, segments, arch: Arch):
+    """One decoder layer over whole sequences; returns (output, (keys, values))."""
+    import jax.numpy as jnp
+
+    b, t = x.shape[:2]
+    q, k, v = _qkv(x, p, positions, arch)
+    g = arch.heads // arch.kv_heads
+    qg = q.reshape(b, t, arch.kv_heads, g, arch.head_dim)
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k)
+    if arch.float32_logits:
+        logits = logits.astype(jnp.float32)
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+    mask = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] >= 0) & causal[None]
+    logits = jnp.where(mask[:, None, None], logits, jnp.asarray(_MASKED, logits.dtype))
+    out, s = _softmax_weighted(logits, lambda e: jnp.einsum("bkgts,bskd->btkgd", e, v))
+    out = out.reshape(b, t, arch.heads, arch.head_dim) / jnp.transpose(s.reshape(b, arch.heads, t, 1), (0, 2, 1, 3))
+    return _after_attention(x, out, p, arch), (k, v)
+
+
+def _embed(params, tokens, arch: Arch):
+    return params["embedding"][tokens].astype(arch.dtype)
+
+
+def _head(params, y, arch: Arch):
+    """Final norm, logits (float32), log-softmax."""
+    import jax
+    import jax.numpy as jnp
+
+    y = _norm(y, params["final_norm"], arch)
+    logits = _dense(y.astype(params["logits"].dtype), params["logits"]).astype(jnp.float32)
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+def decoder(params, tokens, positions, segments, arch: Arch, want_kv: bool = False):
+    """log P(next token) [b, t, vocab] float32 after each position of tokens [b, t] (int32),
+    with positions and segment ids [b, t] (segment 0: padding, ignored); with `want_kv`, also
+    every layer's keys and values ([layers, b, t, kv_heads, head_dim] each)."""
+    import jax
+
+    def body(y, p):
+        y, kv = _layer(y, p, positions, segments, arch)
+        return y, (kv if want_kv else None)
+
+    y, kv = jax.lax.scan(body, _embed(params, tokens, arch), params["layers"])
+    lp = _head(params, y, arch)
+    return (lp, kv) if want_kv else lp
+
+
+def decode(params, keys, values, lengths, tokens, arch: Arch):
+    """log P(next) [p, c, vocab] after prompt i's `lengths[i]` cached tokens and then token
+    tokens[i, j], for each of its c candidates j. keys/values: [layers, p, s, kv_heads, head_dim]
+    from `decoder(..., want_kv=True)` (positions >= lengths[i] are ignored)."""
+    import jax
+    import jax.numpy as jnp
+
+    P, C = tokens.shape
+    S = keys.shape[2]
+    g = arch.heads // arch.kv_heads
+    positions = jnp.broadcast_to(lengths[:, None], (P, C))
+    valid = (jnp.arange(S)[None, :] < lengths[:, None])[:, None, None, None, :]  # [p, 1, 1, 1, s]
+
+    def body(y, layer):
+        p, kc, vc = layer
+        q, k, v = _qkv(y, p, positions, arch)
+        qg = q.reshape(P, C, arch.kv_heads, g, arch.head_dim)
+        cached = jnp.einsum("pckgd,pskd->pkgcs", qg, kc.astype(qg.dtype))
+        own = jnp.einsum("pckgd,pckd->pkgc", qg, k)[..., None]
+        logits = jnp.concatenate([cached, own], axis=-1)
+        if arch.float32_logits:
+            logits = logits.astype(jnp.float32)
+        logits = jnp.where(jnp.concatenate([jnp.broadcast_to(valid, cached.shape), jnp.ones_like(own, bool)], -1),
+                           logits, jnp.asarray(_MASKED, logits.dtype))
+        out, s = _softmax_weighted(
+            logits, lambda e: (jnp.einsum("pkgcs,pskd->pckgd", e[..., :S], vc.astype(e.dtype))
+                               + jnp.einsum("pkgc,pckd->pckgd", e[..., S], v.astype(e.dtype))))
+        out = out.reshape(P, C, arch.heads, arch.head_dim) / jnp.transpose(
+            s.reshape(P, arch.heads, C, 1), (0, 2, 1, 3))
+        return _after_attention(y, out, p, arch), None
+
+    y, _ = jax.lax.scan(body, _embed(params, tokens, arch), (params["layers"], keys, values))
+    return _head(params, y, arch)

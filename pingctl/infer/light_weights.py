@@ -1,0 +1,139 @@
+"""Named weights for the light engine: an export's safetensors, or a run's Orbax checkpoint
+converted once and cached beside it.
+
+A run's checkpoint (`checkpoints/STEP/items`, written by MaxText through Orbax) holds the
+parameters under `params/params/...` beside the optimizer state; the parameters alone are read
+with Orbax directly (no MaxText: its import is what made an answer take 10-35 s) and written to
+`RUN/.light/STEP.safetensors`, named as `pingctl export` names them (the nnx state path joined
+by dots, `pingctl.artifacts.export`). Later loads read that file: a few milliseconds. The cache
+records the checkpoint it came from (its path and the modification time of Orbax's commit
+marker), so a checkpoint rewritten under the same step is converted again. A run directory
+that cannot be written (read-only storage) is converted in memory at each load instead.
+
+The cache belongs to the run: `pingctl train` never reads it, deleting it costs one conversion.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.artifacts import export as EX
+from pingctl.artifacts.run import COMMITTED, checkpoint_items, checkpoint_steps
+from pingctl.atomic import atomic_file
+from pingctl.errors import PingctlError
+
+CACHE_DIR = ".light"
+_PREFIX = ("params", "params")  # where MaxText's TrainState keeps the model's parameters
+
+
+def cache_path(run: Path, step: int) -> Path:
+    return Path(run) / CACHE_DIR / f"{step}.safetensors"
+
+
+def _stamp(items: Path) -> str:
+    marker = items.parent / COMMITTED
+    try:
+        return f"{items.resolve()}:{marker.stat().st_mtime_ns}"
+    except OSError:
+        return f"{items.resolve()}:?"
+
+
+def export_tensors(export: Path) -> dict[str, np.ndarray]:
+    return EX.read_tensors(export)
+
+
+def run_tensors(run: Path, step: int) -> dict[str, np.ndarray]:
+    """The parameters of checkpoint `step` of `run`, by name (converted and cached on first use)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file, save_file
+
+    items = checkpoint_items(run, step)
+    stamp = _stamp(items)
+    cached = cache_path(run, step)
+    if cached.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(cached), framework="numpy") as f:
+                same = (f.metadata() or {}).get("source") == stamp
+            if same:
+                return load_file(str(cached))
+        except (SafetensorError, OSError, ValueError):
+            pass  # damaged or foreign: converted again below
+    tensors = convert(items, checkpoint_steps(run))
+    try:
+        cached.parent.mkdir(exist_ok=True)
+        with atomic_file(cached) as tmp:
+            save_file(tensors, str(tmp), metadata={"source": stamp, "format": "pingctl.light-cache"})
+            mask = os.umask(0)  # safetensors creates its file 0600; the cache is shared as the run is
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)
+    except (OSError, PingctlError) as e:
+        print(f"note: {cached}: cannot cache the converted checkpoint ({e}); converting at each load",
+              file=sys.stderr)
+    return tensors
+
+
+def convert(items: Path, steps: list[int] = ()) -> dict[str, np.ndarray]:
+    """The parameters of an Orbax checkpoint's items, read with Orbax alone (partial restore:
+    the optimizer state is not read). `steps`: the run's checkpoints, named by an error."""
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        raise PingctlError(
+            f"{items.parent}: reading a run's checkpoint the first time needs orbax-checkpoint "
+            "(pip install 'pingctl[train]'); or answer from an export of the run (`pingctl export`)") from None
+    import contextlib
+    import io
+    import logging
+
+    import jax
+
+    # Orbax logs a missing step-metadata file at WARNING for every MaxText checkpoint
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ckptr = ocp.PyTreeCheckpointer()
+            meta = ckptr.metadata(items)
+            tree = getattr(meta, "item_metadata", meta)
+            tree = getattr(tree, "tree", tree)
+            params = tree
+            for k in _PREFIX:
+                params = params[k]
+            args = jax.tree.map(lambda _m: ocp.RestoreArgs(restore_type=np.ndarray), params)
+            restored = ckptr.restore(items, args=ocp.args.PyTreeRestore(
+                item={_PREFIX[0]: {_PREFIX[1]: params}}, restore_args={_PREFIX[0]: {_PREFIX[1]: args}},
+                partial_restore=True))
+    except Exception as e:  # noqa: BLE001 - Orbax/TensorStore raise many types for a damaged checkpoint
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise PingctlError(f"{items.parent}: cannot restore this checkpoint ({type(e).__name__}: {first}); it may "
+                           f"be damaged; pick another with --step (checkpoints: {', '.join(map(str, steps))})") from None
+    finally:
+        absl.setLevel(level)
+    out: dict[str, np.ndarray] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(restored[_PREFIX[0]][_PREFIX[1]])[0]:
+        parts = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
+        out[".".join(parts)] = np.ascontiguousarray(np.asarray(leaf))
+    return dict(sorted(out.items()))
+
+
+def average(tensor_sets) -> dict[str, np.ndarray]:
+    """The running mean of several checkpoints' parameters (float leaves only; the first's
+    dtype kept), as the MaxText engine averages them: at most two copies in memory."""
+    mean = None
+    for k, tensors in enumerate(tensor_sets, start=1):
+        if mean is None:
+            mean = dict(tensors)
+            continue
+        for name, a in mean.items():
+            if np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16":
+                a32 = a.astype(np.float32)
+                mean[name] = (a32 + (np.asarray(tensors[name], np.float32) - a32) / np.float32(k)).astype(a.dtype)
+    return mean or {}
+

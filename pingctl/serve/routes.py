@@ -1,0 +1,177 @@
+"""The routes of `pingctl serve`: module-level functions over one `ServeState`
+(`request.app.state.serve`), so each can be read and tested alone; `app.create_app` registers
+them with their response models and error codes (`ROUTES`).
+
+Every model call goes through the state's `Batcher` (one worker thread; concurrent /rtt
+questions without context share `Model.rtt_many` calls); the event loop validates, queues and
+awaits. Until the warm-up has run, the routes that ask the model answer 503 `warming` at once
+rather than keep a client waiting on a compilation.
+
+Starlette is imported at the top (FastAPI reads the route signatures' annotations): only
+`create_app` imports this module, inside a function, so the CLI starts without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pingctl import __version__
+from pingctl.api import Model
+from pingctl.errors import PingctlError
+from pingctl.serve import answers as A
+from pingctl.serve import responses as R
+from pingctl.serve import schemas as S
+from pingctl.serve.batcher import Batcher
+
+
+class Warming(PingctlError):
+    """The warm-up has not finished: 503 with Retry-After."""
+
+    kind = "warming"
+
+
+@dataclass
+class ServeState:
+    """What the routes share: the model (`pingctl.api.Model`), its worker, what the model said
+    of itself at start (`meta`: seq_len, timestamps, max_per_pair, ...), the bounds, the warm-up."""
+
+    model: Model
+    batcher: Batcher
+    meta: dict
+    max_body_bytes: int
+    started: float = field(default_factory=time.time)
+    warmup: dict = field(default_factory=lambda: {"status": "warming"})
+
+    @property
+    def status(self) -> str:
+        return self.warmup["status"]
+
+
+def state(request) -> ServeState:
+    return request.app.state.serve
+
+
+def _ready(st: ServeState) -> None:
+    if st.status == "warming":
+        raise Warming("the service is warming up (compiling the shapes its batches use); retry in a few seconds "
+                      "(GET /health says ready when it is)")
+
+
+async def _on_worker(st: ServeState, fn):
+    return await asyncio.wrap_future(st.batcher.call(fn))
+
+
+async def _in_thread(fn, *args):
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+# ------------------------------------------------------------------ liveness, readiness, identity
+
+
+async def health(request: Request, response: Response) -> dict:
+    """200 with status ready (or failed: the warm-up failed, answering anyway); 503 while warming."""
+    st = state(request)
+    b = st.batcher
+    if st.status == "warming":
+        response.status_code = 503
+        response.headers["Retry-After"] = "1"
+    return {"status": st.status, "run": str(st.model.run), "step": st.model.step, "queued": b.queued,
+            "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000, "batcher": dict(b.stats),
+            "warmup": {k: v for k, v in st.warmup.items() if k != "status"},
+            "uptime_s": round(time.time() - st.started, 3)}
+
+
+async def version(request: Request) -> dict:
+    st = state(request)
+    m = st.model
+    return {"pingctl": __version__, "run": str(m.run), "step": m.step, "steps": list(m.steps), "device": m.device}
+
+
+async def metadata(request: Request) -> dict:
+    st = state(request)
+    out = await _in_thread(A.metadata, st.model, st.started)
+    b = st.batcher
+    return {**out, "serve": {"max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
+                             "bounds": {"pairs": S.MAX_PAIRS, "context_rows": S.MAX_CONTEXT_ROWS,
+                                        "search_samples": S.MAX_SEARCH_SAMPLES, "score_rows": S.MAX_SCORE_ROWS,
+                                        "body_bytes": st.max_body_bytes, "queued": b.max_queued}}}
+
+
+# ------------------------------------------------------------------ questions
+
+
+async def rtt(body: S.RttRequest, request: Request) -> dict:
+    """One pair (src, dst, time) or many (pairs): a bad pair of many is set aside with its reason."""
+    from fastapi.exceptions import RequestValidationError
+
+    st = state(request)
+    if missing := body.missing():
+        raise RequestValidationError([{"loc": ("body", name), "msg": "Field required (give src and dst, or pairs)",
+                                       "type": "missing"} for name in missing])
+    _ready(st)
+    questions, rejected = body.questions()
+    many = body.pairs is not None
+    untimed = A.check_times(st.model, st.meta["timestamps"], questions, many)
+    if untimed:
+        gone = {r["index"] for r in untimed}
+        questions, rejected = [q for q in questions if q[0] not in gone], rejected + untimed
+    if not questions:
+        first = min(rejected, key=lambda r: r["index"])
+        raise A.FieldError(("body", "pairs", first["index"]),
+                           f"no pair passes its checks ({len(rejected):,} set aside); first: {first['message']}")
+    items = [{"src": q.src, "dst": q.dst, "time": q.time} for _, q in questions]
+    cap = body.context_per_pair if body.context_per_pair is not None else st.meta["max_per_pair"]
+    if body.context:
+        ctx = await _in_thread(A.context, body.context)
+        fn = functools.partial(A.rtt_rows, st.model, items, body.exact, ctx, body.context_per_pair)
+        results = await _on_worker(st, fn)
+    else:  # shares Model.rtt_many calls with other requests of the same kind
+        fn = functools.partial(A.rtt_rows, st.model, exact=body.exact)
+        results = await asyncio.wrap_future(st.batcher.submit(("rtt", body.exact), fn, items))
+    return A.rtt_response(st.model, body, questions, rejected, results, cap)
+
+
+async def complete(body: S.CompleteRequest, request: Request) -> dict:
+    st = state(request)
+    _ready(st)
+    ctx = await _in_thread(A.context, body.context)
+    return await _on_worker(st, functools.partial(A.complete, st.model, body, ctx))
+
+
+async def search(body: S.SearchRequest, request: Request) -> dict:
+    st = state(request)
+    _ready(st)
+    ctx = await _in_thread(A.context, body.context)
+    return await _on_worker(st, functools.partial(A.search, st.model, body, ctx))
+
+
+async def score(body: S.ScoreRequest, request: Request) -> dict:
+    st = state(request)
+    _ready(st)
+    return await _on_worker(st, functools.partial(A.score, st.model, body))
+
+
+# (path, method, function, response model, summary, error codes)
+_BODY = (400, 413, 422, 500, 503)
+ROUTES = [
+    ("/health", "GET", health, R.Health, "Readiness: warming (503) until the batch shapes are compiled, then ready",
+     (503,)),
+    ("/healthz", "GET", health, R.Health, "The same as /health (kept for existing probes)", (503,)),
+    ("/version", "GET", version, R.Version, "The pingctl version and the run serving", ()),
+    ("/metadata", "GET", metadata, R.Metadata, "The run: step, preset, scheme, seq_len, times, eval headline", (500,)),
+    ("/rtt", "POST", rtt, R.RttAnswer, "RTT distribution of one pair or many (pingctl sample --src/--dst, --pairs)",
+     _BODY),
+    ("/complete", "POST", complete, R.CompleteAnswer,
+     "Most probable completions of partial addresses (pingctl sample --src 8.8.*.*)", _BODY),
+    ("/search", "POST", search, R.SearchAnswer,
+     "Destinations a source reaches at an RTT (pingctl sample --src IP --rtt 10-30)", _BODY),
+    ("/score", "POST", score, R.ScoreAnswer, "Scores of measurements under the model (pingctl score)", _BODY),
+]

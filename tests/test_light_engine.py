@@ -1,0 +1,289 @@
+"""The light engine (pingctl/infer/light.py) against MaxText, the reference: the same logits on
+every preset's architecture, the same answers from the trained fixture, and no MaxText import
+on the answering path.
+
+Tolerances: max abs difference of log-probabilities <= 1e-4 in float32 (the issue's bound;
+today's MaxText 0.2.5 and JAX 0.12 give 0.0: the same operations compile to the same
+program). `base` computes in bfloat16 (its preset): there the bound is 1/16, one bfloat16 ulp
+of a logit between 8 and 16 (bfloat16 keeps 8 significant bits), the rounding a different
+fusion of the same operations could introduce; `base` in float32 is also held to 1e-4, so the
+architecture itself is checked at full precision.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pingctl.cli.app import app
+from pingctl.errors import PingctlError
+
+runner = CliRunner()
+F32_TOL = 1e-4
+BF16_TOL = 1 / 16
+VOCAB, SEQ = 267, 64  # the compact vocabulary; a short context keeps the MaxText builds quick
+
+
+def _keys(preset: str, dtype: str | None = None) -> dict:
+    """The MaxText keys `pingctl train` renders for a preset (pingctl/templates/maxtext.yml.j2)."""
+    from pingctl.train.presets import PRESETS
+
+    a = PRESETS[preset]
+    return {"decoder_block": "llama2", "vocab_size": VOCAB, "base_emb_dim": a["emb_dim"],
+            "base_num_decoder_layers": a["layers"], "base_num_query_heads": a["heads"],
+            "base_num_kv_heads": a["heads"], "head_dim": a["head_dim"], "base_mlp_dim": a["mlp_dim"],
+            "mlp_activations": a["mlp_activations"], "max_target_length": SEQ, "dtype": dtype or a["dtype"],
+            "weight_dtype": "float32", "logits_via_embedding": False, "enable_dropout": False}
+
+
+def _random_tensors(arch, seed: int = 0) -> dict:
+    """Weights of every name and shape the architecture has: kernels at the scale MaxText
+    initialises them, norm scales around 1 (so that they matter)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in arch.weight_shapes().items():
+        if name.endswith("scale"):
+            out[name] = (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            fan_in = shape[0] if "out" not in name else shape[0] * shape[2]
+            out[name] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+    return out
+
+
+def _batch(rng, batch: int = 3, length: int = SEQ):
+    """Tokens with padding: one full row, one cut at 40, one at 9 (segment 0 after)."""
+    tok = rng.integers(0, VOCAB, (batch, length)).astype(np.int32)
+    seg = np.ones((batch, length), np.int32)
+    seg[1, 40:] = 0
+    seg[2, 9:] = 0
+    pos = np.ascontiguousarray(np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)))
+    return tok, pos, seg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,dtype", [("tiny", None), ("mini", None), ("small", None), ("base", None),
+                                          ("base", "float32")])
+def test_light_logits_are_maxtext_s_on_every_preset(preset, dtype):
+    """A model of each preset's architecture, built by MaxText with random weights (its own
+    initialisation, every weight then perturbed), against the light engine on the same named
+    weights: the log-probabilities of a padded batch."""
+    pytest.importorskip("maxtext")
+    from pingctl.artifacts.run import MAXTEXT_YML
+    from pingctl.infer.runtime import inference_config, prepare_env
+
+    prepare_env("cpu", True)
+    import jax
+    from flax import nnx
+    from maxtext.utils import model_creation_utils
+
+    from pingctl.infer import light
+    from pingctl.infer import weights as W
+
+    keys = _keys(preset, dtype)
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / MAXTEXT_YML).write_text(yaml.safe_dump(
+            {"base_config": "base.yml", "run_name": "equality", "base_output_directory": d, **keys}))
+        model, mesh = model_creation_utils.from_pretrained(inference_config(Path(d), None, "cpu", batch=1))
+    graphdef, state = nnx.split(model)
+    tensors = {}
+    for name, v in W.named_arrays(state).items():
+        noise = 0.1 if name.endswith("scale") else 0.5 * float(v.std())
+        tensors[name] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
+    state = W.assign(state, tensors, Path("random"))
+
+    @jax.jit
+    def reference(state, tok, pos, seg):
+        m = nnx.merge(graphdef, state)
+        logits = m(tok, pos, decoder_segment_ids=seg, enable_dropout=False)
+        return jax.nn.log_softmax(logits.astype(jax.numpy.float32), axis=-1)
+
+    arch = light.Arch.from_keys(keys)
+    light.check_weights(arch, tensors, "random")  # the names and shapes MaxText gave them
+    tok, pos, seg = _batch(rng)
+    with jax.set_mesh(mesh):
+        want = np.asarray(reference(state, tok, pos, seg))
+    got = np.asarray(jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch))(
+        light.prepare(arch, tensors), tok, pos, seg))
+    real = seg > 0  # padding's outputs are ignored by every caller
+    diff = float(np.abs(got - want)[real].max())
+    assert np.isfinite(want[real]).all() and want[real].min() < -5  # spread-out log-probs, not a flat line
+    assert diff <= (BF16_TOL if keys["dtype"] == "bfloat16" else F32_TOL), (preset, keys["dtype"], diff)
+
+
+def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
+    """Second-byte scoring from one cache per prompt (light_kv) against whole sequences, for
+    prompts of different lengths and numbers of candidates (bucketed and padded together)."""
+    from pingctl.infer.runtime import prepare_env
+
+    prepare_env("cpu", True)
+    import jax
+
+    from pingctl.infer import light, light_kv
+
+    arch = light.Arch.from_keys(_keys("tiny"))
+    params = light.prepare(arch, _random_tensors(arch))
+    fwd = jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch))
+    rng = np.random.default_rng(3)
+    firsts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 30, 12, 60)]
+    candidates = [rng.choice(256, k, replace=False) for k in (1, 17, 256, 3)]
+    kv = light_kv.SecondBytes(arch, params, byte0=11)
+    got = kv.log_probs(firsts, candidates, lambda n: 64)
+    for f, c, g in zip(firsts, candidates, got):
+        seqs = np.stack([np.concatenate([f, [11 + b]]) for b in c]).astype(np.int32)
+        n = seqs.shape[1]
+        tok = np.zeros((len(c), 64), np.int32)
+        tok[:, :n] = seqs
+        seg = np.zeros_like(tok)
+        seg[:, :n] = 1
+        pos = np.ascontiguousarray(np.broadcast_to(np.arange(64, dtype=np.int32), tok.shape))
+        want = np.asarray(fwd(params, tok, pos, seg))[:, n - 1]
+        assert g.shape == (len(c), VOCAB)
+        assert np.abs(g - want).max() < 1e-5
+
+
+def test_the_architecture_is_read_or_refused_by_key():
+    from pingctl.infer import light
+
+    run_keys = {**_keys("mini"), "base_config": "base.yml", "run_name": "r", "learning_rate": 1e-3,
+                "remat_policy": "minimal", "adam_weight_decay": 1.0, "attention": "flash", "grain_train_files": "x"}
+    a = light.Arch.from_keys(run_keys)  # a run's maxtext.yml: its run and training keys change no forward pass
+    assert (a.emb, a.layers, a.heads, a.head_dim, a.mlp, a.activations, a.dtype) == (256, 4, 4, 64, 1024, ("gelu",),
+                                                                                        "float32")
+    assert (a.eps, a.rope_min, a.rope_max) == (1e-5, 1, 10_000)  # MaxText's base.yml defaults
+    assert light.Arch.from_keys({**run_keys, "dtype": "bfloat16"}).dtype == "bfloat16"
+    for key, value, says in [("logits_via_embedding", True, "logits_via_embedding=True"),
+                             ("decoder_block", "gemma", "decoder_block='gemma'"),
+                             ("final_logits_soft_cap", 30.0, "final_logits_soft_cap"),
+                             ("sliding_window_size", 128, "does not implement")]:
+        with pytest.raises(light.Unsupported, match=says):
+            light.Arch.from_keys({**run_keys, key: value})
+    with pytest.raises(light.Unsupported, match="no base_mlp_dim"):
+        light.Arch.from_keys({k: v for k, v in run_keys.items() if k != "base_mlp_dim"})
+    arch = light.Arch.from_keys(run_keys)
+    tensors = _random_tensors(arch)
+    tensors["decoder.layers.mlp.wo.kernel"] = tensors["decoder.layers.mlp.wo.kernel"][:, :2]
+    with pytest.raises(PingctlError, match=r"wo.kernel has shape \[1024, 2, 256\].*\[1024, 4, 256\]"):
+        light.check_weights(arch, tensors, "f.safetensors")
+
+
+# ----------------------------------------------------------------- the trained fixture
+
+
+@pytest.fixture(scope="module")
+def both(tiny_run):
+    pytest.importorskip("maxtext")
+    from pingctl import Model
+
+    return Model.load(tiny_run, engine="light"), Model.load(tiny_run, engine="maxtext")
+
+
+@pytest.mark.slow
+def test_answers_are_maxtext_s_end_to_end(both, tiny_run, pair, synth_rows):
+    """The trained fixture asked the same questions through either engine: the same weights,
+    the same distributions (with and without a context), the same completions."""
+    import pyarrow.parquet as pq
+
+    lt, mx = both
+    assert (lt.loaded.engine, mx.loaded.engine) == ("light", "maxtext")
+    wl, wm = lt.loaded.weights(), mx.loaded.weights()
+    assert sorted(wl) == sorted(wm) and all(np.array_equal(wl[k], wm[k]) for k in wl)
+    context = pq.read_table(synth_rows / "synth" / "part-00000.parquet").slice(0, 400)
+    for kw in ({}, {"context": context}):
+        a, b = lt.rtt(*pair, **kw), mx.rtt(*pair, **kw)
+        assert a.p_fail == pytest.approx(b.p_fail, abs=1e-5)
+        assert np.abs(a.probs - b.probs).max() < 1e-5
+        assert a.info["context_tokens"] == b.info["context_tokens"]
+    assert lt.rtt(*pair).info["engine"] == "light" and mx.rtt(*pair).info["engine"] == "maxtext"
+    ca, cb = lt.complete(pair[0], "8.8.*.*"), mx.complete(pair[0], "8.8.*.*")
+    assert [c["dst"] for c in ca] == [c["dst"] for c in cb]
+    np.testing.assert_allclose([c["probability"] for c in ca], [c["probability"] for c in cb], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_averaged_checkpoints_are_maxtext_s(tiny_run):
+    pytest.importorskip("maxtext")
+    from pingctl.artifacts.run import checkpoint_steps
+    from pingctl.infer.model import LoadedModel
+
+    steps = checkpoint_steps(tiny_run)
+    assert len(steps) >= 2
+    lt, mx = (LoadedModel.load(tiny_run, steps[-2:], engine=e) for e in ("light", "maxtext"))
+    wl, wm = lt.weights(), mx.weights()
+    assert all(np.allclose(wl[k], wm[k], atol=1e-7) for k in wm)
+    seq = [np.array([0, 5, 6, 11, 12, 13, 14, 7], np.int32)]
+    assert np.abs(lt.log_probs(seq)[0] - mx.log_probs(seq)[0]).max() < F32_TOL
+
+
+def test_a_run_s_checkpoint_is_converted_once(tiny_run, tmp_path):
+    """The first light load of a run writes RUN/.light/STEP.safetensors; later loads read it;
+    a checkpoint rewritten under the same step is converted again."""
+    import shutil
+
+    from pingctl.artifacts.run import COMMITTED, checkpoint_items, checkpoint_steps
+    from pingctl.infer import light_weights as LW
+    from pingctl.infer.model import LoadedModel
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns(LW.CACHE_DIR))
+    step = checkpoint_steps(run)[-1]
+    cached = LW.cache_path(run, step)
+    assert not cached.exists()
+    first = LoadedModel.load(run, engine="light")
+    assert cached.is_file() and first.engine == "light"
+    written = cached.stat().st_mtime_ns
+    again = LoadedModel.load(run, engine="light")
+    assert cached.stat().st_mtime_ns == written  # read, not rewritten
+    assert all(np.array_equal(first.weights()[k], v) for k, v in again.weights().items())
+    os.utime(checkpoint_items(run, step).parent / COMMITTED, ns=(written + 10**9, written + 10**9))
+    LoadedModel.load(run, engine="light")
+    assert cached.stat().st_mtime_ns != written  # a new checkpoint under the same step: converted again
+
+
+def test_answering_imports_no_maxtext(tiny_run, pair):
+    """A fresh process answers from the run (its conversion cached) importing neither MaxText
+    nor its stack (flax, tokamax) nor Orbax."""
+    from pingctl.infer.model import LoadedModel
+
+    LoadedModel.load(tiny_run, engine="light")  # the conversion, once
+    code = (f"import sys; from pingctl import Model; m = Model.load({str(tiny_run)!r}); "
+            f"r = m.rtt({pair[0]!r}, {pair[1]!r}); assert r.probs.sum() > 0.99; print(m.loaded.engine); "
+            "print(sorted({k.split('.')[0] for k in sys.modules} & {'maxtext', 'flax', 'tokamax', 'orbax'}))")
+    env = {k: v for k, v in os.environ.items() if k != "PINGCTL_ENGINE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["light", "[]"]
+
+
+def test_engine_choice_is_checked(tiny_run, pair, monkeypatch):
+    r = runner.invoke(app, ["sample", str(tiny_run), "--src", pair[0], "--dst", pair[1], "--engine", "onnx"])
+    assert r.exit_code == 2 and "--engine 'onnx': expected one of light, maxtext" in r.output, r.output
+    monkeypatch.setenv("PINGCTL_ENGINE", "fast")
+    r = runner.invoke(app, ["sample", str(tiny_run), "--src", pair[0], "--dst", pair[1]])
+    assert r.exit_code == 2 and "$PINGCTL_ENGINE 'fast'" in r.output, r.output
+
+
+@pytest.mark.slow
+def test_a_model_the_light_engine_cannot_run_is_left_to_maxtext(tiny_run, pair, tmp_path, capfd):
+    """A run with a MaxText key the light engine does not implement: refused by name with
+    --engine light, answered by MaxText (with a note) by default."""
+    pytest.importorskip("maxtext")
+    import shutil
+
+    run = tmp_path / "capped"
+    shutil.copytree(tiny_run, run)
+    with open(run / "maxtext.yml", "a") as f:
+        f.write("final_logits_soft_cap: 30.0\n")
+    r = runner.invoke(app, ["sample", str(run), "--src", pair[0], "--dst", pair[1], "--engine", "light"])
+    assert r.exit_code == 1 and "final_logits_soft_cap" in r.output and "--engine maxtext" in r.output, r.output
+    r = runner.invoke(app, ["sample", str(run), "--src", pair[0], "--dst", pair[1], "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["engine"] == "maxtext"
+    assert "answering with MaxText" in capfd.readouterr().err
