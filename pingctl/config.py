@@ -225,6 +225,13 @@ class LoaderConfig(Section):
     triangulation_per_pair: int = Field(
         1, ge=0, description="triangulation contexts: at most this many measurements of one pair per side, the "
         "most recent (0 = no cap)")
+    pair_history_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of plain contexts that are one pair's history instead of a window of the probe: the "
+        "pair's last pair_history_k measurements before a query of it, the query last (no max_per_pair cap), "
+        "the shape of eval's `pair` prompts")
+    pair_history_k: int = Field(
+        16, ge=1, le=1024, description="pair-history contexts: at most this many of the pair's earlier measurements")
     debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries")
     visualize_dir: str | None = Field(None, description="write Grain's pipeline visualization here")
 

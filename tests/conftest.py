@@ -33,12 +33,22 @@ def pytest_configure(config):
 
 # Fixtures that train a model (~30 s each, built once per session by whichever worker asks first).
 TRAINED = {"tiny_run", "first50", "tri_run"}
+# A test that uses one of these is in the slow tier (`-m slow`; the default `./run test` deselects
+# it, CI's .ci/run runs both tiers): a trained model, a real SLURM cluster. Marked here by the
+# fixture, so a new test that needs one is slow without anyone remembering to mark it; tests slow
+# for another reason (training in a subprocess, a Modal container's code) carry the mark themselves.
+SLOW_FIXTURES = TRAINED | {"slurm_cluster"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks
 def pytest_collection_modifyitems(config, items):
-    """Tests that need a trained model go last: pytest-xdist hands each worker a contiguous part of
-    the list, so one worker trains while the other still has model-free tests to run, instead of
-    both reaching a model test at once and one waiting on the other's lock."""
+    """Mark the tests that need a slow fixture; then tests that need a trained model go last:
+    pytest-xdist hands each worker a contiguous part of the list, so one worker trains while the
+    other still has model-free tests to run, instead of both reaching a model test at once and
+    one waiting on the other's lock."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: bool(TRAINED & set(getattr(item, "fixturenames", ()))))
 
 

@@ -84,7 +84,7 @@ def test_eval_cold_policy_hides_the_pair(tiny_run, synth_rows, tmp_path):
                               "--context-policy", "oracle"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     assert "command-line options" in bad.output and "context_policy = 'oracle'" in bad.output
-    assert "'probe', 'cold', 'none' or 'both'" in bad.output
+    assert "'probe', 'cold', 'none', 'both', 'pair' or 'fair'" in bad.output
     neg = runner.invoke(app, ["eval", str(tiny_run), "--train", str(pairs / "train"), "--test", str(pairs / "test"),
                               "--context-per-pair", "-1"])
     assert neg.exit_code != 0 and "context_per_pair = -1" in neg.output and "Traceback" not in neg.output

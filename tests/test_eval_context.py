@@ -54,6 +54,21 @@ def test_cold_policy_never_shows_the_queried_pair():
         assert (pool["src"][i], pool["dst"][i]) != ("10.0.0.1", "1.1.1.1")
 
 
+def test_pair_policy_holds_only_the_pairs_own_earlier_packets_from_train_and_test():
+    query_pair = TEST["src"][3], TEST["dst"][3]
+    # the pair's history starts in train: give it a train packet too
+    train = _split([*zip(TRAIN["src"], TRAIN["dst"], TRAIN["rtt"], TRAIN["event_time"], TRAIN["prb_id"]),
+                    ("10.0.0.1", "1.1.1.1", 9.0, 60, 1)])
+    pool = context_pool(TEST, train, "pair")
+    (ctx,) = context_indices(pool, TEST, np.array([3]), 16, "pair", per_pair=1)  # no per-pair cap: one pair
+    assert _rows(pool, ctx) == [("1.1.1.1", 60), ("1.1.1.1", 100), ("1.1.1.1", 200), ("1.1.1.1", 300)]
+    assert all((pool["src"][i], pool["dst"][i]) == query_pair for i in ctx)
+    (last2,) = context_indices(pool, TEST, np.array([3]), 2, "pair")
+    assert _rows(pool, last2) == [("1.1.1.1", 200), ("1.1.1.1", 300)]
+    (first,) = context_indices(pool, TEST, np.array([4]), 16, "pair")  # probe 2's first packet of its pair
+    assert len(first) == 0 and len(context_indices(pool, TEST, np.array([3]), 0, "pair")[0]) == 0
+
+
 def test_per_pair_keeps_the_most_recent_packets_of_each_pair():
     pool = context_pool(TEST, TRAIN, "cold")
     (ctx,) = context_indices(pool, TEST, np.array([3]), 16, "cold", per_pair=1)

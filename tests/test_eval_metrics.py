@@ -224,3 +224,23 @@ def test_crps_of_a_sample_is_its_equal_weight_distribution(xs, y):
     assert M.crps_samples([y], x, [0], [len(x)])[0] == pytest.approx(by_hand, rel=1e-9, abs=1e-9)
     w = np.full((1, len(x)), 1.0 / len(x))
     assert M.crps_distribution([y], x, w)[0] == pytest.approx(by_hand, rel=1e-9, abs=1e-9)
+
+
+def test_advice_names_what_to_ask_for_each_answer():
+    from pingctl.eval.report import advice
+
+    def row(name, err, crps=None, brier=None, log=None):
+        return {"predictor": name, "median_rel_err": err, "median_crps_ms": crps, "brier": brier, "log_score": log}
+
+    report = {"rows": [row("model", 0.3, 20.0, 0.005, 0.03), row("pair_median", 0.02, 0.9, 0.009, 0.04),
+                       row("vivaldi", 0.05), {"predictor": "noise_floor", "median_rel_err": 0.001}],
+              "predictors": {"model": {"info": {"steps": [299]}}},
+              "comparisons": {"model": {"pair_median": {"verdict": "worse", "ci_low": 0.2, "ci_high": 0.35}}}}
+    rtt, dist, fail = advice(report)
+    assert rtt.startswith("RTT: use pair_median (2.0% median error); the model (step 299) has 30.0%, behind it "
+                          "[+20.0, +35.0] points")
+    assert "pair_median is sharpest" in dist and "0.9 ms" in dist and "20.0 ms" in dist
+    assert fail.startswith("Failure: model gives the best P(failure) (Brier 0.0050")
+    report["rows"][0]["median_rel_err"] = 0.01  # the model best: ask it (never the noise floor)
+    assert advice(report)[0] == "RTT: ask the model (step 299): the lowest median error here (1.0%)."
+    assert advice({"rows": [row("pair_median", 0.02)]}) == []

@@ -110,7 +110,7 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
     from pingctl.eval.report import load_split
 
     out = tmp_path / "fair"
-    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "24",
+    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "40",
                             "--context", "4", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)

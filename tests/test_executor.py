@@ -86,6 +86,7 @@ def test_a_registered_engine_runs_ingest_fanned_out_and_a_rerun_redoes_only_the_
     assert dry["tasks_run"] == 3 and dry["target"] == "queue"
 
 
+@pytest.mark.slow
 def test_a_registered_engine_runs_build_rows_fanned_out(queue, synth_rows, tmp_path):
     out = tmp_path / "rows"
     r = CliRunner().invoke(app, ["build-rows", str(synth_rows / "synth"), "-o", str(out), "--target", "queue",

@@ -836,6 +836,7 @@ def test_cli_exit_codes(tmp_path):
     assert not (tmp_path / "o4").exists() and not (tmp_path / "o5").exists()
 
 
+@pytest.mark.slow
 def test_bench_ingest_small(tmp_path, monkeypatch):
     from pingctl.ingest import bench
 

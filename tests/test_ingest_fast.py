@@ -101,6 +101,7 @@ def test_parallel_bz2_damaged_identical(tmp_path, kind):
     _assert_same_as_bz2_module(f, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_FILES, reason=f"shared RIPE Atlas samples not found at {SHARED}")
 @pytest.mark.parametrize("name", [f.name for f in SHARED_FILES])
 def test_parallel_bz2_shared_samples_identical(tmp_path, name):
@@ -293,6 +294,7 @@ def test_fast_path_off_for_files_of_other_shapes():
     assert c["results_written"] == 601 and rej == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_FILES, reason=f"shared RIPE Atlas samples not found at {SHARED}")
 def test_fast_path_matches_generic_on_shared_samples():
     for f in SHARED_FILES:
@@ -302,6 +304,7 @@ def test_fast_path_matches_generic_on_shared_samples():
         assert c["results_written"] > 30_000 and all(x["reason"] == "no_src_addr" for x in rej)
 
 
+@pytest.mark.slow
 def test_bench_reports_parallel_bz2(tmp_path):
     pytest.importorskip("indexed_bzip2")
     from pingctl.ingest import bench

@@ -263,6 +263,49 @@ def test_shaping_puts_the_rtt_last_and_caps_each_pair_per_context(synth_rows):
     assert (b["inputs_segmentation"] == 0).mean() < 0.02
 
 
+def _pairs_per_context(batches) -> list[int]:
+    """Distinct (src, dst) pairs in each context of the batches."""
+    out = []
+    for b in batches:
+        for tokens, _ in _segments(b):
+            m = decode(tokens, "compact").measurements
+            out.append(len(np.unique(np.concatenate([m.src, m.dst, m.src_v6[:, None], m.dst_v6[:, None]], axis=1),
+                                     axis=0)))
+    return out
+
+
+def test_pair_history_contexts_hold_one_pair_and_mix_by_their_share(synth_rows):
+    rows = synth_rows / "rows"
+    every = _pairs_per_context(_batches(rows, 2, pair_history_share=1.0, pair_history_k=8, max_per_pair=1))
+    assert len(every) > 20 and set(every) == {1}  # each context is one pair's history (the per-pair cap does not apply)
+    plain = _pairs_per_context(_batches(rows, 2, max_per_pair=1))
+    assert np.mean([p == 1 for p in plain]) < 0.5  # a probe window spans many pairs
+    half = _pairs_per_context(_batches(rows, 4, pair_history_share=0.5, pair_history_k=8, max_per_pair=1))
+    one = np.mean([p == 1 for p in half])
+    assert np.mean([p == 1 for p in plain]) < one < 1.0
+
+
+def test_pair_history_is_the_pairs_last_k_before_a_query_and_the_query():
+    from types import SimpleNamespace
+
+    from pingctl.loader.sequences import pair_history
+
+    rec = SimpleNamespace(n=7, src_idx=np.array([0, 0, 1, 0, 0, 1, 0], np.uint32),
+                          dst_idx=np.array([5, 6, 5, 5, 5, 5, 6], np.uint32))
+
+    class At:  # an rng whose integers() picks the query
+        def __init__(self, q):
+            self.q = q
+
+        def integers(self, n):
+            return self.q
+
+    assert pair_history(rec, At(4), 16).tolist() == [0, 3, 4]  # (0, 5) up to position 4
+    assert pair_history(rec, At(4), 1).tolist() == [3, 4]
+    assert pair_history(rec, At(6), 16).tolist() == [1, 6]
+    assert pair_history(rec, At(2), 16).tolist() == [2]  # the pair's first packet: the query alone
+
+
 def test_first_per_pair_keeps_the_earliest_k_of_each_pair_in_time_order():
     from types import SimpleNamespace
 

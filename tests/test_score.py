@@ -292,7 +292,74 @@ def test_cli_bounds_are_usage_errors(tmp_path, extra, message):
 
 def test_cli_refuses_a_non_parquet_output_and_the_input_itself(planted, tmp_path):
     path, _, _ = planted
-    r = runner.invoke(app, ["score", "no-run", str(path), "-o", str(tmp_path / "s.csv"), "--json"])
-    assert r.exit_code == 2 and ".parquet" in json.loads(r.stdout)["error"]["message"]
+    r = runner.invoke(app, ["score", "no-run", str(path), "-o", str(tmp_path / "s.json"), "--json"])
+    assert r.exit_code == 2 and ".parquet or .csv" in json.loads(r.stdout)["error"]["message"]
     r = runner.invoke(app, ["score", "no-run", str(path), "-o", str(path)])
     assert r.exit_code == 2 and "being scored" in r.output
+
+
+def test_the_point_reads_are_rtt_distributions_at_s(model, planted):
+    """The PIT and tail read from P(first byte) and the refined second bytes (`_read`) against
+    the distribution `rtt_distributions_at` builds from the same passes."""
+    from pingctl.context import context_indices
+    from pingctl.infer import queries as Q
+    from pingctl.infer import score as S
+
+    path, _, _ = planted
+    got = S.read_input(path, 80)
+    rows = S._arrays(got.table)
+    idx = np.arange(got.table.num_rows)
+    ps, fulls = S.prompts(model, rows, idx, rows, context_indices(rows, rows, idx, 8, "probe"))
+    first, known, _ = S.teacher_forced(model, ps, fulls)
+    actual = rows["rtt"]
+    dists = Q.rtt_distributions_at(model, ps, quantiles=(), points=actual, first=first, known=known)
+    scored = S.score_rows(model, got, context=8)
+    pit = scored.column("pit").to_numpy()
+    for k, d in enumerate(dists):
+        if actual[k] >= 0:
+            x = float(S._values().reshape(-1)[int(S.token_codes([actual[k]])[0])])
+            want = min(float(d.probs[d.values_ms <= x].sum()), 1.0)
+            assert pit[k] == pytest.approx(want, abs=1e-7)
+
+
+def test_stream_scores_each_row_once_after_the_rows_before_it(model, tiny_run, planted, scored, tmp_path):
+    """The stream policy: every valid row scored, in file order, its context the probe's rows
+    before it in its window; the planted packets still rank first; CSV output."""
+    from pingctl.infer.score import _stream_windows, score_meta, score_table
+
+    windows = _stream_windows(np.full(100, 17), 248, 16)
+    scored_rows = np.concatenate([np.arange(s, b) for _, s, b in windows])
+    assert np.array_equal(scored_rows, np.arange(100))  # each once, in order
+    assert all(s - a <= 16 and (b - a) * 17 + 8 <= 248 for a, s, b in windows)
+    assert all(s - a >= 7 for a, s, _ in windows[1:])  # half the window holds 7 rows of 17 tokens
+
+    path, chosen, _ = planted
+    st = score_table(model, path, context=16, context_policy="stream")
+    meta = score_meta(st)
+    assert meta["context_policy"] == "stream" and st.num_rows == scored.num_rows
+    assert st.column("src_addr").to_pylist() == scored.column("src_addr").to_pylist()
+    ctx = st.column("context_measurements").to_numpy()
+    assert ctx.min() == 0 and ctx.max() > 7
+    rtt = st.column("rtt").to_numpy()
+    tail, pf, nll = (st.column(c).to_numpy() for c in ("tail_p", "p_fail", "nll"))
+    np.testing.assert_allclose(tail[rtt < 0], pf[rtt < 0])
+    assert np.isfinite(nll).all() and ((tail >= 0) & (tail <= 1)).all()
+    rank = np.empty(len(tail))
+    rank[np.lexsort((-nll, tail))] = np.arange(len(tail))
+    assert np.median(rank[chosen]) / len(tail) < 0.10
+    # close to the probe policy's scores on the same rows (different contexts, same model)
+    assert abs(np.median(nll) - np.median(scored.column("nll").to_numpy())) < 1.0
+
+    import pyarrow.csv as pcsv
+
+    out = tmp_path / "scores.csv"
+    r = runner.invoke(app, ["score", str(tiny_run), str(path), "-o", str(out), "--context-policy", "stream",
+                            "--limit", "300", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    back = pcsv.read_csv(out)
+    assert back.num_rows == res["rows_scored"] == 298 and back.column_names == st.column_names
+    assert res["engine"] == "light" and res["rows_per_s"] > 0 and res["context_policy"] == "stream"
+    # the first rows' windows are the same in the whole table's stream (rows are in time order)
+    first = st.slice(0, 298).column("nll").to_numpy()
+    assert np.abs(back.column("nll").to_numpy() - first).max() < 1e-3

@@ -43,8 +43,12 @@ def test_openapi_types_every_route_and_error(served):
                 err = resolved(responses[code]["content"]["application/json"]["schema"])
                 assert "error" in err["properties"], (path, code, err)
     assert set(schemas["ErrorInfo"]["properties"]) == {"kind", "message"}
-    # every request field says what it is
-    for name in ("RttRequest", "PairIn", "ContextRow", "CompleteRequest", "SearchRequest", "ScoreRequest"):
+    # every field of every request and answer says what it is
+    ours = {"RttRequest", "PairIn", "ContextRow", "CompleteRequest", "SearchRequest", "ScoreRequest", "RttOne",
+            "RttMany", "Prediction", "Rejected", "CompleteAnswer", "Completion", "SearchAnswer", "Candidate",
+            "ScoreAnswer", "ScoredRow", "Health", "Version", "Metadata", "ErrorBody", "ErrorInfo"}
+    assert ours <= set(schemas), ours - set(schemas)
+    for name in ours:
         for field, prop in schemas[name]["properties"].items():
             assert prop.get("description"), (name, field)
     for field in ("src", "dst", "k", "n", "seed"):
@@ -233,3 +237,51 @@ def test_a_fresh_service_warms_up_then_answers_a_burst_with_context_evenly(tiny_
         assert all(c is not None for c in closed), closed
         for s in slow:
             s.close()
+
+
+def _ask_together(srv, bodies: list[dict]) -> list[dict]:
+    out: dict[int, tuple] = {}
+    start = threading.Barrier(len(bodies))
+
+    def ask(i: int) -> None:
+        start.wait(60)
+        out[i] = call(srv, "POST", "/rtt", bodies[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert sorted(out) == list(range(len(bodies))) and all(s == 200 for s, _ in out.values()), out
+    return [out[i][1] for i in range(len(bodies))]
+
+
+def test_requests_with_context_share_calls_but_never_each_others_context(served, synth_rows):
+    """Concurrent requests with context whose sources and probes differ are answered in shared
+    Model.rtt_many calls, each as it is answered alone; two requests asking the same pair with
+    different contexts are not merged (each prompt holds its own request's rows only)."""
+    srv, _, app = served
+    by_src = dict(ips(synth_rows, 200))
+    ps = list(by_src.items())[:6]
+    assert len(ps) == 6
+    t0 = 1_704_000_000
+
+    def body(i: int, s: str, d: str, rtt: float, rows: int = 6) -> dict:
+        return {"src": s, "dst": d, "time": t0 + 86_400, "context_per_pair": 0, "context": [
+            {"src": s, "dst": d, "time": t0 + 600 * k, "rtt": rtt + k, "prb_id": 900 + i} for k in range(rows)]}
+
+    bodies = [body(i, s, d, 10.0 + 40 * i) for i, (s, d) in enumerate(ps)]
+    s0, d0 = ps[0]
+    bodies += [body(0, s0, d0, 2_000.0, rows=3)]  # the first pair again, with another (shorter) context
+    alone = [call(srv, "POST", "/rtt", b)[1] for b in bodies]
+    stats0 = dict(app.state.batcher.stats)
+    together = _ask_together(srv, bodies)
+    stats = app.state.batcher.stats
+    assert stats["jobs"] - stats0["jobs"] == len(bodies)
+    assert stats["batches"] - stats0["batches"] < len(bodies), (stats0, stats)  # some shared a call
+    for a, b in zip(together, alone):
+        assert a["context_measurements"] == b["context_measurements"] > 0
+        for k in ("p_fail", "p50_ms", "p95_ms"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-9), (k, a, b)
+    # merged, the first pair and its repeat would both have held 6 + 3 measurements
+    assert (together[0]["context_measurements"], together[-1]["context_measurements"]) == (6, 3)

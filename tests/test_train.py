@@ -77,6 +77,7 @@ def _pyconfig(texts: list[str], tmp_path: Path, *attrs: str) -> list[list[str]]:
     return values
 
 
+@pytest.mark.slow
 def test_every_preset_renders_a_config_maxtext_accepts(tmp_path, rows):
     # The last config resizes `tiny` through model.overrides, with fewer key/value heads than query
     # heads: the run summary's parameter count must follow the model MaxText really builds.
@@ -95,6 +96,7 @@ def test_every_preset_renders_a_config_maxtext_accepts(tmp_path, rows):
     assert architecture("tiny", cfgs[-1].model.overrides)["emb_dim"] == 96 != PRESETS["tiny"]["emb_dim"]
 
 
+@pytest.mark.slow
 def test_overrides_replace_template_keys_and_reach_maxtext(tmp_path, rows):
     # enable_dropout and dtype are also written by the template: the override must win, as the
     # only definition (MaxText's loader rejects duplicate keys; before, dropout_rate alone was inert)
@@ -185,6 +187,7 @@ def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
     assert again.returncode == 1 and "already trained to step 60" in again.stderr
 
 
+@pytest.mark.slow
 def test_max_minutes_stops_at_a_committed_checkpoint_and_the_rerun_resumes_there(rows, tmp_path):
     run = tmp_path / "run"
     common = [str(rows[0]), "--run-dir", str(run), *TINY, "--set", "train.eval_interval=-1",
@@ -307,6 +310,7 @@ def test_generalization_gap_compares_the_last_eval_with_the_steps_before_it():
     assert M.generalization_gap(recs[:100]) is None  # no eval
 
 
+@pytest.mark.slow
 def test_damaged_rows_fail_the_run_instead_of_ending_it_quietly(rows, tmp_path):
     """MaxText ends its step loop on a data-iterator exception and exits 0; pingctl must not call
     that a finished run (no summary.json, the completion marker) and must say why."""
@@ -329,6 +333,7 @@ def test_damaged_rows_fail_the_run_instead_of_ending_it_quietly(rows, tmp_path):
         assert "Traceback" not in r.stderr and not (run / "summary.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hardware", ["cpu", "gpu"])
 @pytest.mark.parametrize("given", [None, "", " "])
 def test_xla_flags_we_set_are_ones_xla_accepts(hardware, given):
@@ -464,6 +469,7 @@ def test_slurm_cpu_jobs_reserve_no_gpus_and_paths_with_spaces_are_refused(rows, 
     assert r.exit_code == 2 and "without spaces" in r.output and not (tmp_path / "a b").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_metrics_of_the_steps_already_run(rows, tmp_path):
     run = tmp_path / "int"
     proc = subprocess.Popen(
@@ -550,6 +556,7 @@ def test_a_step_logged_but_stopped_before_its_events_stays_in_the_history(tmp_pa
     assert [r["step"] for r in M.run_history(tmp_path)] == list(range(20))  # no log given: the events alone
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_keeps_the_killed_invocations_metrics(rows, tmp_path):
     # metrics.jsonl and loss.png must cover every step of a run across a kill -9 and a resume, not
     # only the steps of the invocation that finished it.

@@ -89,6 +89,7 @@ def test_a_multi_node_task_joins_jax_from_srun_variables(env, want):
     assert got["cluster_detection_method"] == "deactivate"
 
 
+@pytest.mark.slow
 def test_two_workers_join_one_jax_system_from_fake_srun_environments():
     # Two "nodes" on this machine with the variables srun sets: each worker must see both
     # processes' devices, so the per-device batch is the global batch / 2.

@@ -30,6 +30,7 @@ SUMMARY = "summary.json"
 STOPPED = "stopped.json"  # the worker writes it when train.max_minutes ended the run
 MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
 COMMITTED = "commit_success.txt"  # Orbax's marker of a checkpoint written whole
+LIGHT_CACHE = ".light"  # the light engine's weights, converted from the checkpoints (pingctl.infer.light_weights)
 
 
 def checkpoints_dir(run: Path | str) -> Path:

@@ -267,7 +267,8 @@ def bench_sample(
     streams: Annotated[int, typer.Option(
         min=0, max=MAX_STREAMS, help="Streams of 4 measurements to generate (0: skip).")] = 8,
     engine: Annotated[str | None, typer.Option(
-        help="light, maxtext, or both (default: both where MaxText is installed, else light).")] = None,
+        help="light, maxtext, numpy, both (light and maxtext) or all (default: both where MaxText is installed, "
+             "else light).")] = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
     as_json: JsonOpt = False,
@@ -285,14 +286,14 @@ def bench_sample(
     from pingctl.artifacts.run import parse_steps
     from pingctl.cli.common import step_progress
     from pingctl.infer.bench import bench_engines
-    from pingctl.infer.model import ENGINES, LoadedModel, check_engine
+    from pingctl.infer.model import LoadedModel, check_engine
     from pingctl.infer.runtime import check_hardware
 
     check_hardware(hardware)
     if engine is None:
-        engines = list(ENGINES) if importlib.util.find_spec("maxtext") is not None else ["light"]
-    elif engine == "both":
-        engines = list(ENGINES)
+        engines = ["light", "maxtext"] if importlib.util.find_spec("maxtext") is not None else ["light"]
+    elif engine in ("both", "all"):
+        engines = ["light", "maxtext"] + (["numpy"] if engine == "all" else [])
     else:
         engines = [check_engine(engine)]
     sizes = _counts(context, "--context", 0, MAX_CONTEXT)

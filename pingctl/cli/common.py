@@ -35,8 +35,8 @@ HardwareOpt = Annotated[str | None, typer.Option(
     help="Run the model on cpu or gpu (default: as the run was trained, its train.hardware; a run "
          "trained for a GPU is then asked on the CPU where JAX finds none).")]
 EngineOpt = Annotated[str | None, typer.Option(
-    help="What runs the model: light (plain JAX, no MaxText: the default) or maxtext (the reference); "
-         "default: $PINGCTL_ENGINE, else light.")]
+    help="What runs the model: light (plain JAX, no MaxText: the default), maxtext (the reference) or "
+         "numpy (no JAX; slower); default: $PINGCTL_ENGINE, else light.")]
 StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]

@@ -23,8 +23,9 @@ def shard(
     test: Annotated[float | None, typer.Option("--test", help="Test fraction (not for regimes: see --regime).")] = None,
     regime: Annotated[list[str] | None, typer.Option(
         "--regime", help="NAME=FRACTION for --strategy regimes, repeatable: time (last share of rows), pair "
-        "(share of pairs), probe (share of sources), target (share of destinations); "
-        "defaults time=0.1 pair=0.05 probe=0.05 target=0.05 (config data.shard.regimes.NAME)",
+        "(share of pairs), probe (share of sources), target (share of destinations), val (val_pair/val_probe/"
+        "val_target groups per test group); defaults time=0.1 pair=0.05 probe=0.05 target=0.05 val=0.5 "
+        "(config data.shard.regimes.NAME)",
     )] = None,
     seed: Annotated[int | None, typer.Option(help="Assignment seed.")] = None,
     memory_limit: MemoryLimitOpt = None,
@@ -98,8 +99,8 @@ def _regime_values(items: list[str] | None) -> dict:
     for item in items or []:
         name, sep, text = item.partition("=")
         name = name.strip()
-        if not sep or name not in REGIMES:
-            raise UsageError(f"--regime {item!r}: expected NAME=FRACTION with NAME one of {', '.join(REGIMES)}")
+        if not sep or name not in (*REGIMES, "val"):
+            raise UsageError(f"--regime {item!r}: expected NAME=FRACTION with NAME one of {', '.join(REGIMES)}, val")
         try:
             values[f"data.shard.regimes.{name}"] = float(text)
         except ValueError:

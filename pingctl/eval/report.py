@@ -432,6 +432,46 @@ def summary_rows(report: dict, slice: str = "all") -> list[dict]:
     return rows
 
 
+def advice(report: dict) -> list[str]:
+    """What a user should ask for these packets, in sentences: the predictor with the lowest
+    median relative error and the model against it (its interval), the sharpest distribution
+    (median CRPS) and the best P(failure) (Brier score). From a report's `rows` and the model's
+    comparisons; [] for a report without a model."""
+    rows = {r["predictor"]: r for r in report.get("rows") or [] if r["predictor"] != NOISE_FLOOR}
+    model = rows.get("model")
+    if model is None or model.get("median_rel_err") is None:
+        return []
+
+    def best(key: str) -> str | None:
+        have = {n: r[key] for n, r in rows.items() if r.get(key) is not None}
+        return min(have, key=have.get) if have else None
+
+    steps = ((report.get("predictors") or {}).get("model", {}).get("info") or {}).get("steps") or []
+    who = f"the model (step {max(steps)})" if steps else "the model"
+    out = []
+    point = best("median_rel_err")
+    if point == "model":
+        out.append(f"RTT: ask {who}: the lowest median error here ({100 * model['median_rel_err']:.1f}%).")
+    elif point is not None:
+        c = ((report.get("comparisons") or {}).get("model") or {}).get(point) or {}
+        how = {"worse": "behind it", "tie": "tied with it", "better": "ahead of it"}.get(c.get("verdict"), "")
+        ci = (f" [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}] points" if c.get("ci_low") is not None else "")
+        out.append(f"RTT: use {point} ({100 * rows[point]['median_rel_err']:.1f}% median error); {who} has "
+                   f"{100 * model['median_rel_err']:.1f}%, {how}{ci}"
+                   + ("; a longer run or a larger preset is what closes that (docs/eval.md, scaling)."
+                      if c.get("verdict") == "worse" else "."))
+    dist = best("median_crps_ms")
+    if dist is not None:
+        out.append(f"Distribution: {dist} is sharpest where it is right (median CRPS "
+                   f"{rows[dist]['median_crps_ms']:.1f} ms; the model's {model.get('median_crps_ms') or float('nan'):.1f} ms).")
+    fail = best("brier")
+    if fail is not None:
+        out.append(f"Failure: {fail} gives the best P(failure) (Brier {rows[fail]['brier']:.4f}, log score "
+                   f"{rows[fail]['log_score']:.4f} nats)" + ("." if fail == "model" or model.get("brier") is None else
+                                                             f"; the model's Brier {model['brier']:.4f}."))
+    return out
+
+
 def is_plot_name(name: str, fmt: str = "png") -> bool:
     """A file name write_plots writes (with any predictor's scatter)."""
     return name in (f"error_cdf.{fmt}", f"calibration.{fmt}") or (name.startswith("scatter_") and name.endswith(f".{fmt}"))

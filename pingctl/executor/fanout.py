@@ -19,8 +19,8 @@ from typing import Callable
 
 from pingctl.errors import PingctlError
 from pingctl.executor.base import Executor
-from pingctl.fanout.step import NOT_RUN, FanoutStep
-from pingctl.fanout.work import locked, write_plan
+from pingctl.fanout.step import FanoutStep
+from pingctl.fanout.work import NOT_RUN, locked, write_plan
 
 
 def run(step: FanoutStep, executor: Executor, *, dry_run: bool = False,

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Callable
 
 TASKS = "tasks"
-NOT_RUN = "not done yet"
 
 
 def task_function(ref: str) -> Callable[[Path, int], dict]:

@@ -16,6 +16,7 @@ from pingctl.atomic import write_json
 from pingctl.errors import PingctlError
 
 PLAN = "plan.json"  # in the work directory: the tasks, their keys and the command's options
+NOT_RUN = "not done yet"
 
 
 def read_plan(work: Path, kind: str, command: str) -> dict:
@@ -49,6 +50,24 @@ def locked(work: Path, command: str) -> Iterator[None]:
         except OSError:
             raise PingctlError(f"another `pingctl {command}` is running on {work}: wait for it to finish") from None
         yield
+
+
+def read_marker(d: Path, name: str, kind: str, task: dict, changed: str) -> tuple[dict | None, str | None]:
+    """A task directory's completion marker `name` when it is one of `kind` made for `task`'s
+    key: (record, None), else (None, why not). `changed`: what a stale key means for this step."""
+    if not d.is_dir():
+        return None, NOT_RUN
+    try:
+        rec = json.loads((d / name).read_text())
+    except FileNotFoundError:
+        return None, f"{d} has no {name}: the task did not finish"
+    except (OSError, ValueError) as e:
+        return None, f"{d / name} is unreadable ({e})"
+    if not isinstance(rec, dict) or rec.get("kind") != kind:
+        return None, f"{d / name} is not a pingctl {kind.removeprefix('pingctl-').replace('-', ' ')}"
+    if rec.get("key") != task["key"]:
+        return None, f"made for another plan ({changed} changed)"
+    return rec, None
 
 
 def describe(path: Path) -> dict:

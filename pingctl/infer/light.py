@@ -91,6 +91,7 @@ _IGNORED = frozenset({
     "init_weights_seed", "checkpoint_storage_use_ocdbt", "checkpoint_storage_use_zarr3", "profiler",
 })
 _IGNORED_PREFIXES = ("adam_", "wandb_", "tensorboard_", "ici_", "dcn_", "profiler_", "upload_", "checkpoint_")
+ACTIVATIONS = ("gelu", "relu", "silu", "linear")  # jax.nn's (gelu: the tanh approximation, its default)
 _SHAPE_KEYS = ("vocab_size", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "head_dim",
                "base_mlp_dim")
 
@@ -135,11 +136,9 @@ class Arch:
         get = {**_DEFAULTS, **keys}.get
         acts = get("mlp_activations") or ["silu", "linear"]
         acts = tuple([acts] if isinstance(acts, str) else acts)
-        import jax
-
         for a in acts:
-            if a != "linear" and not callable(getattr(jax.nn, a, None)):
-                raise Unsupported(f"mlp_activations {a!r}: not a jax.nn function")
+            if a not in ACTIVATIONS:
+                raise Unsupported(f"mlp_activations {a!r} (the light engine implements {', '.join(ACTIVATIONS)})")
         heads = int(keys["base_num_query_heads"])
         kv = int(get("base_num_kv_heads") or heads)
         if heads % kv:
@@ -192,37 +191,39 @@ def check_weights(arch: Arch, tensors: dict, source) -> None:
                            f"({len(extra)} such)")
 
 
+# parameter -> weight name (the layer weights, stacked on axis 1, are those under "layers")
+_NAMES = {"embedding": "token_embedder.embedding", "final_norm": "decoder.decoder_norm.scale",
+          "logits": "decoder.logits_dense.kernel"}
+_LAYER_NAMES = {"pre_norm": "pre_self_attention_layer_norm.scale", "post_norm": "post_self_attention_layer_norm.scale",
+                "q": "self_attention.query.kernel", "k": "self_attention.key.kernel",
+                "v": "self_attention.value.kernel", "o": "self_attention.out.kernel", "wo": "mlp.wo.kernel"}
+
+
+def layout(arch: Arch, put) -> dict:
+    """The parameters a decoder reads, `put(name, layered)` of each weight: the top-level
+    ones, and under "layers" the stacked ones (`layered`: layer axis 1 to move first), the
+    MLP's input kernels as a list (one per activation)."""
+    wi = ["decoder.layers.mlp.wi.kernel"] if len(arch.activations) == 1 else \
+        [f"decoder.layers.mlp.wi_{i}.kernel" for i in range(len(arch.activations))]
+    return {**{k: put(name, False) for k, name in _NAMES.items()},
+            "layers": {**{k: put(f"decoder.layers.{name}", True) for k, name in _LAYER_NAMES.items()},
+                       "wi": [put(n, True) for n in wi]}}
+
+
 def prepare(arch: Arch, tensors: dict):
     """The device-side parameters: layer axis first (for lax.scan), cast to the compute dtype
-    (as MaxText casts each weight before its matmul; the norms' scales likewise)."""
+    (as MaxText casts each weight before its matmul; the norms' scales likewise; the logits
+    kernel to float32 with `logits_dot_in_fp32`)."""
     import jax.numpy as jnp
 
     dt = jnp.dtype(arch.dtype)
 
-    def put(name, layered=False, dtype=dt):
+    def put(name, layered):
         a = np.asarray(tensors[name])
-        if layered:
-            a = np.moveaxis(a, 1, 0)
-        return jnp.asarray(a, dtype)
+        a = np.moveaxis(a, 1, 0) if layered else a
+        return jnp.asarray(a, jnp.float32 if name == _NAMES["logits"] and arch.logits_dot_in_fp32 else dt)
 
-    wi = ["decoder.layers.mlp.wi.kernel"] if len(arch.activations) == 1 else \
-        [f"decoder.layers.mlp.wi_{i}.kernel" for i in range(len(arch.activations))]
-    logits_dt = jnp.float32 if arch.logits_dot_in_fp32 else dt
-    return {
-        "embedding": put("token_embedder.embedding"),
-        "final_norm": put("decoder.decoder_norm.scale"),
-        "logits": put("decoder.logits_dense.kernel", dtype=logits_dt),
-        "layers": {
-            "pre_norm": put("decoder.layers.pre_self_attention_layer_norm.scale", True),
-            "post_norm": put("decoder.layers.post_self_attention_layer_norm.scale", True),
-            "q": put("decoder.layers.self_attention.query.kernel", True),
-            "k": put("decoder.layers.self_attention.key.kernel", True),
-            "v": put("decoder.layers.self_attention.value.kernel", True),
-            "o": put("decoder.layers.self_attention.out.kernel", True),
-            "wi": [put(n, True) for n in wi],
-            "wo": put("decoder.layers.mlp.wo.kernel", True),
-        },
-    }
+    return layout(arch, put)
 
 
 # ----------------------------------------------------------------- the network

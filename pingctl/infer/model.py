@@ -33,7 +33,7 @@ from pingctl.infer import light_weights as LW
 from pingctl.infer.runtime import check_hardware, inference_config, prepare_env, require_gpu
 from pingctl.tokenizer import C, GrammarState, decode, get_vocab
 
-ENGINES = ("light", "maxtext")
+ENGINES = ("light", "maxtext", "numpy")
 ENGINE_ENV = "PINGCTL_ENGINE"
 LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_BATCHES = (8,)
@@ -156,7 +156,7 @@ class LoadedModel:
     _hardware: str = "cpu"
     device: str = "cpu"  # the JAX platform the forward passes run on (cpu, gpu, tpu)
     _kv: object = None  # kv_cache.SecondBytes / light_kv.SecondBytes once built; False when it cannot be
-    engine: str = "light"  # what runs the forward passes: light (pingctl.infer.light) or maxtext
+    engine: str = "light"  # what runs the forward passes: light (pingctl.infer.light), maxtext or numpy
     _tensors: dict | None = None  # the light engine's weights by name, as loaded
     _arch: object = None  # the light engine's light.Arch
 
@@ -178,12 +178,12 @@ class LoadedModel:
         steps = _export_steps(run, step) if export else resolve_steps(run, step)
         hw = check_hardware(hardware) or cfg.train.hardware
         prepare_env(hw, forced=hardware is not None)
-        if (asked or "light") == "light":
+        if (asked or "light") != "maxtext":
             try:
-                return cls._load_light(run, cfg, export, steps, hw, hardware, batch)
+                return cls._load_light(run, cfg, export, steps, hw, hardware, batch, numpy=asked == "numpy")
             except light.Unsupported as e:
-                if asked == "light":
-                    raise PingctlError(f"--engine light: {run}: {e}; answer with --engine maxtext") from None
+                if asked:
+                    raise PingctlError(f"--engine {asked}: {run}: {e}; answer with --engine maxtext") from None
                 if importlib.util.find_spec("maxtext") is None:
                     raise PingctlError(f"{run}: {e}, and MaxText, which would answer it, is not installed "
                                        "(pip install 'pingctl[train]')") from None
@@ -192,7 +192,7 @@ class LoadedModel:
 
     @classmethod
     def _load_light(cls, run: Path, cfg, export: bool, steps: list[int], hw: str, hardware: str | None,
-                    batch: int):
+                    batch: int, numpy: bool = False):
         arch = light.Arch.from_keys(_maxtext_keys(run, export))
         if export:
             source, tensors = EX.weights_path(run), LW.export_tensors(run)
@@ -201,6 +201,13 @@ class LoadedModel:
             with _quiet_failed_restore():
                 tensors = LW.average(LW.run_tensors(run, s) for s in steps)
         light.check_weights(arch, tensors, source)
+        if numpy:  # no JAX at all: the runtime comparison's NumPy column (pingctl.infer.light_numpy)
+            from pingctl.infer import light_numpy
+
+            return cls(run, steps[-1], cfg.tokenizer.scheme, cfg.loader.seq_len, arch.vocab, batch,
+                       functools.partial(light_numpy.decoder, arch=arch), light_numpy.prepare(arch, tensors),
+                       cfg.loader.max_per_pair, trained_with_timestamps(cfg.loader.mode_weights), tuple(steps), None,
+                       hw, "cpu", engine="numpy", _tensors=tensors, _arch=arch)
         jax = _jax(cfg, hardware)
         params = light.prepare(arch, tensors)
         forward = jax.jit(functools.partial(light.decoder, arch=arch))
@@ -321,7 +328,7 @@ class LoadedModel:
         if self.engine == "light":
             if firsts and light_kv.worth_it(len(firsts), n_cand):
                 kv = self._kv_engine(0, byte0)
-        elif firsts and kv_cache.worth_it(min(len(f) for f in firsts), n_cand):
+        elif self.engine == "maxtext" and firsts and kv_cache.worth_it(min(len(f) for f in firsts), n_cand):
             kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
         if kv is not None:
             try:

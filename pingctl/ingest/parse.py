@@ -746,12 +746,18 @@ def _destination(k: _Run, d: dict, line: int, raw):
         field_, text, missing = "dst_addr", dst, "bad_dst_addr"
     dinfo = k.lookup(text)
     if dinfo is None:
-        v4 = ipv4_mapped(text)
-        if v4 is not None:
-            k.reject("ipv4_mapped", line, raw, d, _mapped(field_, text, v4))
-        else:
-            k.reject(missing, line, raw, d)
+        _not_an_address(k, missing, field_, text, line, raw, d)
     return dinfo
+
+
+def _not_an_address(k: _Run, why: str, field_: str, text, line: int, raw, d: dict, detail: str | None = None) -> None:
+    """Reject `d` for its `field_` (`text`), which is no address pingctl takes: an IPv4-mapped
+    IPv6 one is named as such, anything else is `why`."""
+    v4 = ipv4_mapped(text)
+    if v4 is not None:
+        k.reject("ipv4_mapped", line, raw, d, _mapped(field_, text, v4))
+    else:
+        k.reject(why, line, raw, d, detail)
 
 
 def _auto_source(k: _Run, d: dict, af: int, line: int, raw) -> str | None:
@@ -816,11 +822,7 @@ def _chosen_source(k: _Run, d: dict, af: int, line: int, raw) -> str | None:
         return None
     sinfo = k.lookup(s)
     if sinfo is None:
-        v4 = ipv4_mapped(s)
-        if v4 is not None:
-            k.reject("ipv4_mapped", line, raw, d, _mapped(src_mode, s, v4))
-        else:
-            k.reject("bad_src_addr", line, raw, d, src_mode)
+        _not_an_address(k, "bad_src_addr", src_mode, s, line, raw, d, src_mode)
         return None
     if sinfo[1] != af:
         k.reject("af_mismatch", line, raw, d, src_mode)

@@ -219,7 +219,7 @@ def make_dataset(
     _configure_grain(cfg)
     keep = loss_keep_table(cfg.loss_keep, scheme) if train else None  # eval loss stays the plain NLL
     # Shaping changes which rows exist, so train and eval share it (the gap stays comparable).
-    shaping = Shaping(cfg.result_last, cfg.max_per_pair)
+    shaping = Shaping(cfg.result_last, cfg.max_per_pair, cfg.pair_history_share, cfg.pair_history_k)
     tri, destinations = triangulation(rows_dir, manifest, cfg, scheme)  # train and eval alike, as shaping
     make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping,
                                         tri, destinations)

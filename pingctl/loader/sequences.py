@@ -41,10 +41,15 @@ class Shaping:
     keep a uniform order), so more RTT targets are predicted from both addresses.
     max_per_pair: at most this many measurements of one (src, dst) pair per context, the
     earliest in time (0 = no cap); fewer RTTs can be copied from the same pair's packets.
+    pair_share, pair_k: the share of contexts that are instead one pair's history, its last
+    `pair_k` measurements before a query of it and the query (the pair's own packets, which
+    max_per_pair would otherwise keep from a context): what eval's `pair` prompts hold.
     """
 
     result_last: float = 0.0
     max_per_pair: int = 0
+    pair_share: float = 0.0
+    pair_k: int = 16
 
 
 NO_SHAPING = Shaping()
@@ -142,7 +147,8 @@ def pack_sequences(
     shaping: Shaping = NO_SHAPING,
 ) -> PackedSequences:
     """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec`."""
-    plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme, shaping.max_per_pair)
+    plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme, shaping.max_per_pair, shaping.pair_share,
+                           shaping.pair_k)
     return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last), n_rows, seq_len)
 
 
@@ -152,9 +158,17 @@ def _first_per_pair(rec: ProbeRecord, idx: np.ndarray, k: int) -> np.ndarray:
     return idx[first_k_per_key(key, k)]
 
 
+def pair_history(rec: ProbeRecord, rng: np.random.Generator, k: int) -> np.ndarray:
+    """Time-ordered record positions of one pair-history context: a random query's pair, its last
+    `k` measurements before the query, then the query."""
+    q = int(rng.integers(rec.n))
+    same = np.flatnonzero((rec.src_idx[: q + 1] == rec.src_idx[q]) & (rec.dst_idx[: q + 1] == rec.dst_idx[q]))
+    return same[-(k + 1):]
+
+
 def choose_contexts(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    max_per_pair: int = 0,
+    max_per_pair: int = 0, pair_share: float = 0.0, pair_k: int = 16,
 ) -> Plan:
     base = base_lengths(rec, scheme)
     cum = np.concatenate([[0], np.cumsum(base)])
@@ -174,13 +188,17 @@ def choose_contexts(
                 break
             # A miss re-draws only the window: re-drawing the mode too would favour the
             # timestamp-free mode in the last, tight slot of every row.
-            start, length = _window(rec.n, rng)
-            idx = np.arange(start, start + length)
-            if max_per_pair:
-                idx = _first_per_pair(rec, idx, max_per_pair)
+            if pair_share > 0 and rng.random() < pair_share:
+                idx = pair_history(rec, rng, pair_k)
                 est = int(base[idx].sum())
             else:
-                est = int(cum[start + length] - cum[start])
+                start, length = _window(rec.n, rng)
+                idx = np.arange(start, start + length)
+                if max_per_pair:
+                    idx = _first_per_pair(rec, idx, max_per_pair)
+                    est = int(base[idx].sum())
+                else:
+                    est = int(cum[start + length] - cum[start])
             # Cheap upper-ish estimate (timestamps as delta1) decides whether to subsample.
             if scheme == "compact" and mode != NONE:
                 est += 7 + 2 * len(idx) * (1 if mode == FULL else 0.5)

@@ -48,7 +48,7 @@ PART = "part.json"
 REJECTS = "rejects.jsonl"
 PLAN_KIND = "pingctl-build-rows-fanout-plan"
 PART_KIND = "pingctl-build-rows-fanout-part"
-NOT_RUN = "not done yet"
+NOT_RUN = fanout_work.NOT_RUN
 
 
 def work_dir(out: Path) -> Path:
@@ -164,18 +164,9 @@ def run_task(work: Path, index: int) -> dict:
 def read_task(work: Path, task: dict, by: str) -> tuple[dict | None, str | None]:
     """(part.json, None) when task `task` of the plan is done and intact, else (None, why not)."""
     d = task_dir(work, task["index"])
-    if not d.is_dir():
-        return None, NOT_RUN
-    try:
-        rec = json.loads((d / PART).read_text())
-    except FileNotFoundError:
-        return None, f"{d} has no {PART}: the task did not finish"
-    except (OSError, ValueError) as e:
-        return None, f"{d / PART} is unreadable ({e})"
-    if not isinstance(rec, dict) or rec.get("kind") != PART_KIND:
-        return None, f"{d / PART} is not a pingctl build-rows part manifest"
-    if rec.get("key") != task["key"]:
-        return None, "made for another plan (the split, the options or the pingctl version changed)"
+    rec, why = fanout_work.read_marker(d, PART, PART_KIND, task, "the split, the options or the pingctl version")
+    if rec is None:
+        return None, why
     problem = check_task(d, rec, by)
     return (None, problem) if problem else (rec, None)
 

@@ -14,10 +14,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from pingctl.api import Context, Model
 from pingctl.errors import UsageError
+from pingctl.schema.columns import arrow_schema
 from pingctl.serve import schemas as S
+from pingctl.tokenizer import Measurements
 
 
 class FieldError(UsageError):
@@ -62,8 +67,6 @@ def canonical_table(src: list[str], dst: list[str], seconds: list[int], rtt: lis
     context or scores."""
     import pyarrow as pa
 
-    from pingctl.schema.columns import arrow_schema
-
     n = len(src)
     return pa.table({
         "msm_id": [0] * n, "event_time": pa.array([int(t) * 1_000_000 for t in seconds], pa.timestamp("us", tz="UTC")),
@@ -79,14 +82,16 @@ def rows_table(rows: list[S.ContextRow]):
 
 
 def context(rows: list[S.ContextRow] | None) -> Context | None:
-    """The body's context rows as a `pingctl.api.Context` (prb_id kept), or None."""
+    """The body's context rows as a `pingctl.api.Context`, prb_id kept (-1 where none). The
+    rows passed build-rows' checks in the body's schema, so the Context is built from them
+    directly: `Context.load` of a table would check them again through a Parquet file and
+    DuckDB, ~100 ms a request, which was most of a one-pair request's time with context."""
     if not rows:
         return None
-    import warnings
-
-    with warnings.catch_warnings():  # the body's checks are build-rows' own: nothing is skipped here
-        warnings.simplefilter("ignore")
-        return Context.load(rows_table(rows))
+    m = Measurements.from_fields([r.src for r in rows], [r.dst for r in rows], [r.rtt for r in rows],
+                                 [int(r.time) for r in rows])
+    prb = np.array([-1 if r.prb_id is None else r.prb_id for r in rows], np.int64)
+    return Context(m, prb, {"rows_read": len(rows), "rows_rejected": 0, "rejected": {}}, "context")
 
 
 # ----------------------------------------------------------------- RTT distributions
@@ -125,6 +130,60 @@ def rtt_rows(model: Model, items: list[dict], exact: bool, ctx: Context | None =
         for k in ("src", "dst", "ip_version", "time"):
             r.pop(k, None)
         out[i] = r
+    return out
+
+
+@dataclass(eq=False)
+class Asked:
+    """One request's context and every name a prompt is picked by (source addresses, probe
+    ids): requests whose names are disjoint can share one `Model.rtt_many` call over their
+    merged contexts, since a pair's prompt holds only rows of its own source's probe (by
+    prb_id, else by address), and none of those rows then come from another request."""
+
+    context: Context
+    names: frozenset
+
+    @classmethod
+    def of(cls, ctx: Context, items: list[dict]) -> Asked:
+        names = {("addr", a) for a in ctx.measurements.src_text()} | {("addr", i["src"]) for i in items}
+        if ctx.prb is not None:
+            names |= {("prb", int(p)) for p in np.unique(ctx.prb[ctx.prb >= 0])}
+        return cls(ctx, frozenset(names))
+
+
+def _merged(asked: list[Asked]) -> Context:
+    if len(asked) == 1:
+        return asked[0].context
+    parts = [a.context for a in asked]
+    prb = np.concatenate([c.prb if c.prb is not None else np.full(len(c), -1, np.int64) for c in parts])
+    return Context(Measurements.concat([c.measurements for c in parts]), prb,
+                   {"rows_read": sum(len(c) for c in parts), "rows_rejected": 0, "rejected": {}}, "context")
+
+
+def rtt_rows_shared(model: Model, items: list[tuple[dict, Asked]], exact: bool,
+                    context_per_pair: int | None = None) -> list[dict]:
+    """The batch function of requests with context: `items` ({src, dst, time}, its request's
+    `Asked`) of several requests, answered in as few `Model.rtt_many` calls as their names
+    allow (requests naming a common address or probe go to separate calls)."""
+    where: dict[int, list[int]] = {}
+    asked: dict[int, Asked] = {}
+    for k, (_, a) in enumerate(items):
+        where.setdefault(id(a), []).append(k)
+        asked[id(a)] = a
+    calls: list[tuple[list[Asked], set]] = []
+    for a in asked.values():
+        for group, names in calls:
+            if names.isdisjoint(a.names):
+                group.append(a)
+                names |= a.names
+                break
+        else:
+            calls.append(([a], set(a.names)))
+    out: list[dict] = [{} for _ in items]
+    for group, _ in calls:
+        idx = [k for a in group for k in where[id(a)]]
+        for k, r in zip(idx, rtt_rows(model, [items[k][0] for k in idx], exact, _merged(group), context_per_pair)):
+            out[k] = r
     return out
 
 

@@ -28,6 +28,7 @@ from pingctl.serve import answers as A
 from pingctl.serve import routes as RT
 from pingctl.serve import schemas as S
 from pingctl.serve import warmup as W
+from pingctl.serve.responses import errors
 from pingctl.serve.batcher import Batcher, Overloaded
 
 log = logging.getLogger("pingctl.serve")
@@ -223,8 +224,6 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(PingctlError, on_refused)
     app.add_exception_handler(HTTPException, on_http_error)
-    from pingctl.serve.responses import errors
-
     for path, method, fn, model_type, summary, codes in RT.ROUTES:
         app.add_api_route(path, fn, methods=[method], response_model=model_type, summary=summary,
                           responses=errors(*codes))

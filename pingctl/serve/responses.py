@@ -29,7 +29,7 @@ class ErrorBody(_Out):
     """Every non-200 answer of the application: `{"error": {"kind", "message"}}`; a 422 adds
     FastAPI-style `detail` (loc, msg, type per problem)."""
 
-    error: ErrorInfo
+    error: ErrorInfo = Field(description="What kind of error, and the message naming the field")
     detail: list[dict] | str | None = Field(None, description="422: each problem as {loc, msg, type}")
 
 
@@ -76,7 +76,7 @@ class _RttHead(_Out):
 class RttOne(_RttHead, Summary):
     """One pair's distribution (the one-pair form)."""
 
-    mode: Literal["distribution"]
+    mode: Literal["distribution"] = Field(description="The one-pair form's answer")
     src: str = Field(description="Source address, canonical")
     dst: str = Field(description="Destination address, canonical")
     time: int | None = Field(description="The question's time, Unix seconds (null: none)")
@@ -99,7 +99,7 @@ class Rejected(_Out):
 class RttMany(_RttHead):
     """Many pairs: each good pair answered in order, each bad one listed with its reason."""
 
-    mode: Literal["pairs"]
+    mode: Literal["pairs"] = Field(description="The many-pairs form's answer")
     asked: int = Field(description="Pairs in the request")
     answered: int = Field(description="Pairs answered (asked - rejected)")
     distinct: int = Field(description="Distinct questions computed (a repeated pair is computed once)")
@@ -114,8 +114,8 @@ RttAnswer = Annotated[RttOne | RttMany, Field(discriminator="mode")]
 
 
 class Completion(_Out):
-    src: str
-    dst: str
+    src: str = Field(description="Source address filling the src pattern")
+    dst: str = Field(description="Destination address filling the dst pattern")
     probability: float | None = Field(description="P(src, dst | the patterns[, rtt]) under the model")
     log_prob: float | None = Field(description="Its natural log")
 
@@ -126,29 +126,29 @@ class _Answered(_Out):
 
 
 class CompleteAnswer(_Answered):
-    mode: Literal["complete"] = "complete"
+    mode: Literal["complete"] = Field("complete", description="A completion's answer")
     completions: list[Completion] = Field(description="The k most probable completions, most probable first")
 
 
 class Candidate(_Out):
-    dst: str
+    dst: str = Field(description="A destination address the source reaches at the RTT")
     probability: float | None = Field(description="P(dst | src, rtt) under the model")
     samples: int = Field(description="How many of the n samples drew it")
 
 
 class SearchAnswer(_Answered):
-    mode: Literal["inverse"] = "inverse"
+    mode: Literal["inverse"] = Field("inverse", description="An inverse search's answer")
     candidates: list[Candidate] = Field(description="The k most probable destinations, most probable first")
 
 
 class ScoredRow(_Out):
     model_config = ConfigDict(extra="allow")  # the canonical columns come along as they are
 
-    src_addr: str
-    dst_addr: str
+    src_addr: str = Field(description="Source address, canonical")
+    dst_addr: str = Field(description="Destination address, canonical")
     event_time: int = Field(description="Unix seconds")
     rtt: float = Field(description="ms; -1 = failed")
-    prb_id: int | None = None
+    prb_id: int | None = Field(None, description="The probe id sent, if any")
     nll: float | None = Field(description="Negative log-likelihood of the measurement, nats")
     pit: float | None = Field(description="Probability integral transform of the RTT (null for a failure)")
     tail_p: float | None = Field(description="Two-sided tail probability of the RTT")
@@ -158,7 +158,7 @@ class ScoredRow(_Out):
 
 class ScoreAnswer(_Answered):
     meta: dict = Field(description="Counts (rows read, scored, set aside) and settings, as `pingctl score` writes")
-    rows: list[ScoredRow]
+    rows: list[ScoredRow] = Field(description="One per scored measurement, in the request's order")
 
 
 # ----------------------------------------------------------------- health, version, metadata
@@ -168,35 +168,35 @@ class Health(_Out):
     status: Literal["warming", "ready", "failed"] = Field(
         description="warming: compiling the batch shapes (the questions routes answer 503); ready: answering; "
                     "failed: the warm-up failed (see `warmup.error`), answering anyway")
-    run: str
-    step: int
+    run: str = Field(description="The run (or export) serving")
+    step: int = Field(description="Its checkpoint step")
     queued: int = Field(description="RTT questions waiting for the model")
     max_batch: int = Field(description="RTT questions per gathered batch")
     max_wait_ms: float = Field(description="How long the worker waits for more questions once it has one")
     batcher: dict = Field(description="Model calls made and what they carried: batches, jobs, items, largest_batch, "
                                       "failures")
     warmup: dict = Field(description="The warm-up: calls made, seconds, error (if any)")
-    uptime_s: float
+    uptime_s: float = Field(description="Seconds since the application was created")
 
 
 class Version(_Out):
     pingctl: str = Field(description="The pingctl version serving")
-    run: str
-    step: int
-    steps: list[int]
+    run: str = Field(description="The run (or export) serving")
+    step: int = Field(description="Its checkpoint step (the last of averaged steps)")
+    steps: list[int] = Field(description="Every step whose weights were averaged")
     device: str = Field(description="cpu, gpu or tpu")
 
 
 class Metadata(_Out):
     model_config = ConfigDict(extra="allow")  # Model.metadata's keys, as that documents them
 
-    run: str
-    step: int
-    steps: list[int]
-    preset: str | None
-    scheme: str
-    seq_len: int
-    timestamps: bool
-    device: str
+    run: str = Field(description="The run (or export) serving")
+    step: int = Field(description="Its checkpoint step (the last of averaged steps)")
+    steps: list[int] = Field(description="Every step whose weights were averaged")
+    preset: str | None = Field(description="The model preset it was trained with (null: unknown)")
+    scheme: str = Field(description="The tokenizer scheme")
+    seq_len: int = Field(description="Tokens a prompt holds")
+    timestamps: bool = Field(description="Whether it was trained with timestamps (a question's time is refused if not)")
+    device: str = Field(description="cpu, gpu or tpu")
     serving_since: str | None = Field(description="UTC, ISO 8601")
     serve: dict = Field(description="The service's batching figures and bounds")

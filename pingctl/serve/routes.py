@@ -3,8 +3,8 @@
 them with their response models and error codes (`ROUTES`).
 
 Every model call goes through the state's `Batcher` (one worker thread; concurrent /rtt
-questions without context share `Model.rtt_many` calls); the event loop validates, queues and
-awaits. Until the warm-up has run, the routes that ask the model answer 503 `warming` at once
+questions share `Model.rtt_many` calls, `answers.rtt_rows_shared` for those with context); the
+event loop validates, queues and awaits. Until the warm-up has run, the routes that ask the model answer 503 `warming` at once
 rather than keep a client waiting on a compilation.
 
 Starlette is imported at the top (FastAPI reads the route signatures' annotations): only
@@ -129,13 +129,16 @@ async def rtt(body: S.RttRequest, request: Request) -> dict:
                            f"no pair passes its checks ({len(rejected):,} set aside); first: {first['message']}")
     items = [{"src": q.src, "dst": q.dst, "time": q.time} for _, q in questions]
     cap = body.context_per_pair if body.context_per_pair is not None else st.meta["max_per_pair"]
+    # shares Model.rtt_many calls with other requests of the same kind (with context: those
+    # whose contexts name no common address or probe, over their merged contexts)
     if body.context:
-        ctx = await _in_thread(A.context, body.context)
-        fn = functools.partial(A.rtt_rows, st.model, items, body.exact, ctx, body.context_per_pair)
-        results = await _on_worker(st, fn)
-    else:  # shares Model.rtt_many calls with other requests of the same kind
+        asked = A.Asked.of(await _in_thread(A.context, body.context), items)
+        fn = functools.partial(A.rtt_rows_shared, st.model, exact=body.exact, context_per_pair=body.context_per_pair)
+        job = st.batcher.submit(("rtt", body.exact, "context", body.context_per_pair), fn, [(i, asked) for i in items])
+    else:
         fn = functools.partial(A.rtt_rows, st.model, exact=body.exact)
-        results = await asyncio.wrap_future(st.batcher.submit(("rtt", body.exact), fn, items))
+        job = st.batcher.submit(("rtt", body.exact), fn, items)
+    results = await asyncio.wrap_future(job)
     return A.rtt_response(st.model, body, questions, rejected, results, cap)
 
 

@@ -45,7 +45,7 @@ LOGS = "logs"
 TASK_MANIFEST = "task.json"
 PLAN_KIND = "pingctl-ingest-fanout-plan"
 TASK_KIND = "pingctl-ingest-fanout-task"
-NOT_RUN = "not done yet"
+NOT_RUN = fanout_work.NOT_RUN
 
 
 def work_dir(out: Path) -> Path:
@@ -176,18 +176,9 @@ def _check_unchanged(read: Path, t: dict) -> None:
 def read_task(work: Path, task: dict) -> tuple[dict | None, str | None]:
     """(task.json, None) when task `task` of the plan is done and intact, else (None, why not)."""
     d = task_dir(work, task["index"])
-    if not d.is_dir():
-        return None, NOT_RUN
-    try:
-        rec = json.loads((d / TASK_MANIFEST).read_text())
-    except FileNotFoundError:
-        return None, f"{d} has no {TASK_MANIFEST}: the task did not finish"
-    except (OSError, ValueError) as e:
-        return None, f"{d / TASK_MANIFEST} is unreadable ({e})"
-    if not isinstance(rec, dict) or rec.get("kind") != TASK_KIND:
-        return None, f"{d / TASK_MANIFEST} is not a pingctl task manifest"
-    if rec.get("key") != task["key"]:
-        return None, "made for another plan (the input, the options or the pingctl version changed)"
+    rec, why = fanout_work.read_marker(d, TASK_MANIFEST, TASK_KIND, task, "the input, the options or the pingctl version")
+    if rec is None:
+        return None, why
     problem = check_task(d, rec)
     return (None, problem) if problem else (rec, None)
 
