@@ -28,6 +28,7 @@ STEPS="${PINGCTL_REGIMES_STEPS:-3000}"
 MINUTES="${PINGCTL_REGIMES_MINUTES:-80}"
 BATCH="${PINGCTL_REGIMES_BATCH:-16}"
 SHARE="${PINGCTL_REGIMES_SHARE:-0.5}"          # loader.triangulation_share
+PAIR_SHARE="${PINGCTL_REGIMES_PAIR_SHARE:-0.25}" # loader.pair_history_share: the time regime's prompt shape
 K="${PINGCTL_REGIMES_K:-16}"                    # context measurements a side
 QUERIES="${PINGCTL_REGIMES_QUERIES:-1000}"
 HARDWARE="${PINGCTL_REGIMES_HARDWARE:-cpu}"
@@ -75,14 +76,15 @@ for world in $WORLDS; do
       --set train.checkpoint_period="$PERIOD" --set train.eval_interval="$PERIOD" \
       --set loader.result_last=1 --set loader.max_per_pair=1 --set "loader.mode_weights=[0,0,1]" \
       --set loader.triangulation_share="$SHARE" --set loader.triangulation_k_src="$K" \
-      --set loader.triangulation_k_dst="$K" \
+      --set loader.triangulation_k_dst="$K" --set loader.pair_history_share="$PAIR_SHARE" \
+      --set loader.pair_history_k="$K" \
       --set "model.overrides={adam_weight_decay: 1.0}"
     trained "$W/train" || echo "note: stopped at the ${MINUTES}-minute bound before step $STEPS;" \
       "the eval below is of the last checkpoint. Run this again to continue training."
   fi
   if [ ! -f "$W/eval/report.json" ]; then
-    step "$world: pingctl eval --regimes, both sides of the prompt, $K measurements a side"
-    $PINGCTL eval "$W/train" --regimes "$W/splits" --context-policy both --context "$K" --context-dst "$K" \
+    step "$world: pingctl eval --regimes, fair prompts: the pair's $K last packets (time), $K a side (held out)"
+    $PINGCTL eval "$W/train" --regimes "$W/splits" --context-policy fair --context "$K" --context-dst "$K" \
       --queries "$QUERIES" --hardware "$HARDWARE" -o "$W/eval"
   fi
 done

@@ -38,6 +38,14 @@ TRAINED = {"tiny_run", "first50", "tri_run"}
 # fixture, so a new test that needs one is slow without anyone remembering to mark it; tests slow
 # for another reason (training in a subprocess, a Modal container's code) carry the mark themselves.
 SLOW_FIXTURES = TRAINED | {"slurm_cluster"}
+# Slow tests of files whose owners have not marked them yet (each trains, or fills a disk, for
+# 15-200 s): the mark belongs in their file, as `@pytest.mark.slow`; listed here until it is.
+SLOW_TESTS = {
+    "tests/test_scripts.py::test_heldout_script_end_to_end_and_rerun",
+    "tests/test_faults.py::test_train_on_a_full_disk_exits_1_and_inspect_names_the_leftover_temp_checkpoint",
+    "tests/test_faults.py::test_a_full_disk_is_an_environment_error_naming_the_path",
+    "tests/test_faults.py::test_a_killed_loader_takes_its_grain_workers_with_it",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks
@@ -47,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
     other still has model-free tests to run, instead of both reaching a model test at once and
     one waiting on the other's lock."""
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.nodeid.split("[")[0] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: bool(TRAINED & set(getattr(item, "fixturenames", ()))))
 

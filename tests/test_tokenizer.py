@@ -159,9 +159,9 @@ def test_token_codes_are_exactly_the_canonical_codes_up_to_the_ceiling():
     canonical = encode_rtt(decode_rtt(codes)) == codes  # the codes the encoder emits
     possible = POSSIBLE_FIRST_BYTES[codes >> 8]
     assert np.array_equal(possible, canonical & (codes <= CEILING_CODE))
-    assert POSSIBLE_FIRST_BYTES.sum() == 68 and CEILING_CODE == 0x7FFF
-    assert decode_rtt([CEILING_CODE])[0] == CEILING_MS == 2047 * 2**15 / 1000  # 67.08 s: above any ping reply
-    x = np.array([0.0, 12.3, 11_500.0, CEILING_MS, CEILING_MS * 1.01, 86_400_000.0, MAX_MS * 10, np.inf, np.nan])
+    assert POSSIBLE_FIRST_BYTES.sum() == 72 and CEILING_CODE == 0x87FF
+    assert decode_rtt([CEILING_CODE])[0] == CEILING_MS == 2047 * 2**16 / 1000  # 134.15 s: above every reply here
+    x = np.array([0.0, 12.3, 90_500.0, CEILING_MS, CEILING_MS * 1.01, 86_400_000.0, MAX_MS * 10, np.inf, np.nan])
     got = token_codes(x)
     assert got.tolist()[:4] == encode_rtt(x[:4]).tolist()  # unchanged below the ceiling
     assert set(got[3:].tolist()) == {CEILING_CODE}  # clamped above it (NaN too)
@@ -172,9 +172,9 @@ def test_possible_first_bytes_renormalises_over_the_possible_bytes():
     p = np.full(256, 1.0 / 256)
     q = possible_first_bytes(p)
     assert q[~POSSIBLE_FIRST_BYTES].sum() == 0 and q.sum() == pytest.approx(1.0)
-    assert np.allclose(q[POSSIBLE_FIRST_BYTES], 1.0 / 68)
+    assert np.allclose(q[POSSIBLE_FIRST_BYTES], 1.0 / 72)
     only_impossible = np.where(POSSIBLE_FIRST_BYTES, 0.0, 1.0)
-    assert np.allclose(possible_first_bytes(only_impossible)[POSSIBLE_FIRST_BYTES], 1.0 / 68)  # no NaN
+    assert np.allclose(possible_first_bytes(only_impossible)[POSSIBLE_FIRST_BYTES], 1.0 / 72)  # no NaN
 
 
 def test_rtt_codec_is_exact_for_integer_microseconds_below_2048():

@@ -43,7 +43,7 @@ def evaluate(
              "destinations (--context of them) and the destination's from other sources (--context-dst), as "
              "the loader's triangulation contexts; pair: the pair's own earlier packets (train+test); "
              "fair (--regimes only): pair for the time regime, both for the held-out ones. "
-             "[default: eval.context_policy, probe; with --regimes, fair]")] = None,
+             "[default: eval.context_policy, probe; with --regimes and no --config, fair]")] = None,
     context_dst: Annotated[int | None, typer.Option(
         min=0, max=MAX_CONTEXT, help="--context-policy both: measurements of the destination side. "
                                      "[default: eval.context_dst, else --context]")] = None,

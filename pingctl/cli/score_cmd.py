@@ -33,7 +33,7 @@ def score(
              "destination's rows from other sources, --context of each (a model trained with "
              "loader.triangulation_share); stream: each probe's rows as one token stream, every row scored "
              "after the ones before it in its window (at least --context of them where half the model's "
-             "context holds them): ~10x faster (docs/score.md).")] = "probe",
+             "context holds them): 7-9x faster (docs/score.md).")] = "probe",
     limit: Annotated[int | None, typer.Option(
         min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
     step: StepOpt = None,

@@ -187,7 +187,7 @@ def _iso(t: int) -> str:
 
 
 def _block_values(m, i: int, scheme: str, time_kind: int, delta: int) -> dict[str, str]:
-    from pingctl.tokenizer.rtt_codec import decode_rtt, encode_rtt
+    from pingctl.tokenizer.rtt_codec import decode_rtt, token_codes
 
     out = {"src": _addr(m.src[i], bool(m.src_v6[i])), "dst": _addr(m.dst[i], bool(m.dst_v6[i]))}
     rtt = float(m.rtt_ms[i])
@@ -196,7 +196,7 @@ def _block_values(m, i: int, scheme: str, time_kind: int, delta: int) -> dict[st
         if rtt < 0:
             out["result"] = "failed"
         else:
-            code = int(encode_rtt([rtt])[0])
+            code = int(token_codes([rtt])[0])  # what the stream carries: clamped at the ceiling
             out["result"] = (
                 f"{decode_rtt([code])[0]:.3f} ms (input {rtt:g} ms; e={code >> 11}, m={code & 0x7FF})"
             )

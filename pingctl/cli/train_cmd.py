@@ -67,12 +67,12 @@ def train(
 
     executor = registry.create(cfg.train.target, "train")
     run = Path(cfg.train.run_dir)
-    if (name or detach) and cfg.train.target != "modal":
+    extra = {k: v for k, v in {"name": name, "detach": detach}.items() if v}
+    if set(extra) - executor.submit_options:
         from pingctl.errors import UsageError
 
         raise UsageError(f"--name and --detach are for --target modal (this run's target: {cfg.train.target})")
     if executor.remote:
-        extra = {"detach": detach, "name": name} if (name or detach) else {}
         _remote_report(executor.submit(cfg, run, fresh=fresh, dry_run=dry_run, **extra), as_json)
         return
     if as_json:

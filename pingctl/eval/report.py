@@ -458,7 +458,8 @@ def advice(report: dict) -> list[str]:
         ci = (f" [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}] points" if c.get("ci_low") is not None else "")
         out.append(f"RTT: use {point} ({100 * rows[point]['median_rel_err']:.1f}% median error); {who} has "
                    f"{100 * model['median_rel_err']:.1f}%, {how}{ci}"
-                   + ("; a longer run or a larger preset is what closes that (docs/eval.md, scaling)."
+                   + ("; a longer run or a larger preset is what closes that (docs/eval.md, \"What a CPU budget "
+                      "buys\")."
                       if c.get("verdict") == "worse" else "."))
     dist = best("median_crps_ms")
     if dist is not None:

@@ -41,6 +41,8 @@ class Executor(ABC):
     # False: the command runs here its own way (worker processes, the live training view);
     # the fan-out driver and `submit` are for the engines that run elsewhere
     remote: ClassVar[bool] = True
+    # the options of `submit` beyond the config (`train --name/--detach` for Modal)
+    submit_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: Any = None):
         self.settings = settings if settings is not None else self.Settings()

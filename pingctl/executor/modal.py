@@ -206,6 +206,7 @@ class ModalExecutor(Executor):
 
     name = "modal"
     Settings = ModalSettings
+    submit_options = frozenset({"name", "detach"})
 
     def __init__(self, settings: ModalSettings | None = None, boundary: Boundary | None = None):
         super().__init__(settings)

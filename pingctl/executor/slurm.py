@@ -45,6 +45,7 @@ from pingctl.train.slurm import render_sbatch
 TEMPLATE = "fanout_array.sh.j2"
 TRAIN_SCRIPT = "train.sbatch"
 
+# ---------------------------------------------------------------- job arrays (fan-out)
 
 LOGS = "logs"
 SCRIPTS = "slurm"

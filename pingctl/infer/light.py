@@ -118,6 +118,7 @@ class Arch:
     float32_logits: bool = False
     activations_in_float32: bool = False
     logits_dot_in_fp32: bool = False
+    weight_dtype: str = "float32"  # what the weights are stored as (cast to `dtype` for compute)
 
     @classmethod
     def from_keys(cls, keys: dict) -> Arch:
@@ -153,7 +154,8 @@ class Arch:
                    rope_max=get("rope_max_timescale"), float32_qk_product=bool(get("float32_qk_product")),
                    float32_logits=bool(get("float32_logits")),
                    activations_in_float32=bool(get("activations_in_float32")),
-                   logits_dot_in_fp32=bool(get("logits_dot_in_fp32")))
+                   logits_dot_in_fp32=bool(get("logits_dot_in_fp32")),
+                   weight_dtype=str(keys.get("weight_dtype") or "float32"))
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """name -> shape of every weight, as MaxText names and stacks them."""
@@ -185,6 +187,9 @@ def check_weights(arch: Arch, tensors: dict, source) -> None:
         if tuple(tensors[name].shape) != shape:
             raise PingctlError(f"{source}: tensor {name} has shape {list(tensors[name].shape)}, the model's "
                                f"architecture {list(shape)}")
+        if np.dtype(tensors[name].dtype).name != arch.weight_dtype:
+            raise PingctlError(f"{source}: tensor {name} is {np.dtype(tensors[name].dtype).name}, the model's "
+                               f"architecture {arch.weight_dtype} (weight_dtype)")
     extra = sorted(set(tensors) - set(want))
     if extra:
         raise PingctlError(f"{source}: tensor {extra[0]} is not a weight of the model's architecture "

@@ -42,7 +42,7 @@ the first, a window opens with up to `context` rows already scored (in at most h
 tokens), so every row is scored once, after between that many and a window's worth of rows.
 The reads are the other policies' (the same PIT/tail refinement), the context is what differs:
 not capped per pair, the probe's previous rows whatever their time (equal times included), and
-`context_measurements` says how many. About 10x the rows/s of `probe` (docs/benchmarks.md).
+`context_measurements` says how many. 7-9x the rows/s of `probe` (docs/benchmarks.md).
 """
 
 from __future__ import annotations

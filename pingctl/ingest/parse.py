@@ -419,9 +419,10 @@ def parse_records(
     loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
     fast_decode, UNSET = (fast_decoder() if fast else None) or (None, None)
     fast_off = 0  # blocks left with the fast path switched off
+    records = 0
     for line0, raws, bad in blocks:
         if bad is not None and bad is not NO_EOL:
-            k.records += 1
+            records += 1
             k.reject(bad[0], line0, raws[0], detail=bad[1])
             continue
         use_fast = fast_decode is not None and not fast_off
@@ -437,24 +438,25 @@ def parse_records(
                 except Exception:  # noqa: BLE001 - any shape or JSON error: generic path
                     r = None
                 if r is not None and _fast_result(k, r, UNSET):
+                    records += 1
                     continue
                 misses += 1
             try:
                 obj = loads(raw)
             except JSONDecodeError as e:
                 if raw.strip():
-                    k.records += 1
+                    records += 1
                     k.reject("truncated" if bad is NO_EOL else "bad_json", line0 + j, raw, detail=str(e))
                 continue
             if type(obj) is dict:
-                k.records += 1
+                records += 1
                 _generic_result(k, obj, line0 + j, raw)
             elif type(obj) is list:  # a JSON array on one line (e.g. an API page)
                 for d in obj:
-                    k.records += 1
+                    records += 1
                     _generic_result(k, d, line0 + j, None)
             else:
-                k.records += 1
+                records += 1
                 k.reject("not_an_object", line0 + j, raw)
         if use_fast and misses * 2 > len(raws) >= 64:
             fast_off = 8  # mostly misses: leave this file to the generic path for a while
@@ -462,6 +464,7 @@ def parse_records(
             flush()
             k.bind(batch)
     flush()
+    k.records = records
     return k.counts_from(batch.stats)
 
 
@@ -540,15 +543,14 @@ class _Run:
 
 def _fast_result(k: _Run, r, UNSET) -> bool:
     """The rules on msgspec's typed struct `r`: True when the result is written or filtered
-    (counted); False when it would be rejected (nothing counted: the generic path decides)."""
+    (counted, but for the record itself: the caller's); False when it would be rejected
+    (nothing counted: the generic path decides)."""
     msm = r.msm_id
     if k.msm_set and msm not in k.msm_set:
-        k.records += 1
         k.filtered["msm"] += 1
         return True
     prb = r.prb_id
     if k.prb_set and prb not in k.prb_set:
-        k.records += 1
         k.filtered["probe"] += 1
         return True
     ts = r.timestamp
@@ -557,12 +559,10 @@ def _fast_result(k: _Run, r, UNSET) -> bool:
              else -1)  # out of range: the generic path rejects it
     if not (k.lo_ok <= ts_us < k.hi_ok):
         if k.tmin <= ts_us <= k.tmax:
-            k.records += 1
             k.filtered["time"] += 1
             return True
         return False
     if k.sampling and not sample_keep(msm, prb, ts_us, k.threshold):
-        k.records += 1
         k.filtered["sample"] += 1
         return True
     dst = r.dst_addr
@@ -573,7 +573,6 @@ def _fast_result(k: _Run, r, UNSET) -> bool:
         return False
     af = r.af
     if k.af_keep and af != k.af_keep:
-        k.records += 1
         k.filtered["af"] += 1
         return True
     if dinfo[1] != af:
@@ -612,9 +611,10 @@ def _fast_result(k: _Run, r, UNSET) -> bool:
                 k.late += 1
             rtt_append(-1.0)
     k.results_append((msm, ts_us, src, dinfo[4], af, 0 if size is None else size, err, prb, len(rtts) - n0))
-    k.records += 1
-    k.src_from += add_from
-    k.src_private += add_priv
+    if add_from:
+        k.src_from += 1
+    if add_priv:
+        k.src_private += 1
     return True
 
 

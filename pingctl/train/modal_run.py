@@ -241,10 +241,8 @@ def _tail(call, n: int) -> list[str]:
         return []
 
 
-def status(run_dir: Path) -> dict:
-    """Where a Modal run stands: the call's state (running, succeeded, failed, ended: Modal no
-    longer keeps its result), the checkpoints committed on the volume and those pulled here,
-    the last lines of its log."""
+def _call(run_dir: Path):
+    """(run, remote.json, the spawned call, its state, its error) of a submitted run."""
     import modal
 
     run = Path(run_dir).resolve()
@@ -253,26 +251,28 @@ def status(run_dir: Path) -> dict:
     with modal_errors(rec["volume"]):
         call = modal.FunctionCall.from_id(rec["call_id"])
         state, _, error = _outcome(call)
-        volume = ModalVolume(rec["volume"])
-        return _state(run, rec, call, state, error, volume, _tail(call, 5))
+    return run, rec, call, state, error
+
+
+def status(run_dir: Path) -> dict:
+    """Where a Modal run stands: the call's state (running, succeeded, failed, ended: Modal no
+    longer keeps its result), the checkpoints committed on the volume and those pulled here,
+    the last lines of its log."""
+    run, rec, call, state, error = _call(run_dir)
+    with modal_errors(rec["volume"]):
+        return _state(run, rec, call, state, error, ModalVolume(rec["volume"]), _tail(call, 5))
 
 
 def follow(run_dir: Path, write: Callable[[str], object] | None = None, pull_after: bool = True) -> dict:
     """Stream a Modal run's logs until it ends (its last 50 lines when it already has), then
     pull it home (the latest checkpoint); returns the final `status` plus what the pull
     brought (`ok`: whether the run succeeded)."""
-    import modal
-
     if write is None:
         def write(text: str) -> None:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
             sys.stdout.flush()
-    run = Path(run_dir).resolve()
-    rec = _require_record(run)
-    require_credentials()
+    run, rec, call, state, error = _call(run_dir)
     with modal_errors(rec["volume"]):
-        call = modal.FunctionCall.from_id(rec["call_id"])
-        state, _, error = _outcome(call)
         if state == "running":
             for entry in call.logs.stream():
                 write(entry.message)
