@@ -96,9 +96,9 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
     lines = shown.output.splitlines()
     assert "eval by regime" in shown.output
     for row in rep["table"]:
-        line = next(x for x in lines if x.startswith(row["regime"] + " "))
-        assert row["best"] in line and f"{100 * row['model_median_rel_err']:.1f}%" in line
-        assert "probe 4" in line  # the prompt each row used
+        i = next(i for i, x in enumerate(lines) if x.startswith(row["regime"] + " ") and row["best"] in x)
+        assert f"{100 * row['model_median_rel_err']:.1f}%" in lines[i]
+        assert lines[i + 1].startswith("probe 4 ")  # the prompt each row used, under its name
     assert "median CRPS ms, model vs best classical" in shown.output and "Brier" in shown.output
 
 

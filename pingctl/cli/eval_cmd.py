@@ -239,20 +239,20 @@ def print_regimes(result: dict, path) -> None:
     p = result.get("prompt") or {}
     t = grid_table(f"eval by regime ({result['inputs']['splits']}), context policy {p.get('context_policy', '?')}, "
                    f"{p.get('context_measurements', '?')} context measurements",
-                   ["regime", "prompt", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
+                   ["regime\nprompt", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
                     "its\nCRPS ms", "ratio", "model − it\n95% interval", "verdict"],
-                   left=("regime", "prompt", "best classical"),
-                   whole=("regime", "prompt", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
+                   left=("regime\nprompt", "best classical"),
+                   whole=("regime\nprompt", "model\nrel err", "model\nCRPS ms", "best classical", "its\nrel err",
                           "its\nCRPS ms", "ratio", "verdict"), listing=True)
     for r in result["table"]:
+        # each row's prompt under its regime: the policy and sizes it was asked with
+        who = r["regime"] + ("" if not r.get("prompt") else "\n" + _prompt(r["prompt"]))
         if not r.get("packets"):
-            t.add_row(r["regime"], _prompt(r.get("prompt")), "-", "-", r.get("best", "-"), "-", "-", "-",
-                      r.get("note") or "no packets", "-")
+            t.add_row(who, "-", "-", r.get("best", "-"), "-", "-", "-", r.get("note") or "no packets", "-")
             continue
         ci = ("-" if r.get("diff") is None else
               f"{100 * r['diff']:+.1f} [{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}]")
-        t.add_row(r["regime"], _prompt(r.get("prompt")), _pct(r.get("model_median_rel_err")),
-                  _crps(r.get("model_crps_ms")), r["best"],
+        t.add_row(who, _pct(r.get("model_median_rel_err")), _crps(r.get("model_crps_ms")), r["best"],
                   _pct(r.get("best_median_rel_err")), _crps(r.get("best_crps_ms")),
                   "-" if r.get("ratio") is None else f"{r['ratio']:.2f}", ci, r.get("verdict") or "-")
     emit(dict(result), False, t)

@@ -183,6 +183,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         fit_s[name] = round(time.perf_counter() - t, 3)
     progress(f"loading the model from {run}")
     model = LoadedModel.load(run, step, hardware)
+
     def prompt_of(pol: str) -> dict:
         pp = per_pair
         if pp is None:  # as the run's training contexts were shaped
@@ -229,7 +230,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         info = fit_calibration(vpred["pit"], out, {
             "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(vpath.resolve()),
             "seed": seed, **pr}, name=name)
-        info["fitted_on"] = vpath.name
+        info["fitted_on"] = vpath.name if info.get("fitted") else None
         cals[key] = (CAL.load(Path(info["fitted"])) if info.get("fitted") else None, info)
     calibrations = {r: cals[(val_dirs[r], prompts[r]["context_policy"])][1] for r in REGIMES}
     calibration = calibrations["time"]
