@@ -150,6 +150,13 @@ def tiny_run(synth_rows):
             capture_output=True, text=True,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
+        # the light engine's converted checkpoints, written now (under the lock): a test that
+        # copies the run never meets one being written
+        from pingctl.artifacts.run import checkpoint_steps
+        from pingctl.infer.light_weights import run_tensors
+
+        for step in checkpoint_steps(run):
+            run_tensors(run, step)
 
     return build_once(synth_rows / "tiny-run", train)
 

@@ -262,7 +262,7 @@ def test_refit_prediction_uses_only_each_querys_prompt():
 @pytest.fixture(scope="module")
 def synth_split(tmp_path_factory):
     from pingctl.config import ShardConfig, SynthConfig
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
     from pingctl.shard import shard
     from pingctl.synth.generate import generate
 
@@ -287,7 +287,7 @@ def test_load_split(synth_split):
 
 
 def test_load_split_integer_seconds_without_prb(tmp_path):
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
     from tests.conftest import make_table
 
     tab = make_table(50, prb=False)
@@ -308,7 +308,8 @@ def test_load_split_integer_seconds_without_prb(tmp_path):
 
 
 def test_baseline_table_on_synth(synth_split, tmp_path):
-    from pingctl.eval.report import add_predictor, baseline_table, summary_rows, write_plots
+    from pingctl.eval.presentation import summary_rows, write_plots
+    from pingctl.eval.report import add_predictor, baseline_table
 
     d, train, test = synth_split
     report = baseline_table(train, test, truth=d / "synth", vivaldi_cycles=500)
@@ -348,7 +349,8 @@ def test_baseline_table_on_synth(synth_split, tmp_path):
 def test_predictions_parquet_round_trip(tmp_path):
     """predictions.parquet: one row per packet, every predictor's figures under its name."""
     from pingctl.artifacts.eval_output import read_predictions, write_predictions
-    from pingctl.eval.report import baseline_table, prediction_columns
+    from pingctl.eval.presentation import prediction_columns
+    from pingctl.eval.report import baseline_table
 
     report = baseline_table(TRAIN, TEST, baselines={"pair_median": PairMedian(), "global_median": GlobalMedian()})
     packets, preds = prediction_columns(report)

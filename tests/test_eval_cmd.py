@@ -122,7 +122,7 @@ def test_eval_bad_inputs_are_clear(tiny_run, time_split, tmp_path):
 def test_teacher_forced_pass_equals_separate_passes(tiny_run, time_split):
     from pingctl.context import context_indices, context_pool
     from pingctl.eval.model import prompts, teacher_forced
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
 

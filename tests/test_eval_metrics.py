@@ -88,7 +88,7 @@ def test_log_score_by_hand_and_beside_the_brier_score():
 
 
 def test_summary_rows_carry_median_and_mean_crps_and_both_failure_scores():
-    from pingctl.eval.report import summary_rows
+    from pingctl.eval.presentation import summary_rows
 
     report = {"order": ["a"], "predictors": {"a": {
         "slices": {"all": {"n": 3, "median_rel_err": 0.1}},
@@ -227,7 +227,7 @@ def test_crps_of_a_sample_is_its_equal_weight_distribution(xs, y):
 
 
 def test_advice_names_what_to_ask_for_each_answer():
-    from pingctl.eval.report import advice
+    from pingctl.eval.presentation import advice
 
     def row(name, err, crps=None, brier=None, log=None):
         return {"predictor": name, "median_rel_err": err, "median_crps_ms": crps, "brier": brier, "log_score": log}

@@ -19,7 +19,7 @@ TAIL_BOUND = 0.02
 def test_tail_beyond_ten_times_the_pairs_largest_rtt_is_small(tiny_run, time_split):
     from pingctl.context import context_indices, context_pool
     from pingctl.eval.model import prompts
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
     from pingctl.tokenizer.rtt_codec import CEILING_MS, POSSIBLE_FIRST_BYTES

@@ -55,7 +55,7 @@ def test_every_writer_puts_a_checksum_on_every_page(tmp_path, synth_rows):
 
 
 def test_readers_name_a_damaged_file_instead_of_reading_other_numbers(tmp_path):
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
     from pingctl.schema.parquet import write_canonical
 
     f = tmp_path / "test.parquet"

@@ -204,7 +204,7 @@ def test_inspect_reads_past_a_damaged_record_and_fails(split_dir, tmp_path):
 def test_outputs_never_replace_their_own_input_nor_read_a_whole_shard_output(tmp_path):
     """build-rows once deleted its input when -o was the input directory or a parent of it, and
     read a shard output's train, val and test as one split."""
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
     from pingctl.schema.parquet import write_canonical
 
     table = tmp_path / "table"

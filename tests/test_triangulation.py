@@ -328,7 +328,7 @@ def tri_run(time_split):
 
 
 def test_eval_both_policy_runs_and_reports_the_prompts_it_built(tri_run, time_split, tmp_path):
-    from pingctl.eval.report import load_split
+    from pingctl.artifacts.table import load_split
 
     proc = _pingctl("eval", tri_run, "--train", time_split / "train", "--test", time_split / "test", "--queries", 12,
                     "--context-policy", "both", "--context", 4, "--context-dst", 3, "-o", tmp_path / "ev", "--json")

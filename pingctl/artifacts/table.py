@@ -1,7 +1,8 @@
 """Canonical Parquet tables on disk: which files a path names (a file, a directory, a glob, or
 a pingctl output that lists its data files), and `pingctl shard`'s splits directory
 (train/, val/, test/ beside one manifest.json, or for `--strategy regimes` train/, val/ and one
-test_<regime>/ per regime; docs/data.md)."""
+test_<regime>/ per regime; docs/data.md); `load_split`: one split read and checked into the dict
+of NumPy arrays eval and the prompt builders use, the only reader of a split for `pingctl eval`."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import json
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
+
 from pingctl.artifacts.raw import JSON_SUFFIXES, SNIFF_BYTES, SUFFIX_CODECS, codec_of, starts_like_results
-from pingctl.atomic import MANIFEST, is_pingctl_output
+from pingctl.atomic import MANIFEST, inside_pingctl_output, is_pingctl_output
 from pingctl.errors import PingctlError, UsageError
+from pingctl.schema.columns import COLUMNS
+from pingctl.schema.duck import refuse_rejects
+from pingctl.schema.parquet import check_parquet_columns, read_table
+from pingctl.tokenizer.measurements import event_seconds, MeasurementError, parse_addresses
 
 SPLITS = ("train", "val", "test")
 # `pingctl shard --strategy regimes`: one train/val split and a test set per regime, each in
@@ -223,3 +230,136 @@ def refuse_whole_shard_output(items, split: str = "train") -> None:
             held = ", ".join(expected_splits(found)[:-1]) + " and " + expected_splits(found)[-1]
             raise UsageError(f"{found} is a `pingctl shard` output holding {held}{where}; give "
                              f"one split, e.g. {found / split}")
+
+
+# ---------------------------------------------------------------- a split, read and checked
+
+
+def load_split(path, columns: list[str] | None = None, split_hint: str = "test") -> dict[str, np.ndarray]:
+    """Canonical Parquet (a file, a directory such as `SHARDS/test`, or a glob) -> dict of arrays.
+
+    Keys: src, dst (NumPy object arrays of str; equal strings share one object), ip_version
+    (int64), rtt (float64 ms, -1.0 = failed), event_time (int64 Unix seconds), msm_id, size,
+    packet_error_count (int64), prb_id (int64, -1 where null or absent). `columns` picks
+    canonical column names (src_addr/dst_addr for the addresses).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    refuse_whole_shard_output([path], split=split_hint)
+    files = resolve_inputs([path])
+    check_parquet_columns(files)
+    wanted = list(columns or COLUMNS)
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in wanted}
+    for f in files:
+        have = set(pq.read_schema(f).names)
+        cols = [c for c in wanted if c in have]
+        t = read_table(f, columns=cols, read_dictionary=[c for c in ("src_addr", "dst_addr") if c in cols])
+        n = t.num_rows
+        _check_no_nulls(f, t)
+        for c in wanted:
+            if c not in have:
+                parts[c].append(np.full(n, -1, np.int64))
+                continue
+            col = t.column(c)
+            if c in ("src_addr", "dst_addr"):
+                parts[c].append(_strings(col))
+            elif c == "event_time":
+                try:
+                    parts[c].append(event_seconds(col)[0])  # nulls were refused above
+                except MeasurementError as e:
+                    raise PingctlError(f"{f}: {e}") from None
+            elif c == "rtt":
+                parts[c].append(col.cast(pa.float64()).to_numpy())
+            else:
+                parts[c].append(pc.fill_null(col.cast(pa.int64()), -1).to_numpy())
+    # a table pingctl did not write may hold rows its pipeline rejects (a -5 ms RTT read as a
+    # failure, 1e300 ms as an RTT, an IPv4 pair labelled 6): named here, not scored
+    if foreign := [f for f in files if not inside_pingctl_output(f)]:
+        refuse_rejects(foreign, "eval scores canonical rows only: pass the table through `pingctl shard` "
+                       "(which sets rejected rows aside in rejects.jsonl) and evaluate its splits")
+    out = {}
+    for c, chunks in parts.items():
+        key = {"src_addr": "src", "dst_addr": "dst"}.get(c, c)
+        if chunks:
+            out[key] = np.concatenate(chunks)
+        else:
+            out[key] = np.empty(0, dtype=object if key in ("src", "dst") else np.float64 if c == "rtt" else np.int64)
+    return out
+
+
+def load_split_if_any(path: Path) -> dict[str, np.ndarray] | None:
+    """`load_split` of a split directory that may be absent (an optional val set): None where
+    `path` is not a directory holding Parquet."""
+    path = Path(path)
+    return load_split(path) if (path.is_dir() and any(path.glob("*.parquet"))) else None
+
+
+def _check_no_nulls(path, t) -> None:
+    """Nulls, a NaN RTT or an unparseable address would surface later (after the baselines and
+    the model load) as a NaN metric or an error that names neither the file nor the row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for c in ("src_addr", "dst_addr", "rtt", "event_time"):
+        if c in t.column_names and t.column(c).null_count:
+            first = int(pc.index(pc.is_null(t.column(c)), True).as_py())
+            raise PingctlError(
+                f"{path}: column {c} has {t.column(c).null_count:,} null value(s), the first in row {first}; "
+                "a canonical table has none (a failed packet has rtt = -1): `pingctl ingest` it first"
+            )
+    if "rtt" in t.column_names and pa.types.is_floating(t.column("rtt").type):
+        nan = pc.is_nan(t.column("rtt"))
+        if count := int(pc.sum(nan).as_py() or 0):
+            first = int(pc.index(nan, True).as_py())
+            raise PingctlError(f"{path}: column rtt has {count:,} NaN value(s), the first in row {first}; "
+                               "a canonical RTT is milliseconds, or -1 for a failed packet")
+    for c in ("src_addr", "dst_addr"):
+        if c in t.column_names:
+            _check_addresses(path, c, t.column(c))
+
+
+def _check_addresses(path, name: str, col) -> None:
+    """Every address parses as the prompt builder will parse it; cheap on the dictionary-encoded
+    columns load_split reads (each distinct string once per chunk)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        for chunk in col.chunks:
+            parse_addresses(chunk, name)
+    except PingctlError:
+        # the error path only: find which strings fail and the first row holding one
+        text = col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col
+        bad = []
+        for v in pc.unique(text).to_pylist():
+            try:
+                parse_addresses(pa.array([v], pa.string()), name)
+            except PingctlError:
+                bad.append(v)
+        first = int(pc.index(pc.is_in(text, value_set=pa.array(bad, pa.string())), True).as_py())
+        shown = ", ".join(repr(b) for b in bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise PingctlError(f"{path}: column {name} has {len(bad):,} invalid IP address(es) ({shown}), "
+                           f"the first in row {first}") from None
+
+
+def _strings(col) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = []
+    for ch in col.chunks:
+        # read with read_dictionary: each distinct address becomes one Python string
+        enc = ch if pa.types.is_dictionary(ch.type) else pc.dictionary_encode(ch.cast(pa.string()))
+        uniq = np.array(enc.dictionary.to_pylist() + [None], dtype=object)
+        idx = enc.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+        chunks.append(uniq[idx])
+    return np.concatenate(chunks) if chunks else np.empty(0, dtype=object)
+
+
+def take(d: dict, index) -> dict:
+    """Row subset (boolean mask or indices) of every array in a split dict."""
+    return {k: np.asarray(v)[index] for k, v in d.items()}
+
+

@@ -8,7 +8,7 @@ the model's own prompts (`prompt_median`, `vivaldi_refit`, `embedding_refit`:
 report.add_prompt_baselines). The model's distributions are recalibrated with a map fitted on
 the regime's own val set (`model_calibrated`: SPLITDIR/val for the time regime, val_<regime>
 for the held-out ones where the split has them), asked with the regime's own prompts. Which
-baseline a regime is judged against is fixed before any test packet is looked at (BEST; the
+baseline a regime is judged against is fixed before any test packet is looked at (eval.registry; the
 pair regime's between Vivaldi and the embedding by their error on its val set). Under the
 `fair` context policy each regime gets the prompt with its baseline's information
 (context.FAIR_POLICIES).
@@ -23,36 +23,32 @@ import numpy as np
 
 from pingctl.artifacts.eval_output import REGIMES_MODE, report_path, write_predictions
 from pingctl.artifacts.run import run_config
-from pingctl.artifacts.table import REGIMES, regime_test_dirs, regime_val_dirs
+from pingctl.artifacts.table import REGIMES, load_split, load_split_if_any, regime_test_dirs, regime_val_dirs, take
 from pingctl.atomic import write_json
 from pingctl.context import FAIR, FAIR_POLICIES
 from pingctl.errors import PingctlError
 from pingctl.eval import metrics as M
 from pingctl.eval.model import predict
-from pingctl.eval.report import (add_predictor, add_prompt_baselines, baseline_table, compare, default_baselines,
-                                 load_split, prediction_columns, summary_rows, take)
+from pingctl.eval.presentation import prediction_columns, summary_rows
+from pingctl.eval.registry import candidates, fit_baselines
+from pingctl.eval.report import add_predictor, add_prompt_baselines, baseline_table, compare
 from pingctl.eval.run import check_options, check_out_dir, fit_calibration
 from pingctl.infer import calibration as CAL
 from pingctl.infer.model import LoadedModel
 from pingctl.synth.truth import load_truth
 
-# The classical predictor each regime is judged against, fixed before any test packet is seen:
-# the candidates, in order; the first is taken unless val can choose (`choose_on_val`).
-BEST = {
-    "time": ("pair_median",),  # the pair's own history
-    "pair": ("embedding", "vivaldi"),  # both ends known, the pair never seen: coordinates
-    "probe": ("embedding_refit",),  # the new source placed from its prompt measurements
-    "target": ("embedding_refit",),  # the new destination likewise
-}
+# The classical predictor each regime is judged against is fixed before any test packet is
+# seen: the registry's candidates for the regime (eval.registry.candidates), in rank order; the
+# first is taken unless val can choose (`choose_on_val`). Under the `probe` policy a prompt holds
+# the queried pair's own earlier packets (drawn from the test set itself), which no coordinate
+# system can match: outside the time regime the candidates are the ones with that information.
 CHOSEN_ON_VAL = ("pair",)
-# Under the `probe` policy a prompt holds the queried pair's own earlier packets (drawn from the
-# test set itself), which no coordinate system can match: outside the time regime the baseline
-# with that information is the prompt's median of them.
-BEST_PROBE_POLICY = {"pair": ("prompt_median",), "probe": ("prompt_median",), "target": ("prompt_median",)}
 
 
 def best_candidates(regime: str, policy: str) -> tuple[str, ...]:
-    return (BEST_PROBE_POLICY if policy == "probe" else {}).get(regime, BEST[regime])
+    if not (found := candidates(regime, policy)):
+        raise PingctlError(f"no registered baseline serves the {regime} regime (eval.registry)")
+    return found
 
 
 def _sample(n: int, queries: int, seed: int) -> np.ndarray:
@@ -75,9 +71,9 @@ def choose_on_val(fitted: dict, val: dict | None, queries: int, seed: int, polic
     fitted on train); otherwise, or without val packets, the first. `val`: one split for every
     regime, or {regime: its own val split}; `policy`: one for all, or `fair`. Returns {regime:
     {"best", "chosen_on", "val_median_rel_err"}}."""
-    vals = val if val is None or "rtt" not in val else {r: val for r in BEST}
+    vals = val if val is None or "rtt" not in val else {r: val for r in REGIMES}
     out = {}
-    for regime in BEST:
+    for regime in REGIMES:
         cands = best_candidates(regime, regime_policies(policy)[regime])
         val = (vals or {}).get(regime)
         if regime not in CHOSEN_ON_VAL or len(cands) < 2 or val is None or not len(val["rtt"]):
@@ -176,11 +172,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     if not len(train["rtt"]):
         raise PingctlError(f"{train_path}: no train rows (the baselines are fitted on them)")
     progress("fitting baselines on train")
-    fitted, fit_s = {}, {}
-    for name, b in default_baselines(seed=seed, vivaldi_cycles=vivaldi_cycles).items():
-        t = time.perf_counter()
-        fitted[name] = b.fit(train)
-        fit_s[name] = round(time.perf_counter() - t, 3)
+    fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles)
     progress(f"loading the model from {run}")
     model = LoadedModel.load(run, step, hardware)
 
@@ -211,7 +203,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
 
     def val_split(path: Path) -> dict | None:
         if path not in loaded:
-            loaded[path] = load_split(path) if (path.is_dir() and any(path.glob("*.parquet"))) else None
+            loaded[path] = load_split_if_any(path)
         return loaded[path]
 
     out.mkdir(parents=True, exist_ok=True)

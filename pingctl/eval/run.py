@@ -9,12 +9,13 @@ import numpy as np
 
 from pingctl.artifacts.eval_output import report_path, write_predictions
 from pingctl.artifacts.run import run_config
+from pingctl.artifacts.table import load_split, take
 from pingctl.atomic import unwritable_reason, write_json
 from pingctl.context import FAIR, check_policy
 from pingctl.errors import PingctlError, UsageError
 from pingctl.eval.model import predict
-from pingctl.eval.report import (add_predictor, add_prompt_baselines, baseline_table, compare, is_plot_name,
-                                 load_split, prediction_columns, summary_rows, take, write_plots)
+from pingctl.eval.presentation import is_plot_name, prediction_columns, summary_rows, write_plots
+from pingctl.eval.report import add_predictor, add_prompt_baselines, baseline_table, compare
 from pingctl.infer import calibration as CAL
 from pingctl.infer.model import LoadedModel
 from pingctl.infer.runtime import check_hardware

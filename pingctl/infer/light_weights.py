@@ -6,8 +6,9 @@ parameters under `params/params/...` beside the optimizer state; the parameters 
 with Orbax directly (no MaxText: its import is what made an answer take 10-35 s) and written to
 `RUN/.light/STEP.safetensors`, named as `pingctl export` names them (the nnx state path joined
 by dots, `pingctl.artifacts.export`). Later loads read that file: a few milliseconds. The cache
-records the checkpoint it came from (its path and the modification time of Orbax's commit
-marker), so a checkpoint rewritten under the same step is converted again. A run directory
+records the checkpoint it came from (the size and modification time of each of its files), so
+a checkpoint rewritten or damaged under the same step is converted again, and a copied run
+(its files' times kept) reuses it. A run directory
 that cannot be written (read-only storage) is converted in memory at each load instead.
 
 The cache belongs to the run: `pingctl train` never reads it, deleting it costs one conversion.
@@ -35,11 +36,20 @@ def cache_path(run: Path, step: int) -> Path:
 
 
 def _stamp(items: Path) -> str:
-    marker = items.parent / COMMITTED
-    try:
-        return f"{items.resolve()}:{marker.stat().st_mtime_ns}"
-    except OSError:
-        return f"{items.resolve()}:?"
+    """What the cache was converted from: every file of the checkpoint, by relative path,
+    size and modification time (a copied run keeps them, a rewritten or damaged checkpoint
+    does not), and Orbax's commit marker."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted([*items.rglob("*"), items.parent / COMMITTED]):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if f.is_file():
+            h.update(f"{f.relative_to(items.parent)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 
 def export_tensors(export: Path) -> dict[str, np.ndarray]:
