@@ -36,12 +36,13 @@ def m(tiny_run):
 
 
 @pytest.fixture(autouse=True)
-def one_load(request, tiny_run, monkeypatch):
+def one_load(request, monkeypatch):
     """Each load of the fixture run here (the CLI's, the manual's) gets the model this module
     loaded: what the comparisons check is the path from a question to its numbers, CLI against
     API; loading itself is tests/test_sample.py's (a load is seconds of MaxText start-up)."""
     if "m" not in request.fixturenames:
         return
+    tiny_run = request.getfixturevalue("tiny_run")  # asked for here only: a test without a model stays fast
     from pingctl.infer.model import LoadedModel
 
     m = request.getfixturevalue("m")
@@ -251,10 +252,12 @@ def test_score_is_pingctl_score(m, tiny_run, history, tmp_path):
 
     f, _ = history
     out = tmp_path / "s.parquet"
-    r = runner.invoke(app, ["score", str(tiny_run), str(f), "-o", str(out), "--context", "4", "--json"])
+    # the policy named on both sides: the CLI's default and the API's need not be one
+    r = runner.invoke(app, ["score", str(tiny_run), str(f), "-o", str(out), "--context", "4", "--context-policy",
+                            "probe", "--json"])
     assert r.exit_code == 0, r.output
     cli = pq.read_table(out)
-    got = m.score(pq.read_table(f), context=4)
+    got = m.score(pq.read_table(f), context=4, context_policy="probe")
     assert got.num_rows == cli.num_rows == 40 and score_meta(got)["rows_read"] == 40
     for name in ("nll", "pit", "tail_p", "p_fail", "context_measurements"):
         assert np.allclose(got.column(name).to_numpy(), cli.column(name).to_numpy(), rtol=1e-6, equal_nan=True), name
@@ -267,11 +270,16 @@ def _refused(f) -> str:
     return str(e.value)
 
 
+def _flagless(message: str) -> str:
+    """A CLI refusal as the API words it: naming the argument, not the flag."""
+    return re.sub(r"--(src|dst|time|rtt|since|until)\b", r"\1", message)
+
+
 def test_refusals_are_the_cli_s(m, pair):
     from pingctl.infer import questions as QS
 
     src, dst = pair
-    # the very message of the same option in the CLI
+    # the very message of the same option in the CLI, the argument named where the CLI names its flag
     for call, opts in ((lambda: m.search(src, 20, n=QS.MAX_SAMPLES + 1), {"src": src, "rtt": "20",
                                                                           "n": QS.MAX_SAMPLES + 1}),
                        (lambda: m.generate(QS.MAX_STREAMS + 1), {"n": QS.MAX_STREAMS + 1}),
@@ -280,7 +288,7 @@ def test_refusals_are_the_cli_s(m, pair):
                                                                                    "k": QS.COMPLETE_BEAM + 1}),
                        (lambda: m.search(src, "30-10"), {"src": src, "rtt": "30-10"}),
                        (lambda: m.rtt(src, dst, time="yesterday"), {"src": src, "dst": dst, "time": "yesterday"})):
-        assert _refused(call) == _refused(lambda opts=opts: QS.question_from_options(**opts))
+        assert _refused(call) == _flagless(_refused(lambda opts=opts: QS.question_from_options(**opts)))
     for call, words in ((lambda: m.rtt(src, "8.8.*.*"), "pattern asks for a completion"),
                         (lambda: m.rtt(src, "2001:db8::1"), "one family"),
                         (lambda: m.rtt("fe80::1%eth0", dst), "zone id"),
@@ -359,3 +367,45 @@ def test_a_calibrated_model_answers_with_the_map(m, tiny_run, pair, pairs_csv, t
     assert r.exit_code == 0, r.output
     assert CAL.for_model(out, m.steps).path == str(out / "calibration.json")
     assert CAL.for_model(out, m.steps, False) is None and CAL.for_model(tiny_run, m.steps) is None
+
+
+# ----------------------------------------------------------------- refusals name the argument
+
+
+@pytest.fixture
+def unloaded():
+    """A Model whose every argument check runs before the model is touched: these refusals need
+    no trained run."""
+    from pingctl import Model
+
+    return Model(None)
+
+
+def test_refusals_name_the_argument_not_a_flag(unloaded):
+    cases = ((lambda: unloaded.rtt("192.0.2.1", "2001:db8::1"), "dst: 2001:db8::1 is IPv6 but src 192.0.2.1 is IPv4"),
+             (lambda: unloaded.complete(src="8.8.*.*", dst="2001:db8::/32"), "dst: 2001:db8::/32 is IPv6"),
+             (lambda: unloaded.rtt("192.0.2.1", "192.0.2.2", time="yesterday"), "time "),
+             (lambda: unloaded.search("192.0.2.1", "30-10"), "rtt '30-10': need finite"),
+             (lambda: unloaded.rtt("fe80::1%eth0", "192.0.2.2"), "src "))
+    for call, start in cases:
+        message = _refused(call)
+        assert message.startswith(start), message
+        assert "--" not in message, message
+
+
+def test_a_pairs_table_without_a_column_is_named_not_its_temporary_file(unloaded, tmp_path):
+    with pytest.raises(PingctlError) as e:
+        unloaded.rtt_many(pa.table({"src": ["192.0.2.1"], "destination": ["192.0.2.2"]}))
+    message = str(e.value)
+    assert message.startswith("pairs (a pyarrow Table): no dst or dst_addr column"), message
+    assert "pingctl-pairs-" not in message and "--pairs" not in message and "parquet" not in message, message
+    with pytest.raises(PingctlError) as e:
+        unloaded.rtt_many([{"src": "192.0.2.1"}])
+    assert str(e.value).startswith("pairs (a list of dicts): no dst or dst_addr column"), str(e.value)
+    f = tmp_path / "pairs.csv"
+    f.write_text("src,to\n192.0.2.1,192.0.2.2\n")
+    with pytest.raises(PingctlError) as e:
+        unloaded.rtt_many(f)
+    assert str(e.value).startswith(f"pairs {f}: no dst or dst_addr column"), str(e.value)
+    with pytest.raises(PingctlError, match=r"^pairs .*: no such file"):
+        unloaded.rtt_many(tmp_path / "missing.csv")

@@ -353,8 +353,8 @@ def test_stream_scores_each_row_once_after_the_rows_before_it(model, tiny_run, p
     import pyarrow.csv as pcsv
 
     out = tmp_path / "scores.csv"
-    r = runner.invoke(app, ["score", str(tiny_run), str(path), "-o", str(out), "--context-policy", "stream",
-                            "--limit", "300", "--json"])
+    # stream is the command's default: no flag
+    r = runner.invoke(app, ["score", str(tiny_run), str(path), "-o", str(out), "--limit", "300", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     back = pcsv.read_csv(out)
@@ -363,3 +363,17 @@ def test_stream_scores_each_row_once_after_the_rows_before_it(model, tiny_run, p
     # the first rows' windows are the same in the whole table's stream (rows are in time order)
     first = st.slice(0, 298).column("nll").to_numpy()
     assert np.abs(back.column("nll").to_numpy() - first).max() < 1e-3
+
+
+def test_the_shares_below_and_at_a_value_match_the_full_comparison():
+    """The PIT's per-first-byte counts by binary search equal the [n, 256, 256] comparison they
+    replace, for values that are codes (ties) and values between codes."""
+    from pingctl.infer.score import _counts_below_at, _values
+
+    values = _values()
+    rng = np.random.default_rng(3)
+    x = np.concatenate([values.reshape(-1)[rng.integers(0, 65536, 200)], rng.uniform(0.001, 5e4, 100), [0.0, 1e12]])
+    below, at = _counts_below_at(values, x)
+    assert np.array_equal(below, (values[None] < x[:, None, None]).sum(axis=2) / 256.0)
+    assert np.array_equal(at, (values[None] == x[:, None, None]).sum(axis=2) / 256.0)
+    assert at[:200].sum(axis=1).min() >= 1 / 256  # every code is found where it lies

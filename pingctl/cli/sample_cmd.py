@@ -88,13 +88,12 @@ def sample(
 
     Both ends in the prompt: pingctl sample RUN --src A --dst B --context runs/demo/splits/train --context-policy both
     """
+    from pingctl.api import Model
+    from pingctl.api import checks as QS
     from pingctl.artifacts.run import parse_steps
-    from pingctl.infer import questions as QS
-    from pingctl.infer.model import LoadedModel, check_engine
-    from pingctl.infer.runtime import check_hardware
 
-    check_hardware(hardware)
-    check_engine(engine)
+    QS.check_hardware(hardware)
+    QS.check_engine(engine)
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     # every option is checked, and every size bounded, before a file is read or the model loads
     q = QS.question_from_options(
@@ -116,15 +115,12 @@ def sample(
         ctx = _probe_context(q, ctx, ctx_read, context, ctx_prb, run)
     QS.check_run(q, run)
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps, hardware, engine=engine)
-    if cal is not None:
-        from pingctl.infer.calibration import check_fits
-
-        check_fits(cal, run, model.steps)
-    a = QS.answer(model, q, run, ctx, ctx_read, cal)
+        # the --calibration map was read and checked against the run; the model checks its step(s)
+        model = Model.load(run, steps, hardware, calibration=cal if cal is not None else False, engine=engine)
+    a = model.answer(q, ctx, ctx_read, run)
     result = a.result
     if isinstance(q, QS.RttQuestion):
-        _print_distribution(a, model.label, cal, as_json)
+        _print_distribution(a, model.loaded.label, cal, as_json)
     elif isinstance(q, QS.CompleteQuestion):
         _table(result, as_json, f"completions of {q.src} -> {q.dst}", a.rows, ("src", "dst", "probability"))
     elif isinstance(q, QS.InverseQuestion):
@@ -140,17 +136,17 @@ def sample(
 def _calibration(q, run: Path):
     """The --calibration map, checked against the run now (its checkpoint once loaded); a
     prompt shape other than the one it was fitted on is said, not refused."""
-    from pingctl.infer import calibration as CAL
+    from pingctl.api import checks as C
 
-    cal = CAL.load(q.calibration)
-    CAL.check_fits(cal, run, cal.meta.get("steps") or [])
-    if why := CAL.prompt_mismatch(cal, q.context is not None):
+    cal = C.load_calibration(q.calibration)
+    C.check_fits(cal, run, cal.meta.get("steps") or [])
+    if why := C.prompt_mismatch(cal, q.context is not None):
         say(why, err=True, label="note: ")
     return cal
 
 
 def _print_distribution(a, label: str, cal, as_json: bool) -> None:
-    from pingctl.infer import queries as Q
+    from pingctl.api import checks as Q
 
     q, d, result = a.question, a.distribution, a.result
     if as_json:
@@ -216,7 +212,7 @@ def _read_context(path: Path):
 def _probe_context(q, ctx, read: dict, path: Path, prb, run: Path):
     """The file's measurements of the question's source's probe (before --time), named when
     that leaves rows out."""
-    from pingctl.infer.questions import probe_context
+    from pingctl.api.checks import probe_context
 
     picked = probe_context(q, ctx, read, prb, run)
     if q.context_policy == "both":

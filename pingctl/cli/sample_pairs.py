@@ -6,8 +6,6 @@ import time as _time
 from pathlib import Path
 
 from pingctl.cli.common import emit, err_console, fmt, grid_table, kv_table, progress, say
-from pingctl.errors import PingctlError
-from pingctl.infer.model import untimed_run
 from pingctl.schema.times import utc_text
 
 SHOWN = 20  # pairs printed in the terminal table; -o / --json hold them all
@@ -25,20 +23,17 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
                  out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
                  hardware: str | None = None, calibration=None, context_policy: str = "probe",
                  context_k: int | None = None, engine: str | None = None) -> None:
+    """`Model.rtt_many` of the file, its pairs read and checked before the model loads."""
+    from pingctl.api import Context, Model
+    from pingctl.api import checks as C
+    from pingctl.api.model import check_pairs, reason_lines
     from pingctl.artifacts import sample_output as SO
     from pingctl.artifacts.run import run_config
-    from pingctl.infer import pairs as P
-    from pingctl.infer import questions as QS
-    from pingctl.infer.model import LoadedModel, trained_with_timestamps
 
-    pairs = P.read_pairs(pairs_path)
-    if pairs.has_times() and not trained_with_timestamps(run_config(run).loader.mode_weights):
-        raise untimed_run(f"--pairs {pairs_path}", run, "so it cannot condition on the file's times; leave the time "
-                          "column empty or drop it")
+    pairs = C.read_pairs(pairs_path)
+    check_pairs(pairs, f"--pairs {pairs_path}", run, C.trained_with_timestamps(run_config(run).loader.mode_weights),
+                "the file's")
     summary = pairs.reject_summary()
-    if not pairs.src:
-        raise PingctlError("\n".join([f"--pairs {pairs_path}: no valid pair among {pairs.rows_read:,} rows",
-                                      *_reason_lines(summary, pairs.unit)]))
     n_pairs = len(set(zip(pairs.src, pairs.dst)))
     if pairs.distinct >= max(TIMES_HINT, 2 * n_pairs) and not as_json:
         # a measurement table with its times is one question per packet: say so before the long part
@@ -46,26 +41,24 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
             "each time is its own question (the prompt's context and timestamp depend on it). To ask once "
             "per pair, drop the time column or leave it empty.", err=True, label="note: ")
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps, hardware, engine=engine)
-    if calibration is not None:
-        from pingctl.infer.calibration import check_fits
-
-        check_fits(calibration, run, model.steps)
-    per_pair = P.context_cap(model, context_policy, context_per_pair)
-    k = QS.CONTEXT_K if context_k is None else context_k
+        # the --calibration map was read and checked against the run; the model checks its step(s)
+        model = Model.load(run, steps, hardware, calibration=calibration if calibration is not None else False,
+                           engine=engine)
+    loaded = model.loaded
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
         task = bar.add_task("pairs", total=len(pairs.src))
-        cols = P.answer(model, pairs, ctx, per_pair, exact=exact,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total), prb=ctx_prb,
-                        calibration=calibration, policy=context_policy, k=k)
+        got = model.rtt_many(pairs, Context(ctx, ctx_prb, ctx_read, "--context") if ctx is not None else None,
+                             context_per_pair, exact=exact, context_policy=context_policy, context_k=context_k,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     elapsed = _time.perf_counter() - t0
-    meta = {"run": str(run), "step": model.step, "steps": list(model.steps), "timestamps": model.timestamps,
+    cols, per_pair, k = got.columns, got.context_per_pair, C.CONTEXT_K if context_k is None else context_k
+    meta = {"run": str(run), "step": loaded.step, "steps": list(loaded.steps), "timestamps": loaded.timestamps,
             "pairs": str(pairs_path), "exact": exact, "calibration": calibration.path if calibration else None}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
-              "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": model.device,
-              "engine": model.engine}
+              "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": loaded.device,
+              "engine": loaded.engine}
     if ctx is not None:
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
@@ -79,7 +72,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     if summary and not as_json:
         say(f"--pairs {pairs_path}: set aside {len(pairs.rejects):,} of {pairs.rows_read:,} rows"
             + (f" (each in {SO.rejects_path(out)})" if out is not None else ":"), err=True, label="warning: ")
-        for line in _reason_lines(summary, pairs.unit):
+        for line in reason_lines(summary, pairs.unit):
             say(line, err=True)
         if out is None:
             for r in pairs.rejects[:10]:
@@ -89,21 +82,16 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         emit({**result, "predictions": [dict(zip(keys, v)) for v in zip(*cols.values())],
               "rejects": pairs.rejects}, True)
         return
-    emit(result, False, [_table(cols, pairs.unit, model.label), kv_table("pairs summary", [
+    emit(result, False, [_table(cols, pairs.unit, loaded.label), kv_table("pairs summary", [
         ("pairs read", pairs.rows_read), ("answered", len(pairs.src)), ("set aside", len(pairs.rejects)),
         ("distinct (src, dst, time) asked", result["distinct"]),
         ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
         *([("calibration", calibration_label(calibration))] if calibration is not None else []),
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
-        ("device", f"{model.device} ({model.engine} engine)"), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
+        ("device", f"{loaded.device} ({loaded.engine} engine)"), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
         *([("rejects", str(SO.rejects_path(out)))] if out is not None else []),
     ])])
-
-
-def _reason_lines(summary: dict, unit: str) -> list[str]:
-    """schema.rejected_lines for a pairs file: its rows are CSV lines or Parquet rows, all of one file."""
-    return [f"  {r}: {e['rows']:,} ({e['meaning']}); first: {unit} {e['first']['row']}" for r, e in summary.items()]
 
 
 def _table(cols: dict, unit: str, label: str):

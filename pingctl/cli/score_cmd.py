@@ -28,12 +28,13 @@ def score(
     context: Annotated[int, typer.Option(
         min=0, max=MAX_CONTEXT, help="Preceding measurements of the probe in each prompt.")] = 16,
     context_policy: Annotated[str, typer.Option(
-        help="probe: the probe's preceding rows of the table, as in training; cold: the same without the "
-             "scored pair's own; none: no context; both: the probe's rows to other destinations and the "
-             "destination's rows from other sources, --context of each (a model trained with "
-             "loader.triangulation_share); stream: each probe's rows as one token stream, every row scored "
+        help="stream (default): each probe's rows of the table as one token stream, every row scored "
              "after the ones before it in its window (at least --context of them where half the model's "
-             "context holds them): 7-9x faster (docs/score.md).")] = "probe",
+             "context holds them), 7-10x faster than a prompt per row; probe: a prompt per row of the "
+             "probe's --context preceding rows, capped per pair as in training; cold: probe without the "
+             "scored pair's own rows; none: no context; both: the probe's rows to other destinations and "
+             "the destination's rows from other sources, --context of each (a model trained with "
+             "loader.triangulation_share) (docs/score.md).")] = "stream",
     limit: Annotated[int | None, typer.Option(
         min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
     step: StepOpt = None,
@@ -51,42 +52,41 @@ def score(
     Columns written: the canonical ones, then nll (nats), pit, tail_p, p_fail, context_measurements
     (docs/score.md).
     """
+    from pingctl.api import Model
+    from pingctl.api import checks as C
     from pingctl.artifacts import score_output as SO
     from pingctl.artifacts.run import parse_steps, run_config
-    from pingctl.infer import score as S
-    from pingctl.infer.model import LoadedModel, check_engine
-    from pingctl.infer.runtime import check_hardware
     from pingctl.schema.duck import rejected_lines
 
-    check_hardware(hardware)
-    check_engine(engine)
-    S.check_options(context, context_policy, limit)
+    C.check_hardware(hardware)
+    C.check_engine(engine)
+    C.check_score_options(context, context_policy, limit)
     steps = parse_steps(step)
     SO.check_out(out, _inputs(table))
     run_config(run)  # a bad run directory is named before the table is read
-    got = S.read_input(table, limit)
+    got = C.read_scores(table, limit)
     if got.rejected and not as_json:
         say(f"{table}: set aside {got.rows_rejected:,} of {got.rows_read:,} rows, which build-rows would reject:",
             err=True, label="warning: ")
         for line in rejected_lines(got.rejected):
             say(line, err=True)
     with err_console.status(f"loading {run} ..."):
-        model = LoadedModel.load(run, steps, hardware, engine=engine)
+        model = Model.load(run, steps, hardware, calibration=False, engine=engine)
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
         # the bar (and its time remaining) moves from the first chunk of rows on
         task = bar.add_task("scoring", total=got.table.num_rows)
-        scored = S.score_rows(model, got, context=context, context_policy=context_policy,
-                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+        scored = model.score(got, context=context, context_policy=context_policy,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     elapsed = _time.perf_counter() - t0
     SO.write_scores(scored, out)
-    result = {**S.score_meta(scored), **S.summary(scored, threshold), "out": str(out), "seconds": round(elapsed, 3),
+    result = {**C.score_meta(scored), **C.score_summary(scored, threshold), "out": str(out), "seconds": round(elapsed, 3),
               "rows_per_s": round(scored.num_rows / elapsed, 1) if elapsed > 0 else None, "device": model.device,
-              "engine": model.engine}
+              "engine": model.loaded.engine}
     if as_json:
         emit(result, True)
         return
-    tables = [kv_table(f"scores ({model.label})", _summary_rows(result))]
+    tables = [kv_table(f"scores ({model.loaded.label})", _summary_rows(result))]
     if threshold is not None:
         tables.append(_top_table(result, threshold))
     emit(result, False, tables)

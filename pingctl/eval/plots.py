@@ -26,6 +26,17 @@ def _plt():
     return plt
 
 
+def _plain_log_ticks(*axes) -> None:
+    """Plain-text tick labels ("1e−03", "20") on log axes: matplotlib's default log formatter
+    writes every label as mathtext ($10^{-3}$), and parsing those cost more CPU than the rest of
+    an eval's plots together."""
+    from matplotlib.ticker import LogFormatter
+
+    for axis in axes:
+        axis.set_major_formatter(LogFormatter())
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+
+
 def _save(fig, path) -> Path:
     path = Path(path)
     fmt = path.suffix.lstrip(".").lower() or "png"
@@ -71,6 +82,7 @@ def error_cdf_figure(errors: dict[str, np.ndarray], title: str = "Relative error
                      "markevery": (step // 2 + (k * step) // max(len(series), 1), step)}
         ax.plot(x, grid, label=f"{name} (median {np.median(e):.3f})", **style)
     ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
     if span:  # where the curves rise: their 0.5th to 99.5th percentiles, not the flat tails
         ax.set_xlim(max(min(span) / 2, _MIN_REL / 2), max(span) * 2)
     ax.set_xlabel("relative error |pred − actual| / actual")
@@ -163,7 +175,8 @@ def scatter_figure(pred, actual, name: str = "model", max_points: int = 50_000, 
         if len(ok) > SCATTER_MAX_POINTS:
             hb = ax.hexbin(x, y, xscale="log", yscale="log", gridsize=70, bins="log", mincnt=1, cmap="viridis",
                            linewidths=0.2)
-            fig.colorbar(hb, ax=ax, label="packets per cell (log scale)")
+            cb = fig.colorbar(hb, ax=ax, label="packets per cell (log scale)")
+            _plain_log_ticks(cb.ax.yaxis)
         else:
             ax.scatter(x, y, s=12, alpha=0.5, edgecolors="none", color="C0", rasterized=True)
         # both axes over the same span, so the diagonal is the diagonal
@@ -175,6 +188,7 @@ def scatter_figure(pred, actual, name: str = "model", max_points: int = 50_000, 
         ax.legend(fontsize=8, loc="upper left")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.xaxis, ax.yaxis)
     ax.set_xlabel("actual RTT (ms)")
     ax.set_ylabel("predicted median RTT (ms)")
     ax.set_title(f"{name}: predicted vs actual ({len(ok):,} of {n_ok:,} packets)")

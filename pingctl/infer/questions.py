@@ -106,22 +106,22 @@ def address_option(text: str | None, name: str) -> str | None:
     return text
 
 
-def rtt_range(text: str) -> tuple[float, float]:
-    """--rtt as (low, high) ms: '20' or '10-30'."""
+def rtt_range(text: str, name: str = "--rtt") -> tuple[float, float]:
+    """--rtt as (low, high) ms: '20' or '10-30'; refusals name `name`."""
     # the range's '-' is neither a leading sign nor an exponent's sign (1e-3 is one number)
     cut = next((i for i in range(1, len(text)) if text[i] == "-" and text[i - 1] not in "eE"), None)
     lo, hi = (text, text) if cut is None else (text[:cut], text[cut + 1 :])
     if cut is not None and not hi.strip():
-        raise UsageError(f"--rtt {text!r}: a range needs both ends, like 10-30")
+        raise UsageError(f"{name} {text!r}: a range needs both ends, like 10-30")
     try:
         lo_f, hi_f = float(lo), float(hi)
     except ValueError:
-        raise UsageError(f"--rtt {text!r}: give milliseconds like 20 or a range like 10-30") from None
+        raise UsageError(f"{name} {text!r}: give milliseconds like 20 or a range like 10-30") from None
     # NaN compares false with everything, so it must be excluded explicitly
     if not (math.isfinite(lo_f) and math.isfinite(hi_f)) or lo_f < 0 or hi_f < lo_f:
-        raise UsageError(f"--rtt {text!r}: need finite 0 <= low <= high")
+        raise UsageError(f"{name} {text!r}: need finite 0 <= low <= high")
     if hi_f > MAX_MS:
-        raise UsageError(f"--rtt {text!r}: the RTT code ends at {MAX_MS:,.0f} ms")
+        raise UsageError(f"{name} {text!r}: the RTT code ends at {MAX_MS:,.0f} ms")
     return lo_f, hi_f
 
 

@@ -398,8 +398,7 @@ def _read(out: dict, rows: slice, ok: np.ndarray, p_fail: np.ndarray, p1: np.nda
             for fb, lp in zip(fbs, lps):
                 refined[(k, int(fb))] = Q.bytes_distribution(lp)
     # mass below and at x: unrefined first bytes spread evenly, refined ones by their rows
-    below_n = (values[None, :, :] < x[:, None, None]).sum(axis=2) / 256.0  # [n, 256]
-    at_n = (values[None, :, :] == x[:, None, None]).sum(axis=2) / 256.0
+    below_n, at_n = _counts_below_at(values, x)
     below = (p1 * below_n).sum(axis=1)
     at = (p1 * at_n).sum(axis=1)
     for (k, fb), row in refined.items():
@@ -418,6 +417,18 @@ def _read(out: dict, rows: slice, ok: np.ndarray, p_fail: np.ndarray, p1: np.nda
                          - np.log(np.maximum(p_code[ok], _TINY)))
     out["pit"][i[ok]] = np.minimum(below[ok] + at[ok], 1.0)
     out["tail_p"][i[ok]] = np.minimum(1.0, 2.0 * np.minimum(np.minimum(below[ok] + at[ok], 1.0), 1.0 - below[ok]))
+
+
+def _counts_below_at(values: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[n, 256] each: the share of first byte fb's 256 codes below x[k], and equal to it.
+    A first byte's codes rise with the second byte, so two binary searches per first byte
+    count them, not a [n, 256, 256] comparison (hundreds of MB a chunk)."""
+    below = np.empty((len(x), values.shape[0]))
+    upto = np.empty_like(below)
+    for fb, row in enumerate(values):
+        below[:, fb] = np.searchsorted(row, x, side="left")
+        upto[:, fb] = np.searchsorted(row, x, side="right")
+    return below / 256.0, (upto - below) / 256.0
 
 
 # ----------------------------------------------------------------- stream

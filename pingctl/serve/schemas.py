@@ -25,9 +25,9 @@ from pydantic import (
 )
 
 from pingctl.errors import UsageError
-from pingctl.infer import queries as Q
-from pingctl.infer import questions as QS
-from pingctl.infer.pairs import CONTEXT_ROWS_MAX, AddressError, clean_address
+from pingctl.api import checks as Q
+from pingctl.api import checks as QS
+from pingctl.api.checks import CONTEXT_ROWS_MAX, AddressError, clean_address
 from pingctl.schema.columns import check_rtt
 from pingctl.schema.times import MIN_TIME, max_time, parse_when
 from pingctl.tokenizer.rtt_codec import MAX_MS

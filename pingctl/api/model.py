@@ -1,4 +1,4 @@
-"""The Python API: a trained model asked from a notebook or a script (docs/api.md).
+"""`pingctl.api.Model`: a trained model asked from a notebook, a script, the service or the CLI.
 
     from pingctl import Model
     m = Model.load("runs/demo/train")
@@ -7,15 +7,13 @@
 One `Model` holds one loaded checkpoint, so a session pays the model load once, where each
 `pingctl sample` pays it per question. Every method builds the question object `pingctl
 sample` builds (`pingctl.infer.questions`), so it refuses what the CLI refuses, with the same
-bounds and messages (which name the CLI's options: `--n`, `-k`, ...), before any work; the
-answers come from the same functions (`questions.answer`, `pairs.answer`), so the numbers are
-the CLI's numbers.
+bounds, before any work (a refusal names the argument: `pingctl.api.arguments`); the answers
+come from the same functions (`questions.answer`, `pairs.answer`), so the numbers are the
+CLI's numbers.
 """
 
 from __future__ import annotations
 
-import math
-import operator
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from pingctl.artifacts import sample_output as SO
 from pingctl.artifacts.hub import resolve_model_path
 from pingctl.artifacts.run import checkpoint_items, parse_steps, read_summary, run_config
 from pingctl.artifacts.table import resolve_inputs
-from pingctl.config import SampleConfig
+from pingctl.api import arguments as A
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
 from pingctl.infer import pairs as P
@@ -92,7 +90,7 @@ class Rtt(Q.RttDistribution):
         and a failed draw is NaN (the canonical table writes -1; NaN keeps np.nanmean and the
         like honest); otherwise a code's value with its probability. `rng`: a NumPy Generator,
         a seed, or None (fresh entropy)."""
-        n = _count("n", n, MAX_DRAWS, "each draw is a float64 in memory, with a uniform to make it")
+        n = A.count("n", n, MAX_DRAWS, "each draw is a float64 in memory, with a uniform to make it")
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         cdf = np.cumsum(self.probs)
         idx = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(cdf) - 1)
@@ -136,6 +134,10 @@ class Predictions:
     rejects: list[dict]
     rows_read: int
     rejected: dict  # reason -> {rows, meaning, first}
+    # the table's columns as lists, and the cap of measurements a pair the prompts held under:
+    # what `pingctl sample --pairs` prints and writes
+    columns: dict = field(default_factory=dict, repr=False)
+    context_per_pair: int = 0
 
     @property
     def answered(self) -> int:
@@ -180,7 +182,7 @@ class Context:
         if isinstance(source, (pa.Table, pa.RecordBatch)):
             with tempfile.TemporaryDirectory(prefix="pingctl-context-") as d:
                 f = Path(d) / "context.parquet"
-                _write_parquet(pa.Table.from_batches([source]) if isinstance(source, pa.RecordBatch) else source, f)
+                A.write_parquet(pa.Table.from_batches([source]) if isinstance(source, pa.RecordBatch) else source, f)
                 return cls._checked([f], "context (a pyarrow Table)", "<table>")
         if isinstance(source, (str, Path)):
             return cls._checked(resolve_inputs([source]), f"context {source}")
@@ -225,17 +227,21 @@ class Model:
         repo id `org/name`, through huggingface_hub's cache) at
         `step`: one checkpoint (default: the latest), several (a list, or "100,200") whose
         weights are averaged. `hardware`: cpu | gpu (default: as the run was trained).
-        `calibration`: a calibration.json `pingctl eval` fitted for this run and step(s), whose
+        `calibration`: a calibration.json `pingctl eval` fitted for this run and step(s) (its path,
+        or the map read: `checks.load_calibration`), whose
         recalibrated distributions `rtt` and `rtt_many` then answer with; default: the map an
         exported model carries, if any; False: none. `engine`: light (plain JAX, no MaxText, the
         default) or maxtext (the reference); default: $PINGCTL_ENGINE, else light."""
         path = resolve_model_path(path)  # a directory, or a Hugging Face Hub repo id
         check_hardware(hardware)
         steps = parse_steps(step) if isinstance(step, str) else step
-        if calibration is not None and not isinstance(calibration, (str, Path, bool)):
+        if calibration is not None and not isinstance(calibration, (str, Path, bool, CAL.Calibration)):
             raise UsageError("calibration: a calibration.json path, True, False or None")
         check_engine(engine)
         loaded = LoadedModel.load(path, steps, hardware, engine=engine)
+        if isinstance(calibration, CAL.Calibration):  # a map already read (the CLI reads it before the load)
+            CAL.check_fits(calibration, loaded.run, loaded.steps)
+            return cls(loaded, calibration)
         return cls(loaded, CAL.for_model(loaded.run, loaded.steps, calibration))
 
     # ------------------------------------------------------------ what it is
@@ -297,10 +303,12 @@ class Model:
         context from `context` instead, `context_k` (default 16) of the probe's measurements to
         other destinations and as many of dst's from other sources (`pingctl sample
         --context-policy both`); `Rtt.info["context"]` lists them."""
-        q = QS.RttQuestion(src=_address(src, "--src", True), dst=_address(dst, "--dst", True),
-                           time=_when(time, "--time"), **_context_fields(context, context_per_pair),
+        src, dst = A.address(src, "src", True), A.address(dst, "dst", True)
+        A.one_family(src, dst)
+        q = QS.RttQuestion(src=src, dst=dst,
+                           time=A.when(time, "time"), **A.context_fields(context, context_per_pair),
                            context_policy=context_policy,
-                           context_k=None if context_k is None else _int("context_k", context_k))
+                           context_k=None if context_k is None else A.whole("context_k", context_k))
         a = self._answer(q, context)
         d = a.distribution
         return Rtt(d.p_fail, d.codes, d.values_ms, d.probs, src=q.src, dst=q.dst, time=q.time, info=a.result)
@@ -309,7 +317,7 @@ class Model:
                  progress=None, context_policy: str = "probe", context_k: int | None = None) -> Predictions:
         """The RTT distribution of every row of `pairs` (`pingctl sample --pairs`): a CSV or
         Parquet path, a pyarrow Table or a list of dicts, with src|src_addr, dst|dst_addr and
-        optionally time|event_time. A row that fails the `rtt` checks is set aside with its
+        optionally time|event_time (or pairs already read, `checks.read_pairs`). A row that fails the `rtt` checks is set aside with its
         reason (Predictions.rejects); a repeated (src, dst, time) is asked once. Each row's
         context is its source's probe's measurements before its time. By default each
         distribution is exact at the quantiles it reports (`exact=True`: every code, as `rtt`).
@@ -317,19 +325,12 @@ class Model:
         `context_policy="both"`: each prompt holds the pair's triangulation context from
         `context` instead (`context_k`, default 16, measurements a side: its probe's to other
         destinations, its destination's from other sources), as `rtt(..., context_policy="both")`."""
-        context_per_pair = _context_fields(context, context_per_pair)["context_per_pair"]
+        context_per_pair = A.context_fields(context, context_per_pair)["context_per_pair"]
         QS.check_context_options(Path("context") if context is not None else None, context_per_pair, context_policy,
                                  context_k)
-        rows, label = _read_pairs(pairs)
+        rows, label = A.read_pairs(pairs)
         m = self.loaded
-        if rows.has_times() and not m.timestamps:
-            raise untimed_run(f"pairs {label}", m.run, "so it cannot condition on their times; leave the time "
-                                                       "column empty or drop it")
-        summary = rows.reject_summary()
-        if not rows.src:
-            raise PingctlError("\n".join([f"pairs {label}: no valid pair among {rows.rows_read:,} rows",
-                                          *(f"  {r}: {e['rows']:,} ({e['meaning']}); first: {rows.unit} "
-                                            f"{e['first']['row']}" for r, e in summary.items())]))
+        check_pairs(rows, f"pairs {label}", m.run, m.timestamps)
         ctx = Context.load(context) if context is not None else None
         per_pair = P.context_cap(m, context_policy, context_per_pair)
         cols = P.answer(m, rows, ctx.measurements if ctx else None, per_pair, exact=exact,
@@ -339,7 +340,8 @@ class Model:
         meta = {"run": str(m.run), "step": m.step, "steps": list(m.steps), "timestamps": m.timestamps,
                 "pairs": label, "exact": exact,
                 "calibration": self.calibration.path if self.calibration is not None else None}
-        return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, summary)
+        return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, rows.reject_summary(),
+                           cols, per_pair)
 
     def complete(self, src: str | None = None, dst: str | None = None, rtt: float | None = None, k: int = QS.K,
                  context=None, context_per_pair: int | None = None) -> list[dict]:
@@ -348,13 +350,14 @@ class Model:
         {src, dst, probability, log_prob}, most probable first (`pingctl sample` with a pattern)."""
         if src is None and dst is None:
             raise UsageError("complete: give src, dst or both, a pattern (8.8.*.* or a CIDR) in at least one")
-        src, dst = _address(src, "--src"), _address(dst, "--dst")
+        src, dst = A.address(src, "src"), A.address(dst, "dst")
+        A.one_family(src, dst)
         fam_src, fam_dst = (p[0] if p else None for p in Q.parse_pair(src, dst))
-        lo, hi = _rtt(rtt) if rtt is not None else (None, None)
+        lo, hi = A.rtt_bounds(rtt) if rtt is not None else (None, None)
         if rtt is not None and hi > lo:
             raise UsageError(f"rtt {rtt!r}: a completion conditions on one RTT (e.g. 20); ranges are for search")
         q = QS.CompleteQuestion(src=src or Q.any_address(fam_dst), dst=dst or Q.any_address(fam_src), rtt=lo,
-                                k=_int("k", k), **_context_fields(context, context_per_pair))
+                                k=A.whole("k", k), **A.context_fields(context, context_per_pair))
         return self._answer(q, context).rows
 
     def search(self, src: str, rtt, n: int = QS.SAMPLES, k: int = QS.K, seed: int = 0, temperature: float = 1.0,
@@ -363,11 +366,11 @@ class Model:
         (a number, a (low, high) pair or "10-30"), from `n` sampled destinations at
         `temperature` (seeded: the same seed, the same answer), deduplicated; the `k` most
         probable as {dst, probability, samples}."""
-        lo, hi = _rtt(rtt)
-        _sampling(seed=seed, temperature=temperature)
-        q = QS.InverseQuestion(src=_address(src, "--src", True), rtt_lo=lo, rtt_hi=hi, samples=_int("n", n),
-                               k=_int("k", k), seed=seed, temperature=float(temperature),
-                               **_context_fields(context, context_per_pair))
+        lo, hi = A.rtt_bounds(rtt)
+        A.sampling(seed=seed, temperature=temperature)
+        q = QS.InverseQuestion(src=A.address(src, "src", True), rtt_lo=lo, rtt_hi=hi, samples=A.whole("n", n),
+                               k=A.whole("k", k), seed=seed, temperature=float(temperature),
+                               **A.context_fields(context, context_per_pair))
         return self._answer(q, context).rows
 
     def generate(self, n: int = QS.STREAMS, measurements: int = QS.MEASUREMENTS, src: str | None = None,
@@ -377,14 +380,14 @@ class Model:
         sample --n`): of probe `src` if set; every measurement timestamped (`timestamps`,
         default: as the run was trained), its time between `since` and `until`. Returns the
         canonical rows, with a `stream` column, as a pyarrow Table (what `--out` writes)."""
-        _sampling(seed=seed, temperature=temperature, top_p=top_p)
+        A.sampling(seed=seed, temperature=temperature, top_p=top_p)
         period = None
         if since is not None or until is not None:
-            period = QS.generation_period(_time_text(since, "--since"), _time_text(until, "--until"))
-        q = QS.GenerateQuestion(streams=_int("n", n), measurements=_int("measurements", measurements),
-                                src=_address(src, "--src"), timestamps=timestamps, period=period, seed=seed,
+            period = QS.generation_period(A.time_text(since, "since"), A.time_text(until, "until"))
+        q = QS.GenerateQuestion(streams=A.whole("n", n), measurements=A.whole("measurements", measurements),
+                                src=A.address(src, "src"), timestamps=timestamps, period=period, seed=seed,
                                 temperature=float(temperature), top_p=float(top_p),
-                                **_context_fields(context, context_per_pair))
+                                **A.context_fields(context, context_per_pair))
         import pyarrow as pa
 
         table, stream_id = QS.generated_rows(self._answer(q, context).streams)
@@ -399,8 +402,19 @@ class Model:
         preceding measurements in the table (`context_policy` "probe", "cold" or "none"). Rows
         build-rows would reject are set aside; the counts are in the schema metadata
         (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most)."""
+        if isinstance(table, S.ScoreInput):  # read and checked before the load (`read_scores`)
+            return S.score_rows(self.loaded, table, context=context, context_policy=context_policy,
+                                per_pair=context_per_pair, progress=progress)
         return S.score_table(self.loaded, table, context=context, context_policy=context_policy, limit=limit,
                              per_pair=context_per_pair, progress=progress)
+
+    def answer(self, question: QS.Question, context: Measurements | None = None, read: dict | None = None,
+               run: Path | str | None = None) -> QS.Answer:
+        """The answer to one question `pingctl sample` built (`checks.question_from_options`):
+        `context` the measurements already picked for its prompt (`checks.probe_context`), `read`
+        what became of the context file's rows, `run` how the result names the run (default:
+        `self.run`). The methods above build the question from Python arguments first."""
+        return QS.answer(self.loaded, question, self.run if run is None else run, context, read, self.calibration)
 
     def _answer(self, q: QS.Question, context) -> QS.Answer:
         QS.check_run(q, self.run)
@@ -409,147 +423,24 @@ class Model:
             c = Context.load(context)
             read = dict(c.read)
             ctx = QS.probe_context(q, c.measurements, read, c.prb, self.run)
-        return QS.answer(self.loaded, q, self.run, ctx, read, self.calibration)
+        return self.answer(q, ctx, read)
 
 
-# ----------------------------------------------------------------- arguments
+def check_pairs(rows: P.Pairs, what: str, run: Path, timestamps: bool, whose: str = "their") -> None:
+    """Refuse pairs a run cannot answer: times to a run trained without them, or no valid row
+    (`what` names them: `pairs FILE` here, `--pairs FILE` in the CLI, which checks before the
+    model loads; `whose` times they are)."""
+    if rows.has_times() and not timestamps:
+        raise untimed_run(what, run, f"so it cannot condition on {whose} times; leave the time column empty or "
+                                     "drop it")
+    if not rows.src:
+        raise PingctlError("\n".join([f"{what}: no valid pair among {rows.rows_read:,} rows",
+                                      *reason_lines(rows.reject_summary(), rows.unit)]))
 
 
-def _address(text, name: str, required: bool = False) -> str | None:
-    if text is None and required:
-        raise UsageError(f"{name}: an address is required")
-    if text is not None and not isinstance(text, str):
-        text = str(text)  # an ipaddress object
-    return QS.address_option(text, name)
-
-
-def _time_text(value, name: str) -> str | None:
-    """A time as users give it in Python (ISO text, Unix seconds, a datetime) -> the text the
-    CLI's parser reads (it reads a naive time as UTC)."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise UsageError(f"{name} {value!r}: give ISO 8601 text, Unix seconds or a datetime")
-    return str(value)
-
-
-def _when(value, name: str) -> int | None:
-    return QS.time_option(_time_text(value, name), name)
-
-
-def _rtt(value) -> tuple[float, float]:
-    """An RTT as a number, a (low, high) pair or the CLI's "20" / "10-30" -> (low, high) ms,
-    checked by the CLI's parser."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        value = f"{value[0]}-{value[1]}"
-    elif isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise UsageError(f"rtt {value!r}: give milliseconds (20), a range (10, 30) or '10-30'")
-    return QS.rtt_range(str(value))
-
-
-def _int(name: str, value) -> int:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return operator.index(value)
-    except TypeError:
-        raise UsageError(f"{name} {value!r}: expected a whole number") from None
-
-
-def _count(name: str, value, most: int, what: str) -> int:
-    n = _int(name, value)
-    if n < 1:
-        raise UsageError(f"{name} must be at least 1, got {n}")
-    if n > most:
-        raise UsageError(f"{name} {n:,} is beyond the bound of {most:,}: {what}")
-    return n
-
-
-def _sampling(**values) -> None:
-    """seed, temperature, top_p checked as the config's `sample` section checks them."""
-    try:
-        SampleConfig(**values)
-    except ValueError as e:  # pydantic's ValidationError
-        errors = getattr(e, "errors", list)()
-        detail = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in errors) or str(e)
-        raise UsageError(f"sampling options: {detail}") from None
-
-
-def _context_fields(context, context_per_pair: int | None) -> dict:
-    """The question's context fields: the context is given to `answer` itself, but the
-    question checks context_per_pair against it (only a path is a Path; others get a label)."""
-    if context is None:
-        label = None
-    elif isinstance(context, (str, Path)):
-        label = Path(context)
-    else:
-        label = Path(f"<{type(context).__name__}>")
-    if context_per_pair is not None and context is None:
-        raise UsageError("context_per_pair caps measurements from context; give context too")
-    return {"context": label, "context_per_pair": None if context_per_pair is None else _int("context_per_pair",
-                                                                                             context_per_pair)}
-
-
-def _write_parquet(table, path: Path) -> None:
-    """An in-memory table as Parquet, for the readers files go through."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pq.write_table(table, path)
-    except (pa.ArrowException, TypeError, ValueError) as e:
-        raise PingctlError(f"the table cannot be written as Parquet ({e})") from None
-
-
-def _read_pairs(source) -> tuple[P.Pairs, str]:
-    """(checked pairs, how messages name them) of a pairs file, a pyarrow Table or a list of
-    dicts: an in-memory one goes through the very reader `--pairs` uses, as Parquet rows."""
-    if isinstance(source, (str, Path)):
-        return P.read_pairs(Path(source)), str(source)
-    import pyarrow as pa
-
-    if isinstance(source, pa.RecordBatch):
-        source = pa.Table.from_batches([source])
-    if isinstance(source, list):
-        source, label = _pairs_table(source), "(a list of dicts)"
-    elif isinstance(source, pa.Table):
-        label = "(a pyarrow Table)"
-    else:
-        raise UsageError(f"pairs: expected a CSV or Parquet path, a pyarrow Table or a list of dicts, "
-                         f"got {type(source).__name__}")
-    with tempfile.TemporaryDirectory(prefix="pingctl-pairs-") as d:
-        f = Path(d) / "pairs.parquet"
-        _write_parquet(source, f)
-        rows = P.read_pairs(f)
-    rows.file = label
-    for r in rows.rejects:
-        r["file"] = label
-    return rows, label
-
-
-def _pairs_table(rows: list):
-    """A list of {src, dst[, time]} dicts as a table `read_pairs` reads: the addresses as text,
-    each time as the text the CLI parses (ISO 8601 or Unix seconds), None kept."""
-    import pyarrow as pa
-
-    if not rows:
-        raise UsageError("pairs: the list is empty")
-    if not all(isinstance(r, dict) for r in rows):
-        raise UsageError("pairs: a list of pairs holds dicts like {'src': ..., 'dst': ..., 'time': ...}")
-    names = [c for c in (*P.SRC_COLUMNS, *P.DST_COLUMNS, *P.TIME_COLUMNS) if any(c in r for r in rows)]
-
-    def text(v, time: bool):
-        if v is None:
-            return None
-        if time and isinstance(v, datetime):
-            return v.isoformat()
-        if time and isinstance(v, float) and math.isfinite(v) and v == int(v):
-            return str(int(v))
-        return str(v)
-
-    return pa.table({c: pa.array([text(r.get(c), c in P.TIME_COLUMNS) for r in rows], pa.string()) for c in names})
+def reason_lines(summary: dict, unit: str) -> list[str]:
+    """schema.rejected_lines for pairs: their rows are CSV lines or Parquet rows, all of one file."""
+    return [f"  {r}: {e['rows']:,} ({e['meaning']}); first: {unit} {e['first']['row']}" for r, e in summary.items()]
 
 
 def _eval_headline(run: Path) -> dict | None:
@@ -577,4 +468,4 @@ def _eval_headline(run: Path) -> dict | None:
             "median_rel_err": {r["predictor"]: r.get("median_rel_err") for r in rows}}
 
 
-__all__ = ["MAX_DRAWS", "MEAN_CEILING_MS", "Context", "Model", "Predictions", "Rtt"]
+__all__ = ["MAX_DRAWS", "MEAN_CEILING_MS", "Context", "Model", "Predictions", "Rtt", "check_pairs", "reason_lines"]
