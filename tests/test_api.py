@@ -272,7 +272,9 @@ def _refused(f) -> str:
 
 def _flagless(message: str) -> str:
     """A CLI refusal as the API words it: naming the argument, not the flag."""
-    return re.sub(r"--(src|dst|time|rtt|since|until)\b", r"\1", message)
+    from pingctl.api.arguments import python_name
+
+    return python_name(message)
 
 
 def test_refusals_are_the_cli_s(m, pair):
@@ -409,3 +411,25 @@ def test_a_pairs_table_without_a_column_is_named_not_its_temporary_file(unloaded
     assert str(e.value).startswith(f"pairs {f}: no dst or dst_addr column"), str(e.value)
     with pytest.raises(PingctlError, match=r"^pairs .*: no such file"):
         unloaded.rtt_many(tmp_path / "missing.csv")
+
+
+def test_shared_bounds_are_reworded_as_argument_names(unloaded):
+    # the question objects `pingctl sample` shares word their bounds with CLI flags; Model does not
+    cases = ((lambda: unloaded.search("192.0.2.1", 20, n=10**9), "n 1,000,000,000"),
+             (lambda: unloaded.generate(n=2, measurements=10**9), "measurements"),
+             (lambda: unloaded.generate(since="2030-01-02", until="2030-01-01"), "since "),
+             (lambda: unloaded.rtt("192.0.2.1", "192.0.2.2", context_policy="nope"), "context_policy 'nope'"))
+    for call, start in cases:
+        message = _refused(call)
+        assert message.startswith(start), message
+        assert "--" not in message, message
+
+
+def test_python_name_rewrites_only_options():
+    from pingctl.api.arguments import python_name
+
+    assert python_name("--n 5 x --measurements 9 with -k 3") == "n 5 x measurements 9 with k 3"
+    assert python_name("--context-per-pair caps --context") == "context_per_pair caps context"
+    assert python_name("--timestamps/--no-timestamps") == "timestamps/timestamps"
+    # addresses, ranges and negative numbers are left alone
+    assert python_name("rtt '10-30': 2001:db8::1 -5 a-k") == "rtt '10-30': 2001:db8::1 -5 a-k"

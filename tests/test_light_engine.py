@@ -149,6 +149,82 @@ def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
         assert np.abs(g - want).max() < 1e-5
 
 
+def test_a_session_keeps_each_prompt_s_cache_across_calls():
+    """light_kv.Session: prompts prefilled on their first call, their caches reused by later calls
+    (a few rows of a prefill, a 256-candidate prompt split by the slot budget), against whole
+    sequences."""
+    from pingctl.infer.runtime import prepare_env
+
+    prepare_env("cpu", True)
+    import jax
+
+    from pingctl.infer import light, light_kv
+
+    arch = light.Arch.from_keys(_keys("tiny"))
+    params = light.prepare(arch, _random_tensors(arch))
+    fwd = jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch))
+    rng = np.random.default_rng(4)
+    firsts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 30, 12, 60, 9) * 8]
+    session = light_kv.SecondBytes(arch, params, byte0=11).session(firsts, lambda n: 64)
+    rounds = [(list(range(0, 40, 2)), [rng.choice(256, k, replace=False) for k in (1, 3, 0, 17) * 5]),
+              ([3, 4, 39], [rng.choice(256, 2, replace=False), rng.choice(256, 256, replace=False), np.arange(5)]),
+              (list(range(40)), [rng.choice(256, 2, replace=False) for _ in range(40)])]
+    prefilled = []
+    for prompts, candidates in rounds:
+        got = session.log_probs(prompts, candidates)
+        prefilled.append(len(session.groups))
+        for i, c, g in zip(prompts, candidates, got):
+            assert g.shape == (len(c), VOCAB)
+            if not len(c):
+                continue
+            seqs = np.stack([np.concatenate([firsts[i], [11 + b]]) for b in c]).astype(np.int32)
+            n = seqs.shape[1]
+            tok = np.zeros((len(c), 64), np.int32)
+            tok[:, :n] = seqs
+            seg = np.zeros_like(tok)
+            seg[:, :n] = 1
+            pos = np.ascontiguousarray(np.broadcast_to(np.arange(64, dtype=np.int32), tok.shape))
+            want = np.asarray(fwd(params, tok, pos, seg))[:, n - 1]
+            assert np.abs(g - want).max() < 1e-5
+    assert len(session.where) == 40
+    # 15 prompts with candidates, then 2 more (3 and 39), then the other 23: each prefilled once
+    assert prefilled == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_rtt_reads_are_the_same_with_and_without_the_kept_caches(tiny_run, synth_rows):
+    """`rtt_distributions_at` with each prompt's cache kept across its rounds against the same
+    rounds run from scratch (the model without `second_byte_session`)."""
+    import pyarrow.parquet as pq
+
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+    from pingctl.tokenizer import Measurements
+
+    lt = LoadedModel.load(tiny_run, engine="light")
+    rows = Measurements.from_arrow(pq.read_table(synth_rows / "synth" / "part-00000.parquet").slice(0, 300))
+    src, dst = rows.src_text(), rows.dst_text()
+    prompts = []
+    for k in range(12):  # 0 to 33 context measurements, cut to fit 200 tokens
+        ctx, _ = Q.context_tokens(lt, rows.take(np.arange(20 * k, 20 * k + 3 * k)), 200, timed=False)
+        prompts.append(Q.query_prefix(src[250 + k], dst[250 + k], None, ctx, None))
+
+    class Scratch:  # the model's other methods, each round's prompts run again
+        def __getattr__(self, name):
+            if name == "second_byte_session":
+                raise AttributeError(name)
+            return getattr(lt, name)
+
+    points = np.linspace(1.0, 300.0, len(prompts))
+    kept = Q.rtt_distributions_at(lt, prompts, points=points)
+    fresh = Q.rtt_distributions_at(Scratch(), prompts, points=points)
+    for a, b in zip(kept, fresh):
+        assert a.p_fail == b.p_fail
+        live = (a.probs > 0) | (b.probs > 0)
+        assert np.abs(np.log(a.probs[live]) - np.log(b.probs[live])).max() < 1e-5
+        assert [a.quantile(q) for q in Q.QUANTILES] == [b.quantile(q) for q in Q.QUANTILES]
+
+
 def test_the_architecture_is_read_or_refused_by_key():
     from pingctl.infer import light
 
@@ -302,3 +378,33 @@ def test_a_model_the_light_engine_cannot_run_is_left_to_maxtext(tiny_run, pair, 
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["engine"] == "maxtext"
     assert "final_logits_soft_cap" in r.stderr and "answering with MaxText" in r.stderr
+
+
+def test_a_diverged_checkpoint_is_refused_naming_the_tensor(tiny_run, tmp_path):
+    """A run whose checkpoint holds NaN weights (training diverged) answered NaN probabilities
+    as if they were answers; it is refused at load, naming the checkpoint and the tensor."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from pingctl.artifacts.run import checkpoint_steps
+    from pingctl.infer import light_weights as LW
+    from pingctl.infer.model import LoadedModel
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    step = checkpoint_steps(run)[-1]
+    LoadedModel.load(run, engine="light")  # writes the converted weights, stamped with the checkpoint
+    cached = LW.cache_path(run, step)
+    with safe_open(str(cached), framework="numpy") as f:
+        meta = f.metadata()
+    tensors = load_file(str(cached))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[-1] = np.inf
+    save_file(tensors, str(cached), metadata=meta)  # the same stamp: read as the checkpoint's weights
+    with pytest.raises(PingctlError, match=rf"checkpoint {step}\): tensor {name} holds 1 non-finite"):
+        LoadedModel.load(run, engine="light")
+    r = runner.invoke(app, ["sample", str(run), "--src", "192.0.2.1", "--dst", "192.0.2.2"])
+    assert r.exit_code == 1 and "non-finite" in r.output and "--step" in r.output, r.output

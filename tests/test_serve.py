@@ -290,6 +290,35 @@ def test_bench_serve_measures_every_case(served):
     assert any("micro-batched answers" in n for n in res["notes"])
 
 
+def test_bench_serve_puts_each_engine_in_one_table(tiny_run):
+    """`bench serve --engine ...`: every case once per engine, in turn, each engine's model its
+    own (loaded by the engine named), with each engine's micro-batching note."""
+    from pingctl.infer.model import LoadedModel
+    from pingctl.serve.bench import bench_serve_engines
+
+    loaded = []
+
+    def load(engine):
+        loaded.append(LoadedModel.load(tiny_run, engine=engine))
+        return loaded[-1]
+
+    res = bench_serve_engines(load, ["light", "numpy"], requests=2, clients=2, seconds=10, contexts=(0,), max_batch=2)
+    assert [m.engine for m in loaded] == ["light", "numpy"]
+    assert [r["engine"] for r in res["table"]] == ["light"] * 4 + ["numpy"] * 4
+    assert [r["case"] for r in res["table"]][:4] == [r["case"] for r in res["table"]][4:]
+    assert all(r["errors"] == 0 and r["requests"] == 2 and r["pairs_per_s"] > 0 for r in res["table"])
+    assert [n.split(":")[0] for n in res["notes"] if "micro-batched answers" in n] == ["light", "numpy"]
+
+
+def test_bench_serve_engine_choice_is_checked(tiny_run):
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    got = CliRunner().invoke(app, ["bench", "serve", str(tiny_run), "--engine", "jax"])
+    assert got.exit_code == 2 and "--engine 'jax'" in got.output
+
+
 def test_cli_serves_until_interrupted(tiny_run, pair):
     """`pingctl serve RUN --port 0 --json` prints where it listens, answers, and stops on Ctrl-C
     with exit 0."""

@@ -5,8 +5,10 @@ temporary file: the CLI names its own flags."""
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import re
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +18,31 @@ from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import pairs as P
 from pingctl.infer import queries as Q
 from pingctl.infer import questions as QS
+
+
+# A CLI option as the question objects (shared with `pingctl sample`) word their bounds: `--n`,
+# `-k`, `--context-per-pair`, `--timestamps/--no-timestamps`.
+_OPTION = re.compile(r"(?<![\w-])(?:--(?:no-)?([a-z][a-z0-9-]*)|-(k))(?![\w-])")
+
+
+def python_name(message: str) -> str:
+    """A refusal worded for the CLI, with each option named as the Python argument it is (`--n`
+    -> `n`, `--context-per-pair` -> `context_per_pair`)."""
+    return _OPTION.sub(lambda m: (m.group(1) or m.group(2)).replace("-", "_"), message)
+
+
+def argument_names(method):
+    """`Model`'s methods refuse in their own argument names, also where a shared question object
+    (whose bounds `pingctl sample` enforces too) words the refusal with its CLI flag."""
+
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except UsageError as e:
+            raise UsageError(python_name(str(e))) from e
+
+    return wrapped
 
 
 def address(text, name: str, required: bool = False) -> str | None:

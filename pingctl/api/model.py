@@ -221,6 +221,7 @@ class Model:
         self.calibration = calibration
 
     @classmethod
+    @A.argument_names
     def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None,
              calibration: str | Path | bool | None = None, engine: str | None = None) -> Model:
         """Load `path` (a `pingctl train` run directory, an export, or an export's Hugging Face Hub
@@ -292,6 +293,7 @@ class Model:
 
     # ------------------------------------------------------------ questions
 
+    @A.argument_names
     def rtt(self, src: str, dst: str, time=None, context=None, context_per_pair: int | None = None,
             context_policy: str = "probe", context_k: int | None = None) -> Rtt:
         """The exact RTT distribution of src -> dst (`pingctl sample --src --dst`): at `time`
@@ -313,6 +315,7 @@ class Model:
         d = a.distribution
         return Rtt(d.p_fail, d.codes, d.values_ms, d.probs, src=q.src, dst=q.dst, time=q.time, info=a.result)
 
+    @A.argument_names
     def rtt_many(self, pairs, context=None, context_per_pair: int | None = None, exact: bool = False,
                  progress=None, context_policy: str = "probe", context_k: int | None = None) -> Predictions:
         """The RTT distribution of every row of `pairs` (`pingctl sample --pairs`): a CSV or
@@ -343,6 +346,7 @@ class Model:
         return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, rows.reject_summary(),
                            cols, per_pair)
 
+    @A.argument_names
     def complete(self, src: str | None = None, dst: str | None = None, rtt: float | None = None, k: int = QS.K,
                  context=None, context_per_pair: int | None = None) -> list[dict]:
         """The `k` most probable (src, dst) filling the patterns (`8.8.*.*`, `8.8.0.0/16`; a side
@@ -360,6 +364,7 @@ class Model:
                                 k=A.whole("k", k), **A.context_fields(context, context_per_pair))
         return self._answer(q, context).rows
 
+    @A.argument_names
     def search(self, src: str, rtt, n: int = QS.SAMPLES, k: int = QS.K, seed: int = 0, temperature: float = 1.0,
                context=None, context_per_pair: int | None = None) -> list[dict]:
         """Inverse search (`pingctl sample --src --rtt`): destinations `src` reaches at `rtt` ms
@@ -373,6 +378,7 @@ class Model:
                                **A.context_fields(context, context_per_pair))
         return self._answer(q, context).rows
 
+    @A.argument_names
     def generate(self, n: int = QS.STREAMS, measurements: int = QS.MEASUREMENTS, src: str | None = None,
                  timestamps: bool | None = None, since=None, until=None, seed: int = 0, temperature: float = 1.0,
                  top_p: float = 1.0, context=None, context_per_pair: int | None = None):
@@ -393,13 +399,15 @@ class Model:
         table, stream_id = QS.generated_rows(self._answer(q, context).streams)
         return table.append_column("stream", pa.array(stream_id, pa.int64()))
 
-    def score(self, table, context: int = S.CONTEXT, context_policy: str = "probe", limit: int | None = None,
+    @A.argument_names
+    def score(self, table, context: int = S.CONTEXT, context_policy: str = S.STREAM, limit: int | None = None,
               context_per_pair: int | None = None, progress=None):
         """How surprising each measurement of a canonical table (a Parquet path, directory or
         glob, or a pyarrow Table) is to the model (`pingctl score`, `pingctl.infer.score`): a
         pyarrow Table of the valid rows' canonical columns, then `nll` (nats), `pit`, `tail_p`,
         `p_fail` and `context_measurements`; each prompt holds up to `context` of the probe's
-        preceding measurements in the table (`context_policy` "probe", "cold" or "none"). Rows
+        preceding measurements in the table (`context_policy` "stream", the default as for
+        `pingctl score`: each probe's rows as one teacher-forced stream; or "probe", "cold", "none"). Rows
         build-rows would reject are set aside; the counts are in the schema metadata
         (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most)."""
         if isinstance(table, S.ScoreInput):  # read and checked before the load (`read_scores`)

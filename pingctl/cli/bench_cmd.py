@@ -266,9 +266,7 @@ def bench_sample(
         min=0, max=MAX_QUERIES, help="Of those, how many to time with every code computed (0: skip).")] = 4,
     streams: Annotated[int, typer.Option(
         min=0, max=MAX_STREAMS, help="Streams of 4 measurements to generate (0: skip).")] = 8,
-    engine: Annotated[str | None, typer.Option(
-        help="light, maxtext, numpy, both (light and maxtext) or all (default: both where MaxText is installed, "
-             "else light).")] = None,
+    engine: EngineChoiceOpt = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
     as_json: JsonOpt = False,
@@ -281,21 +279,14 @@ def bench_sample(
 
     One engine: pingctl bench sample runs/demo/train --engine light
     """
-    import importlib.util
-
     from pingctl.artifacts.run import parse_steps
     from pingctl.cli.common import step_progress
     from pingctl.infer.bench import bench_engines
-    from pingctl.infer.model import LoadedModel, check_engine
+    from pingctl.infer.model import LoadedModel
     from pingctl.infer.runtime import check_hardware
 
     check_hardware(hardware)
-    if engine is None:
-        engines = ["light", "maxtext"] if importlib.util.find_spec("maxtext") is not None else ["light"]
-    elif engine in ("both", "all"):
-        engines = ["light", "maxtext"] + (["numpy"] if engine == "all" else [])
-    else:
-        engines = [check_engine(engine)]
+    engines = _engines(engine)
     sizes = _counts(context, "--context", 0, MAX_CONTEXT)
     steps = parse_steps(step)
     _check_out(out)
@@ -303,6 +294,24 @@ def bench_sample(
         result = bench_engines(lambda e: LoadedModel.load(run, steps, hardware, engine=e), engines, queries, sizes,
                                exact_queries, streams, progress=lambda what: bar(what, 0, None))
     report(result, as_json, out)
+
+
+EngineChoiceOpt = Annotated[str | None, typer.Option(
+    "--engine", help="light, maxtext, numpy, both (light and maxtext) or all (default: both where MaxText is "
+                     "installed, else light).")]
+
+
+def _engines(engine: str | None) -> list[str]:
+    """The engines `--engine` names, each one in turn."""
+    import importlib.util
+
+    from pingctl.infer.model import check_engine
+
+    if engine is None:
+        return ["light", "maxtext"] if importlib.util.find_spec("maxtext") is not None else ["light"]
+    if engine in ("both", "all"):
+        return ["light", "maxtext"] + (["numpy"] if engine == "all" else [])
+    return [check_engine(engine)]
 
 
 # bench serve: the clients are threads of one child process, each with its connection; a
@@ -326,6 +335,7 @@ def bench_serve(
     max_batch: Annotated[int | None, typer.Option(
         min=1, max=MAX_BATCH, help="The micro-batched service's max batch (default: the model's batch).")] = None,
     max_wait_ms: Annotated[float, typer.Option(min=0.0, max=1000.0, help="The service's batching wait, ms.")] = 5.0,
+    engine: EngineChoiceOpt = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,
     as_json: JsonOpt = False,
@@ -334,19 +344,23 @@ def bench_serve(
     """Requests/s, pairs/s and p50/p99 latency of `pingctl serve`: one at a time against micro-batched.
 
     Example: pingctl bench serve runs/demo/train --clients 32 --requests 512 --context 0,24
+
+    One engine: pingctl bench serve runs/demo/train --engine light
     """
     from pingctl.artifacts.run import parse_steps
     from pingctl.cli.common import step_progress
     from pingctl.infer.model import LoadedModel
     from pingctl.infer.runtime import check_hardware
-    from pingctl.serve.bench import bench_serve as run_bench
+    from pingctl.serve.bench import bench_serve_engines
 
     check_hardware(hardware)
+    engines = _engines(engine)
     sizes = _counts(context, "--context", 0, MAX_SERVE_CONTEXT)
     steps = parse_steps(step)
     _check_out(out)
-    model = LoadedModel.load(run, steps, hardware)
     with step_progress("bench serve") as bar:
-        result = run_bench(model, requests, clients, seconds, tuple(sizes), max_batch, max_wait_ms,
-                           progress=lambda what: bar(what, 0, None))
+        result = bench_serve_engines(lambda e: LoadedModel.load(run, steps, hardware, engine=e), engines,
+                                     requests=requests, clients=clients, seconds=seconds, contexts=tuple(sizes),
+                                     max_batch=max_batch, max_wait_ms=max_wait_ms,
+                                     progress=lambda what: bar(what, 0, None))
     report(result, as_json, out)

@@ -68,21 +68,79 @@ class SecondBytes:
         return out
 
     def _run(self, group, firsts, candidates, width, bucket, out) -> None:
-        nb = _bucket(len(group), PROMPT_BATCHES)
-        length = bucket(max(len(firsts[i]) for i in group))
+        keys, values, lengths = self.prefill([firsts[i] for i in group], bucket)
+        lp = self._scores(keys, values, lengths, [candidates[i] for i in group], width)
+        for r, i in enumerate(group):
+            out[i] = lp[r, : len(candidates[i])]
+
+    def prefill(self, firsts: list[np.ndarray], bucket):
+        """(keys, values, lengths) of up to PROMPT_BATCHES[-1] prompts, padded to a bucket of rows."""
+        nb = _bucket(len(firsts), PROMPT_BATCHES)
+        length = bucket(max(len(f) for f in firsts))
         tok = np.zeros((nb, length), np.int32)
         seg = np.zeros((nb, length), np.int32)
         lengths = np.ones(nb, np.int32)
-        cand = np.full((nb, width), self.byte0, np.int32)
-        for r, i in enumerate(group):
-            f = np.asarray(firsts[i], np.int32)
+        for r, f in enumerate(firsts):
             tok[r, : len(f)] = f
             seg[r, : len(f)] = 1
             lengths[r] = len(f)
-            c = np.asarray(candidates[i], np.int64)
-            cand[r, : len(c)] = self.byte0 + c
         pos = np.ascontiguousarray(np.broadcast_to(np.arange(length, dtype=np.int32), (nb, length)))
         keys, values = self._prefill(self.params, tok, pos, seg)
-        lp = np.asarray(self._decode(self.params, keys, values, lengths, cand))
-        for r, i in enumerate(group):
-            out[i] = lp[r, : len(candidates[i])]
+        return keys, values, lengths
+
+    def _scores(self, keys, values, lengths, candidates: list[np.ndarray], width: int) -> np.ndarray:
+        """[rows, width, vocab] log-probs of each row's candidates (row r: candidates[r], padded)."""
+        cand = np.full((len(lengths), width), self.byte0, np.int32)
+        for r, c in enumerate(candidates):
+            cand[r, : len(c)] = self.byte0 + np.asarray(c, np.int64)
+        return np.asarray(self._decode(self.params, keys, values, lengths, cand))
+
+    def session(self, firsts: list[np.ndarray], bucket) -> Session:
+        return Session(self, firsts, bucket)
+
+
+class Session:
+    """Second-byte scoring for fixed prompts over several calls (the refinement rounds of
+    `queries.rtt_distributions_at`): a prompt is prefilled on the first call that gives it
+    candidates and its cache kept for every later call, so a round costs its decode steps only."""
+
+    def __init__(self, kv: SecondBytes, firsts: list[np.ndarray], bucket):
+        self.kv, self.firsts, self.bucket = kv, firsts, bucket
+        self.groups: list[tuple] = []  # (keys, values, lengths) per prefill
+        self.where: dict[int, tuple[int, int]] = {}  # prompt -> (group, row)
+
+    def log_probs(self, prompts: list[int], candidates: list[np.ndarray]) -> list[np.ndarray]:
+        """[len(candidates[j]), vocab] log-probs after firsts[prompts[j]] + [byte b], per b."""
+        import jax.numpy as jnp
+
+        fresh = sorted({i for i, c in zip(prompts, candidates) if len(c) and i not in self.where},
+                       key=lambda i: len(self.firsts[i]))  # similar lengths share a padded length
+        for k in range(0, len(fresh), PROMPT_BATCHES[-1]):
+            chunk = fresh[k : k + PROMPT_BATCHES[-1]]
+            self.groups.append(self.kv.prefill([self.firsts[i] for i in chunk], self.bucket))
+            self.where.update((i, (len(self.groups) - 1, r)) for r, i in enumerate(chunk))
+        out = [np.zeros((len(c), self.kv.arch.vocab), np.float32) for c in candidates]
+        asked: dict[int, list[int]] = {}
+        for j, (i, c) in enumerate(zip(prompts, candidates)):
+            if len(c):
+                asked.setdefault(self.where[i][0], []).append(j)
+        for g, js in asked.items():
+            keys, values, lengths = self.groups[g]
+            rows = [self.where[prompts[j]][1] for j in js]
+            nb = _bucket(len(rows), PROMPT_BATCHES)
+            if nb < len(lengths):  # a few prompts of this prefill left: decode their rows only
+                take = np.array(rows + [rows[0]] * (nb - len(rows)))
+                keys, values, lengths = jnp.take(keys, take, axis=1), jnp.take(values, take, axis=1), lengths[take]
+                rows = list(range(len(rows)))
+            most = max(len(candidates[j]) for j in js)
+            fit = [b for b in CANDIDATE_BUCKETS if b * len(lengths) <= SLOTS] or [CANDIDATE_BUCKETS[0]]
+            width = min(_bucket(most, CANDIDATE_BUCKETS), fit[-1])
+            for a in range(0, most, width):  # the slot budget bounds one decode step
+                cols = [np.zeros(0, np.int64)] * len(lengths)
+                for r, j in zip(rows, js):
+                    cols[r] = np.asarray(candidates[j])[a : a + width]
+                lp = self.kv._scores(keys, values, lengths, cols, width)
+                for r, j in zip(rows, js):
+                    n = len(cols[r])
+                    out[j][a : a + n] = lp[r, :n]
+        return out

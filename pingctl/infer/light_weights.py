@@ -71,10 +71,10 @@ def run_tensors(run: Path, step: int) -> dict[str, np.ndarray]:
             with safe_open(str(cached), framework="numpy") as f:
                 same = (f.metadata() or {}).get("source") == stamp
             if same:
-                return load_file(str(cached))
+                return _finite(load_file(str(cached)), run, step)
         except (SafetensorError, OSError, ValueError):
             pass  # damaged or foreign: converted again below
-    tensors = convert(items, checkpoint_steps(run))
+    tensors = _finite(convert(items, checkpoint_steps(run)), run, step)
     try:
         cached.parent.mkdir(exist_ok=True)
         with atomic_file(cached) as tmp:
@@ -85,6 +85,13 @@ def run_tensors(run: Path, step: int) -> dict[str, np.ndarray]:
     except (OSError, PingctlError) as e:
         print(f"note: {cached}: cannot cache the converted checkpoint ({e}); converting at each load",
               file=sys.stderr)
+    return tensors
+
+
+def _finite(tensors: dict[str, np.ndarray], run: Path, step: int) -> dict[str, np.ndarray]:
+    """A diverged run checkpoints NaN weights, which would answer NaN probabilities as answers."""
+    EX.check_finite(tensors, f"{run} (checkpoint {step})",
+                    "the run diverged at or before this step; pick an earlier one with --step")
     return tensors
 
 

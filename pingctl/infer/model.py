@@ -339,6 +339,24 @@ class LoadedModel:
         flat = self.next_log_probs(seqs) if seqs else np.zeros((0, self.vocab_size), np.float32)
         return np.split(flat, np.cumsum([len(c) for c in candidates])[:-1])
 
+    def second_byte_session(self, firsts: list[np.ndarray]):
+        """`(prompts, candidates) -> second_byte_log_probs([firsts[i] for i in prompts], candidates)`
+        over several calls; the light engine prefills each prompt once and keeps its key-value
+        cache for every later call (`light_kv.Session`)."""
+        byte0 = get_vocab(self.scheme).byte_offset
+        kv = self._kv_engine(0, byte0) if self.engine == "light" else None
+        session = kv.session(firsts, self._bucket) if kv is not None else None
+
+        def log_probs(prompts: list[int], candidates: list[np.ndarray]) -> list[np.ndarray]:
+            if session is not None and self._kv:
+                try:
+                    return [r[:, : self.vocab_size] for r in session.log_probs(prompts, candidates)]
+                except Exception as e:  # noqa: BLE001 - as in second_byte_log_probs: same answer, slower
+                    self._kv_off("the shared key-value cache failed", e)
+            return self.second_byte_log_probs([firsts[i] for i in prompts], candidates)
+
+        return log_probs
+
     def _kv_engine(self, tokens: int, byte0: int):
         if self._kv is not None or os.environ.get("PINGCTL_KV_CACHE", "1") == "0":
             return self._kv or None

@@ -32,6 +32,8 @@ TRIM = 0.05  # trimmed mean over the central 90%: the mass between the p5 and p9
 # never takes anywhere near 60 s (RIPE Atlas pings time out far below that), so what lies
 # above is the model's error, not a latency a mean should average in.
 MEAN_CEILING_MS = 60_000.0
+# prompts whose key-value caches `rtt_distributions_at` keeps at once (a few MB each for `mini`)
+REFINE_PROMPTS = 256
 
 
 def _require_compact(model) -> None:
@@ -231,6 +233,16 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
     p_fail, p1 = first if first is not None else first_pass(model, prefixes)
     p1 = possible_first_bytes(p1)  # a caller's own pass may not be restricted yet
     n = len(prefixes)
+    if n > REFINE_PROMPTS:  # prompts are refined independently; a slice at a time bounds the caches kept
+        pts = None if points is None else np.asarray(points, np.float64)
+        return [d for a in range(0, n, REFINE_PROMPTS) for d in rtt_distributions_at(
+            model, prefixes[a : a + REFINE_PROMPTS], quantiles, None if pts is None else pts[a : a + REFINE_PROMPTS],
+            eps, max_rounds, (p_fail[a : a + REFINE_PROMPTS], p1[a : a + REFINE_PROMPTS]),
+            {(i - a, b): row for (i, b), row in (known or {}).items() if a <= i < a + REFINE_PROMPTS})]
+    # each prompt's key-value cache serves every round (where the engine keeps one)
+    session = getattr(model, "second_byte_session", None)
+    second_bytes = (session(firsts) if session is not None
+                    else lambda idx, cands: model.second_byte_log_probs([firsts[i] for i in idx], cands))
     joint = np.repeat(p1[:, :, None] / 256.0, 256, axis=2)  # [n, first, second]
     refined = np.zeros((n, 256), bool)
     for (i, b), row in (known or {}).items():
@@ -254,7 +266,7 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         if not want:
             break
         groups = [(i, np.array([b for _, b in g])) for i, g in itertools.groupby(want, key=lambda ib: ib[0])]
-        rows = model.second_byte_log_probs([firsts[i] for i, _ in groups], [bs for _, bs in groups])
+        rows = second_bytes([i for i, _ in groups], [bs for _, bs in groups])
         p2 = bytes_distribution(np.concatenate(rows))  # in `want` order: sorted by prompt, then byte
         for (i, b), row in zip(want, p2):
             joint[i, b] = p1[i, b] * row

@@ -126,6 +126,22 @@ def bench_serve(model, requests: int = 512, clients: int = 32, seconds: float = 
             "batch": batch, "max_wait_ms": max_wait_ms, "clients": clients, "notes": notes}
 
 
+def bench_serve_engines(load, engines: list[str], **kw) -> dict:
+    """`bench_serve` for each engine in turn (`load(engine)`: a LoadedModel), one table with an
+    `engine` column; each engine's model is dropped before the next one loads."""
+    table: list[dict] = []
+    notes: list[str] = []
+    result: dict = {}
+    progress = kw.pop("progress", lambda what: None)
+    for engine in engines:
+        progress(f"{engine}: load")
+        result = bench_serve(load(engine), progress=lambda what, e=engine: progress(f"{e}: {what}"), **kw)
+        table += [{"engine": engine, **row} for row in result["table"]]
+        notes += [f"{engine}: {n}" for n in result["notes"] if n.startswith("context ")]
+    rest = [n for n in result.get("notes", []) if not n.startswith("context ")]
+    return {**result, "table": table, "engines": list(engines), "notes": rest + notes}
+
+
 def _case(srv, label: str, server_batch: int, clients: int, pairs: int, ctx: int, requests: int,
           seconds: float) -> dict:
     payloads = bodies(min(requests, 4096), pairs, ctx)
