@@ -278,6 +278,7 @@ def _flagless(message: str) -> str:
 
 
 def test_refusals_are_the_cli_s(m, pair):
+    from pingctl.cli.sample_options import question_from_options
     from pingctl.infer import questions as QS
 
     src, dst = pair
@@ -290,7 +291,7 @@ def test_refusals_are_the_cli_s(m, pair):
                                                                                    "k": QS.COMPLETE_BEAM + 1}),
                        (lambda: m.search(src, "30-10"), {"src": src, "rtt": "30-10"}),
                        (lambda: m.rtt(src, dst, time="yesterday"), {"src": src, "dst": dst, "time": "yesterday"})):
-        assert _refused(call) == _flagless(_refused(lambda opts=opts: QS.question_from_options(**opts)))
+        assert _refused(call) == _flagless(_refused(lambda opts=opts: question_from_options(**opts)))
     for call, words in ((lambda: m.rtt(src, "8.8.*.*"), "pattern asks for a completion"),
                         (lambda: m.rtt(src, "2001:db8::1"), "one family"),
                         (lambda: m.rtt("fe80::1%eth0", dst), "zone id"),

@@ -1,5 +1,6 @@
-"""The question objects of `pingctl sample` (pingctl/infer/questions.py): which options make
-which question, what each refuses, the bounds on every size. No model, no run: fast."""
+"""The question objects of `pingctl sample` (pingctl/infer/questions.py) and the CLI's option
+parsing that builds them (pingctl/cli/sample_options.py): which options make which question, what
+each refuses, the bounds on every size. No model, no run: fast."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from pingctl.errors import PingctlError, UsageError
+from pingctl.cli.sample_options import question_from_options
 from pingctl.infer import questions as QS
 
 
 def ask(**options):
-    return QS.question_from_options(**options)
+    return question_from_options(**options)
 
 
 def test_the_mode_follows_from_what_was_given():

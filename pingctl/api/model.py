@@ -418,7 +418,7 @@ class Model:
 
     def answer(self, question: QS.Question, context: Measurements | None = None, read: dict | None = None,
                run: Path | str | None = None) -> QS.Answer:
-        """The answer to one question `pingctl sample` built (`checks.question_from_options`):
+        """The answer to one question `pingctl sample` built (`pingctl.cli.sample_options.question_from_options`):
         `context` the measurements already picked for its prompt (`checks.probe_context`), `read`
         what became of the context file's rows, `run` how the result names the run (default:
         `self.run`). The methods above build the question from Python arguments first."""

@@ -91,12 +91,13 @@ def sample(
     from pingctl.api import Model
     from pingctl.api import checks as QS
     from pingctl.artifacts.run import parse_steps
+    from pingctl.cli.sample_options import question_from_options
 
     QS.check_hardware(hardware)
     QS.check_engine(engine)
     cfg = load(config, set_, **{"sample.seed": seed, "sample.temperature": temperature, "sample.top_p": top_p})
     # every option is checked, and every size bounded, before a file is read or the model loads
-    q = QS.question_from_options(
+    q = question_from_options(
         src=src, dst=dst, rtt=rtt, time=time, context=context, context_per_pair=context_per_pair,
         context_policy=context_policy, context_k=context_k, n=n,
         measurements=measurements, timestamps=timestamps, since=since, until=until, k=k, out=out, plot=plot,

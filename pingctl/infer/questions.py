@@ -1,6 +1,7 @@
 """The questions `pingctl sample` asks a trained run, as objects (docs/sample.md).
 
-A question is built from what the user gave (`question_from_options` infers which one), and
+A question is built from what the user gave (the CLI's `pingctl/cli/sample_options.py` infers
+which one from `pingctl sample`'s options; `pingctl.api.Model` from its arguments), and
 refuses, before any file is read or the model loads, what does not fit it: an option of
 another question, a value no model could answer, a size beyond the bounds below. The rules
 a run's config.yaml sets (`check_run`: was it trained with timestamps, to read an RTT before
@@ -76,7 +77,7 @@ MODE_NAMES = {"distribution": "an RTT distribution (--src IP --dst IP)", "comple
               "inverse": "inverse search", "generate": "generation"}
 
 
-def _bound(name: str, value: int | None, most: int, what: str) -> None:
+def bound(name: str, value: int | None, most: int, what: str) -> None:
     if value is not None and value > most:
         raise UsageError(f"{name} {value:,} is beyond the bound of {most:,}: {what}")
 
@@ -169,11 +170,11 @@ def check_context_options(context: Path | None, context_per_pair: int | None, co
         if context_policy != "both":
             raise UsageError("--context-k is the size of each side of --context-policy both")
         _at_least_one("--context-k", context_k)
-        _bound("--context-k", context_k, MAX_CONTEXT_K, "a prompt holds at most the run's seq_len tokens, at "
+        bound("--context-k", context_k, MAX_CONTEXT_K, "a prompt holds at most the run's seq_len tokens, at "
                                                          "least 12 a measurement")
 
 
-def _check_writable(*named: tuple[str, Path | None]) -> None:
+def check_writable(*named: tuple[str, Path | None]) -> None:
     for name, path in named:
         if path is not None and (reason := unwritable_reason(path)):
             raise PingctlError(f"{name} {path}: cannot be written ({reason})")
@@ -264,7 +265,7 @@ class CompleteQuestion(Question):
         super().check()
         Q.parse_pair(self.src, self.dst)
         _at_least_one("-k", self.k)
-        _bound("-k", self.k, COMPLETE_BEAM, f"a completion's beam search keeps the {COMPLETE_BEAM} most "
+        bound("-k", self.k, COMPLETE_BEAM, f"a completion's beam search keeps the {COMPLETE_BEAM} most "
                                             "probable completions, so it can show no more")
 
     def needs_run_rules(self) -> bool:
@@ -294,9 +295,9 @@ class InverseQuestion(Question):
             raise UsageError(f"--rtt {self.rtt_lo}-{self.rtt_hi}: need finite 0 <= low <= high")
         _at_least_one("--n", self.samples)
         _at_least_one("-k", self.k)
-        _bound("--n", self.samples, MAX_SAMPLES, "inverse search runs every sample through each address "
+        bound("--n", self.samples, MAX_SAMPLES, "inverse search runs every sample through each address "
                                                  "byte's forward pass and holds its log-probabilities")
-        _bound("-k", self.k, MAX_K, f"inverse search finds at most one destination per sample, and "
+        bound("-k", self.k, MAX_K, f"inverse search finds at most one destination per sample, and "
                                     f"--n is at most {MAX_SAMPLES:,}")
 
     @property
@@ -332,9 +333,9 @@ class GenerateQuestion(Question):
                 raise UsageError("generation pins a whole --src address, not a pattern")
         _at_least_one("--n", self.streams)
         _at_least_one("--measurements", self.measurements)
-        _bound("--n", self.streams, MAX_STREAMS, "generation decodes every stream token by token, a forward "
+        bound("--n", self.streams, MAX_STREAMS, "generation decodes every stream token by token, a forward "
                                                  "pass over all of them per token")
-        _bound("--measurements", self.measurements, MAX_MEASUREMENTS,
+        bound("--measurements", self.measurements, MAX_MEASUREMENTS,
                "a stream is one context of the run's seq_len tokens, at least 12 per measurement")
         if self.streams * self.measurements > MAX_GENERATED:
             raise UsageError(f"--n {self.streams:,} x --measurements {self.measurements:,} is beyond the bound of "
@@ -347,121 +348,6 @@ class GenerateQuestion(Question):
 
 
 # ----------------------------------------------------------------- from options
-
-
-def question_from_options(*, src: str | None = None, dst: str | None = None, rtt: str | None = None,
-                          time: str | None = None, context: Path | None = None, context_per_pair: int | None = None,
-                          context_policy: str | None = None, context_k: int | None = None,
-                          n: int | None = None, measurements: int | None = None, timestamps: bool | None = None,
-                          since: str | None = None, until: str | None = None, k: int | None = None,
-                          out: Path | None = None, plot: Path | None = None, pairs: Path | None = None,
-                          calibration: Path | None = None, exact: bool = False, seed: int | None = None,
-                          temperature: float | None = None, top_p: float | None = None,
-                          sampling=None) -> Question:
-    """The question `pingctl sample`'s options ask (None: not given), checked: the mode is
-    inferred from what was given, an option of another mode is refused by name, sizes are
-    bounded. `sampling` (config `sample`: seed, temperature, top_p) fills the sampling values
-    not given. Reads no file; an --out or --plot that cannot be written is refused."""
-    src, dst = (address_option(v, name) for v, name in ((src, "--src"), (dst, "--dst")))
-    if exact and pairs is None:
-        raise UsageError("--exact is for --pairs; a single --src/--dst distribution is always computed for every code")
-    if pairs is not None:
-        given = [name for v, name in ((src, "--src"), (dst, "--dst"), (rtt, "--rtt"), (time, "--time"), (n, "--n"),
-                                      (plot, "--plot"), (timestamps, "--timestamps/--no-timestamps"),
-                                      (since, "--since"), (until, "--until"))
-                 if v is not None]
-        if given:
-            raise UsageError(f"{', '.join(given)}: --pairs answers the pairs (and times) of its file; "
-                             "give either --pairs or a single query")
-        # the distributions are computed, not sampled or ranked: these would change nothing
-        unused = [name for v, name in ((k, "-k"), (measurements, "--measurements"), (seed, "--seed"),
-                                       (temperature, "--temperature"), (top_p, "--top-p")) if v is not None]
-        if unused:
-            raise UsageError(f"{', '.join(unused)}: --pairs computes each pair's RTT distribution exactly "
-                             "(no sampling, no ranking), so this would change nothing; drop it")
-        q = PairsQuestion(pairs=pairs, out=out, exact=exact, calibration=calibration, context=context,
-                          context_per_pair=context_per_pair, context_policy=context_policy or "probe",
-                          context_k=context_k)
-        if out is not None:
-            _check_writable(*(("--out", p) for p in (out, SO.rejects_path(out))))
-        return q
-    mode = infer_mode(src, dst, rtt)
-    # everything the user typed is validated before the (slow) model load
-    # (a completion, inverse search and generation build their prompts without a timestamp)
-    for given, name, modes in ((n, "--n", ("inverse", "generate")), (out, "--out", ("generate", "distribution")),
-                               (plot, "--plot", ("distribution",)), (time, "--time", ("distribution",)),
-                               (timestamps, "--timestamps/--no-timestamps", ("generate",)),
-                               (k, "-k", ("complete", "inverse")), (measurements, "--measurements", ("generate",)),
-                               # a distribution and a completion are computed exactly; only these two sample
-                               (seed, "--seed", ("inverse", "generate")),
-                               (temperature, "--temperature", ("inverse", "generate")),
-                               (top_p, "--top-p", ("generate",)),
-                               (since, "--since", ("generate",)), (until, "--until", ("generate",)),
-                               (calibration, "--calibration", ("distribution",))):
-        if given is not None and mode not in modes:
-            raise UsageError(f"{name} does not apply to {MODE_NAMES[mode]}; it is for "
-                             + " and ".join(MODE_NAMES[m] for m in modes))
-    # the sizes next: nothing below may start work on an unbounded one
-    if mode == "inverse":
-        _bound("--n", n, MAX_SAMPLES, "inverse search runs every sample through each address byte's "
-                                      "forward pass and holds its log-probabilities")
-    elif mode == "generate":
-        _bound("--n", n, MAX_STREAMS, "generation decodes every stream token by token, a forward pass over "
-                                      "all of them per token")
-    fam_src, fam_dst = (p[0] if p else None for p in Q.parse_pair(src, dst))
-    if mode == "complete":
-        # the side not given is any address of the other side's family
-        src = src or Q.any_address(fam_dst)
-        dst = dst or Q.any_address(fam_src)
-    t_query = time_option(time)
-    period = generation_period(since, until) if since is not None or until is not None else None
-    check_context_options(context, context_per_pair, context_policy or "probe", context_k)
-    rtt_lo, rtt_hi = rtt_range(rtt) if rtt is not None else (None, None)
-    if mode == "complete" and rtt is not None and rtt_hi > rtt_lo:
-        raise UsageError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
-                         "ranges are for inverse search (--src IP --rtt 10-30)")
-    if out is not None and out.suffix not in SO.SINGLE_SUFFIXES:
-        raise UsageError(f"--out {out}: written as .parquet or .json")
-    common = {"context": context, "context_per_pair": context_per_pair, "context_policy": context_policy or "probe",
-              "context_k": context_k}
-    s = {"seed": _given(seed, sampling, "seed", 0), "temperature": _given(temperature, sampling, "temperature", 1.0)}
-    if mode == "distribution":
-        q: Question = RttQuestion(src=src, dst=dst, time=t_query, out=out, plot=plot, calibration=calibration,
-                                  **common)
-    elif mode == "complete":
-        q = CompleteQuestion(src=src, dst=dst, rtt=rtt_lo, k=K if k is None else k, **common)
-    elif mode == "inverse":
-        q = InverseQuestion(src=src, rtt_lo=rtt_lo, rtt_hi=rtt_hi, samples=SAMPLES if n is None else n,
-                            k=K if k is None else k, **s, **common)
-    else:
-        q = GenerateQuestion(streams=STREAMS if n is None else n,
-                             measurements=MEASUREMENTS if measurements is None else measurements, src=src,
-                             timestamps=timestamps, period=period, out=out, top_p=_given(top_p, sampling, "top_p", 1.0),
-                             **s, **common)
-    _check_writable(("--out", out), ("--plot", plot))
-    return q
-
-
-def _given(value, sampling, key: str, default):
-    if value is not None:
-        return value
-    return getattr(sampling, key) if sampling is not None else default
-
-
-def infer_mode(src: str | None, dst: str | None, rtt: str | None) -> str:
-    """Which single question --src/--dst/--rtt ask: distribution | complete | inverse | generate."""
-    if src and dst and not is_pattern(src) and not is_pattern(dst) and rtt is None:
-        return "distribution"
-    if is_pattern(src) or is_pattern(dst):
-        return "complete"
-    if src and rtt and not dst:
-        return "inverse"
-    if not dst and not rtt:
-        return "generate"
-    raise UsageError(
-        "say what to ask: --src IP --dst IP (RTT distribution), a pattern in --src/--dst "
-        "(completion), --src IP --rtt MS (inverse search) or --n N [--src IP] (generation)"
-    )
 
 
 # ----------------------------------------------------------------- the run's rules
