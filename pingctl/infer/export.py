@@ -20,8 +20,8 @@ from pingctl import __version__
 from pingctl.artifacts import eval_output
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.records import read_manifest
-from pingctl.artifacts.run import (CONFIG, MAXTEXT_YML, METRICS, checkpoint_items, has_summary, model_dir_kind,
-                                   read_summary, resolve_steps, run_config)
+from pingctl.artifacts.run import (CONFIG, METRICS, checkpoint_items, has_summary, model_dir_kind,
+                                   read_config_doc, read_maxtext_doc, read_summary, resolve_steps, run_config)
 from pingctl.atomic import check_replaceable
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
@@ -101,7 +101,7 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
         "calibration": EX.CALIBRATION if cal is not None else None,
         "eval_report": str(report_path) if report_path else None,
         # run_config's source for an export: the config exactly as config.yaml holds it
-        "pingctl_config": yaml.safe_load((run / CONFIG).read_text()),
+        "pingctl_config": read_config_doc(run / CONFIG),
         # what Hugging Face tooling reads (AutoConfig's model_type, hidden_size, ...): copies of the above
         **EX.hf_fields({**_maxtext_defaults(MAXTEXT_DEFAULTS), **net}),
     }
@@ -151,14 +151,7 @@ def _maxtext_defaults(keys: Sequence[str]) -> dict:
 
 def network_keys(run: Path) -> dict:
     """The run's maxtext.yml without its run-only keys: what MaxText needs to build the network."""
-    f = run / MAXTEXT_YML
-    try:
-        doc = yaml.safe_load(f.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise PingctlError(f"{f}: not readable ({str(e).splitlines()[0][:200]})") from None
-    if not isinstance(doc, dict):
-        raise PingctlError(f"{f}: not the MaxText config `pingctl train` wrote")
-    return {k: v for k, v in doc.items() if k not in RUN_ONLY_KEYS}
+    return {k: v for k, v in read_maxtext_doc(run).items() if k not in RUN_ONLY_KEYS}
 
 
 def _eval_report(run: Path, steps: list[int], given: Path | None) -> tuple[Path | None, dict | None]:

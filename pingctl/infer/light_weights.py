@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.artifacts import export as EX
-from pingctl.artifacts.run import COMMITTED, checkpoint_items, checkpoint_steps
+from pingctl.artifacts.run import COMMITTED, LIGHT_CACHE, checkpoint_items, checkpoint_steps
 from pingctl.atomic import atomic_file
 from pingctl.errors import PingctlError
 
-CACHE_DIR = ".light"
+CACHE_DIR = LIGHT_CACHE  # the run directory's layout is pingctl.artifacts.run's
 _PREFIX = ("params", "params")  # where MaxText's TrainState keeps the model's parameters
 
 

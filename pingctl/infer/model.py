@@ -26,7 +26,7 @@ import numpy as np
 
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.run import (MAXTEXT_YML, checkpoint_items, checkpoint_steps, model_dir_kind, resolve_steps,
-                                   run_config)
+                                   read_maxtext_doc, run_config)
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import kv_cache, light, light_kv, weights
 from pingctl.infer import light_weights as LW
@@ -70,8 +70,6 @@ def check_engine(engine: str | None, what: str = "--engine") -> str | None:
 def _maxtext_keys(run: Path, export: bool) -> dict:
     """The MaxText keys the network is built from: an export's architecture.maxtext, or the
     run's maxtext.yml (run-only keys included: the light engine ignores them)."""
-    import yaml
-
     if export:
         config = EX.read_config(run)
         config = config.model_dump() if hasattr(config, "model_dump") else config  # a typed config.json
@@ -79,10 +77,7 @@ def _maxtext_keys(run: Path, export: bool) -> dict:
         where = run / EX.CONFIG
     else:
         where = run / MAXTEXT_YML
-        try:
-            keys = yaml.safe_load(where.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise PingctlError(f"{where}: not readable ({str(e).splitlines()[0][:200]})") from None
+        keys = read_maxtext_doc(run)
     if not isinstance(keys, dict):
         raise PingctlError(f"{where}: no MaxText keys describing the network")
     return keys
