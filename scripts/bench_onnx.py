@@ -4,12 +4,15 @@
 Usage: .venv/bin/python scripts/bench_onnx.py EXPORT_DIR [--out DIR] [--queries 64] [--json]
 
 Needs `onnxruntime` and `jax2onnx` in the venv (not pingctl dependencies: this is a
-measurement, not an engine). What it does, on the CPU:
+measurement, not an engine). jax2onnx 0.17.1 pins orbax-checkpoint < 0.11.37 (pingctl's is newer)
+and pulls equinox, optax, dm-pix, netron, huggingface-hub: install it without them,
+`uv pip install --no-deps jax2onnx onnx onnx-ir onnxruntime flatbuffers`. What it does, on the CPU:
 
 1. Loads the export with the light engine (pingctl/infer/light.py) and converts its forward
    pass, `light.decoder` with the weights baked in as constants, to ONNX with jax2onnx: one
    model per length bucket the model's `log_probs` pads to, the batch dimension dynamic (a
-   dynamic length does not convert: the causal mask's `arange(t)` needs a concrete t).
+   symbolic length fails in jax2onnx 0.17.1 with JAX 0.12: "'_DynamicDimSentinel' object has
+   no attribute 'rmax'" while tracing; a symbolic batch converts).
 2. Checks ONNX Runtime's log-probs against the light engine's on random tokens (max abs diff),
    and the RTT distributions `pingctl sample` reads from them.
 3. Times, each in a fresh process: loading (the JAX engine: `LoadedModel.load`; ONNX: the
@@ -48,7 +51,6 @@ def _buckets(model) -> list[int]:
 
 def convert(model, out: Path) -> dict:
     """One ONNX file per length bucket; returns {length: path} and the conversion's seconds."""
-    import jax
     import jax.numpy as jnp
     from jax2onnx import to_onnx
 
@@ -65,7 +67,6 @@ def convert(model, out: Path) -> dict:
         to_onnx(forward, inputs=[("B", length)] * 3, input_names=list(INPUTS), output_names=["log_probs"],
                 model_name=f"pingctl_{length}", return_mode="file", output_path=str(path))
         files[length] = path
-    del jax
     return {"files": files, "seconds": time.perf_counter() - t0}
 
 
