@@ -44,10 +44,10 @@ step "pingctl eval: the model against global/pair/prefix medians and Vivaldi on 
 $PINGCTL eval "$OUT/train" --train "$OUT/splits/train" --test "$OUT/splits/test" --truth "$OUT/synth" \
   --queries "${PINGCTL_DEMO_QUERIES:-48}" -o "$OUT/eval" --calibration "$OUT/eval-val/calibration.json"
 
-step "what to ask for: the eval's verdict as advice (pingctl.eval.report.advice)"
+step "what to ask for: the eval's verdict as advice (pingctl.eval.presentation.advice)"
 .venv/bin/python - "$OUT/eval/report.json" <<'PY'
 import json, sys
-from pingctl.eval.report import advice
+from pingctl.eval.presentation import advice
 print("\n".join(advice(json.load(open(sys.argv[1])))))
 PY
 

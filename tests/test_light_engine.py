@@ -225,6 +225,56 @@ def test_rtt_reads_are_the_same_with_and_without_the_kept_caches(tiny_run, synth
         assert [a.quantile(q) for q in Q.QUANTILES] == [b.quantile(q) for q in Q.QUANTILES]
 
 
+def test_eval_reads_are_the_same_with_and_without_the_teacher_forced_caches(tiny_run, synth_rows, monkeypatch):
+    """eval's reads with the second-byte caches taken from the teacher-forced pass against the
+    same reads with every prompt prefilled apart (the model without `teacher_forced_session`)."""
+    import pyarrow.parquet as pq
+
+    from pingctl.infer import light_kv
+    from pingctl.infer import queries as Q
+    from pingctl.infer.model import LoadedModel
+    from pingctl.infer.score import teacher_forced_kept
+    from pingctl.tokenizer import C, Measurements
+
+    lt = LoadedModel.load(tiny_run, engine="light")
+    rows = Measurements.from_arrow(pq.read_table(synth_rows / "synth" / "part-00000.parquet").slice(0, 300))
+    src, dst = rows.src_text(), rows.dst_text()
+    rng = np.random.default_rng(0)
+    prompts, fulls = [], []
+    for k in range(12):  # 0 to 33 context measurements; every fourth packet failed
+        ctx, _ = Q.context_tokens(lt, rows.take(np.arange(20 * k, 20 * k + 3 * k)), 200, timed=False)
+        p = Q.query_prefix(src[250 + k], dst[250 + k], None, ctx, None)
+        tail = [C.Failed] if k % 4 == 3 else [C.RttStart, *(Q.BYTE0 + rng.integers(0, 40, 1)), Q.BYTE0 + 7]
+        prompts.append(p)
+        fulls.append(np.concatenate([p, tail]).astype(np.int32))
+
+    class Apart:  # the model's other methods: the prompts prefilled again after the pass
+        def __getattr__(self, name):
+            if name == "teacher_forced_session":
+                raise AttributeError(name)
+            return getattr(lt, name)
+
+    prefilled: list[int] = []
+    real = light_kv.SecondBytes.prefill
+    monkeypatch.setattr(light_kv.SecondBytes, "prefill",
+                        lambda self, firsts, bucket: prefilled.append(len(firsts)) or real(self, firsts, bucket))
+    got = {}
+    for name, m in (("kept", lt), ("apart", Apart())):
+        prefilled.clear()
+        first, known, scores, second = teacher_forced_kept(m, prompts, fulls)
+        assert (second is None) == (name == "apart")
+        got[name] = (scores, Q.rtt_distributions_at(m, prompts, points=np.linspace(1.0, 300.0, 12), first=first,
+                                                    known=known, second_bytes=second))
+        assert sum(prefilled) == (3 if name == "kept" else 12)  # kept: only the failed packets' prompts
+    for s, t in zip(got["kept"][0], got["apart"][0]):
+        assert np.abs(s - t).max() < 1e-5
+    for a, b in zip(got["kept"][1], got["apart"][1]):
+        assert abs(a.p_fail - b.p_fail) < 1e-6
+        live = (a.probs > 0) | (b.probs > 0)
+        assert np.abs(np.log(a.probs[live]) - np.log(b.probs[live])).max() < 1e-5
+        assert [a.quantile(q) for q in Q.QUANTILES] == [b.quantile(q) for q in Q.QUANTILES]
+
+
 def test_the_architecture_is_read_or_refused_by_key():
     from pingctl.infer import light
 

@@ -41,3 +41,20 @@ def test_heldout_script_end_to_end_and_rerun(tmp_path):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "pingctl eval" in second.stdout
     assert not any(s in second.stdout for s in ("pingctl synth", "pingctl shard", "pingctl build-rows", "pingctl train"))
+
+
+def test_every_pingctl_import_in_the_scripts_resolves():
+    """The shell scripts run Python snippets (`python - <<'PY'`): a name they import from pingctl
+    that moved breaks `./run demo` at its end, after minutes of work, with a traceback."""
+    import importlib
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    found = 0
+    for script in sorted((root / "scripts").glob("*.sh")):
+        for module, names in re.findall(r"^\s*from (pingctl[\w.]*) import ([\w, ]+)$", script.read_text(), re.M):
+            mod = importlib.import_module(module)
+            for name in (n.strip() for n in names.split(",")):
+                found += 1
+                assert hasattr(mod, name), f"{script.name}: {module} has no {name}"
+    assert found, "no pingctl import found in scripts/*.sh: the pattern above no longer matches them"

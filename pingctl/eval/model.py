@@ -37,7 +37,7 @@ import numpy as np
 from pingctl.context import context_indices, context_pool
 from pingctl.eval import metrics as M
 from pingctl.infer import queries as Q
-from pingctl.infer.score import prompts, teacher_forced  # noqa: F401 - one prompt builder for eval and score
+from pingctl.infer.score import prompts, teacher_forced, teacher_forced_kept  # noqa: F401 - one prompt builder for eval and score
 from pingctl.tokenizer.spec import get_spec
 
 QS = (0.05, 0.25, 0.75, 0.95)
@@ -83,11 +83,12 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     scores: list[np.ndarray] = []
     progress(0, len(idx))
     for a in range(0, len(ps), chunk):
-        first, known, sc = teacher_forced(model, ps[a : a + chunk], fulls[a : a + chunk])
+        # the light engine keeps this pass's caches for the second-byte reads below
+        first, known, sc, second = teacher_forced_kept(model, ps[a : a + chunk], fulls[a : a + chunk])
         scores += sc
         # exact where read: at the quantiles below and at the actual RTT (for the PIT)
-        dists += Q.rtt_distributions_at(model, ps[a : a + chunk], quantiles=reads,
-                                        points=actual[a : a + chunk], eps=eps, first=first, known=known)
+        dists += Q.rtt_distributions_at(model, ps[a : a + chunk], quantiles=reads, points=actual[a : a + chunk],
+                                        eps=eps, first=first, known=known, second_bytes=second)
         progress(len(dists), len(idx))
     nll = nll_from_scores(fulls, scores, np.asarray(test["ip_version"])[idx])
     n_ctx = np.array([len(c) for c in contexts])

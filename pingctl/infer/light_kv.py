@@ -44,6 +44,7 @@ class SecondBytes:
 
         self.arch, self.params, self.byte0 = arch, params, byte0
         self._prefill = jax.jit(lambda p, t, pos, seg: light.decoder(p, t, pos, seg, arch, want_kv=True)[1])
+        self._whole = jax.jit(lambda p, t, pos, seg: light.decoder(p, t, pos, seg, arch, want_kv=True))
         self._decode = jax.jit(functools.partial(light.decode, arch=arch))
 
     def log_probs(self, firsts: list[np.ndarray], candidates: list[np.ndarray], bucket) -> list[np.ndarray]:
@@ -75,6 +76,18 @@ class SecondBytes:
 
     def prefill(self, firsts: list[np.ndarray], bucket):
         """(keys, values, lengths) of up to PROMPT_BATCHES[-1] prompts, padded to a bucket of rows."""
+        tok, pos, seg, lengths = self._padded(firsts, bucket)
+        keys, values = self._prefill(self.params, tok, pos, seg)
+        return keys, values, lengths
+
+    def whole(self, sequences: list[np.ndarray], bucket):
+        """(log-probs [rows, length, vocab], keys, values, lengths) of up to PROMPT_BATCHES[-1]
+        whole sequences: a prefill that also gives the log-probs at every position."""
+        tok, pos, seg, lengths = self._padded(sequences, bucket)
+        lp, (keys, values) = self._whole(self.params, tok, pos, seg)
+        return np.asarray(lp), keys, values, lengths
+
+    def _padded(self, firsts: list[np.ndarray], bucket):
         nb = _bucket(len(firsts), PROMPT_BATCHES)
         length = bucket(max(len(f) for f in firsts))
         tok = np.zeros((nb, length), np.int32)
@@ -85,8 +98,7 @@ class SecondBytes:
             seg[r, : len(f)] = 1
             lengths[r] = len(f)
         pos = np.ascontiguousarray(np.broadcast_to(np.arange(length, dtype=np.int32), (nb, length)))
-        keys, values = self._prefill(self.params, tok, pos, seg)
-        return keys, values, lengths
+        return tok, pos, seg, lengths
 
     def _scores(self, keys, values, lengths, candidates: list[np.ndarray], width: int) -> np.ndarray:
         """[rows, width, vocab] log-probs of each row's candidates (row r: candidates[r], padded)."""
@@ -108,6 +120,30 @@ class Session:
         self.kv, self.firsts, self.bucket = kv, firsts, bucket
         self.groups: list[tuple] = []  # (keys, values, lengths) per prefill
         self.where: dict[int, tuple[int, int]] = {}  # prompt -> (group, row)
+
+    def whole(self, sequences: list[np.ndarray]) -> list[np.ndarray]:
+        """[len(sequences[i]), vocab] log-probs at every position of sequences[i], and the cache
+        of firsts[i] kept from the same pass wherever firsts[i] starts sequences[i]: causal
+        attention makes a longer sequence's keys and values over its first tokens those of a
+        prefill of these tokens alone (`decode` ignores cached positions past a prompt's length),
+        so a teacher-forced pass over prompt + result leaves no prompt to prefill again."""
+        out: list[np.ndarray] = [np.zeros(0)] * len(sequences)
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        for k in range(0, len(order), PROMPT_BATCHES[-1]):
+            chunk = order[k : k + PROMPT_BATCHES[-1]]
+            lp, keys, values, _ = self.kv.whole([sequences[i] for i in chunk], self.bucket)
+            lengths = np.ones(len(lp), np.int32)
+            kept = []
+            for r, i in enumerate(chunk):
+                out[i] = lp[r, : len(sequences[i])].copy()
+                f, s = self.firsts[i], sequences[i]
+                if i not in self.where and len(s) >= len(f) and np.array_equal(s[: len(f)], f):
+                    lengths[r] = len(f)
+                    kept.append((i, r))
+            if kept:
+                self.groups.append((keys, values, lengths))
+                self.where.update((i, (len(self.groups) - 1, r)) for i, r in kept)
+        return out
 
     def log_probs(self, prompts: list[int], candidates: list[np.ndarray]) -> list[np.ndarray]:
         """[len(candidates[j]), vocab] log-probs after firsts[prompts[j]] + [byte b], per b."""

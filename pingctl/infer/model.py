@@ -340,8 +340,9 @@ class LoadedModel:
         cache for every later call (`light_kv.Session`)."""
         byte0 = get_vocab(self.scheme).byte_offset
         kv = self._kv_engine(0, byte0) if self.engine == "light" else None
-        session = kv.session(firsts, self._bucket) if kv is not None else None
+        return self._session_reads(kv.session(firsts, self._bucket) if kv is not None else None, firsts)
 
+    def _session_reads(self, session, firsts: list[np.ndarray]):
         def log_probs(prompts: list[int], candidates: list[np.ndarray]) -> list[np.ndarray]:
             if session is not None and self._kv:
                 try:
@@ -351,6 +352,23 @@ class LoadedModel:
             return self.second_byte_log_probs([firsts[i] for i in prompts], candidates)
 
         return log_probs
+
+    def teacher_forced_session(self, firsts: list[np.ndarray], sequences: list[np.ndarray]):
+        """(`log_probs(sequences)`, `second_byte_session(firsts)`) where sequences[i] is the
+        whole packet of prompt firsts[i]: the light engine's pass over the sequences also fills
+        the session's caches of the prompts they start with (`light_kv.Session.whole`), so those
+        prompts are never prefilled again; other engines run the two apart."""
+        byte0 = get_vocab(self.scheme).byte_offset
+        kv = self._kv_engine(0, byte0) if self.engine == "light" and sequences else None
+        if kv is not None:
+            try:
+                session = kv.session(firsts, self._bucket)
+                lps = [lp[:, : self.vocab_size] for lp in session.whole(sequences)]
+            except Exception as e:  # noqa: BLE001 - as in second_byte_log_probs: same answer, slower
+                self._kv_off("the shared key-value cache failed", e)
+            else:
+                return lps, self._session_reads(session, firsts)
+        return self.log_probs(sequences), self.second_byte_session(firsts)
 
     def _kv_engine(self, tokens: int, byte0: int):
         if self._kv is not None or os.environ.get("PINGCTL_KV_CACHE", "1") == "0":

@@ -204,13 +204,18 @@ def first_pass(model, prefixes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarra
     return np.array([fail_probability(lp[0]) for lp in lps]), np.stack([first_byte_distribution(lp[1]) for lp in lps])
 
 
+def _shifted(second_bytes, a: int, idx: list[int], candidates: list[np.ndarray]) -> list[np.ndarray]:
+    return second_bytes([i + a for i in idx], candidates)
+
+
 def fail_probability(lp: np.ndarray) -> float:
     """P(Failed) against P(RttStart) from the log-probs where the result block starts."""
     return float(np.exp(lp[C.Failed]) / (np.exp(lp[C.Failed]) + np.exp(lp[C.RttStart])))
 
 
 def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES, points=None,
-                         eps: float = 1e-3, max_rounds: int = 6, first=None, known=None) -> list[RttDistribution]:
+                         eps: float = 1e-3, max_rounds: int = 6, first=None, known=None,
+                         second_bytes=None) -> list[RttDistribution]:
     """RTT distributions that are exact where they are read: at the `quantiles` and at
     `points[i]` (ms, e.g. the actual RTT for a PIT; NaN or negative = none) of prompt i.
 
@@ -225,7 +230,8 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
     approximate (uniform inside unrefined first bytes).
 
     `first` = (p_fail, p1) from `first_pass` (or an equivalent teacher-forced pass) skips that
-    pass; `known` = {(prompt index, first byte): P(second byte)} rows already computed."""
+    pass; `known` = {(prompt index, first byte): P(second byte)} rows already computed;
+    `second_bytes` = a `second_byte_session` over these prompts already under way."""
     _require_compact(model)
     codes, values, lo, hi = _code_table()
     order = codes.astype(np.int64)  # sorted position k holds code order[k]
@@ -238,11 +244,13 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         return [d for a in range(0, n, REFINE_PROMPTS) for d in rtt_distributions_at(
             model, prefixes[a : a + REFINE_PROMPTS], quantiles, None if pts is None else pts[a : a + REFINE_PROMPTS],
             eps, max_rounds, (p_fail[a : a + REFINE_PROMPTS], p1[a : a + REFINE_PROMPTS]),
-            {(i - a, b): row for (i, b), row in (known or {}).items() if a <= i < a + REFINE_PROMPTS})]
+            {(i - a, b): row for (i, b), row in (known or {}).items() if a <= i < a + REFINE_PROMPTS},
+            None if second_bytes is None else functools.partial(_shifted, second_bytes, a))]
     # each prompt's key-value cache serves every round (where the engine keeps one)
     session = getattr(model, "second_byte_session", None)
-    second_bytes = (session(firsts) if session is not None
-                    else lambda idx, cands: model.second_byte_log_probs([firsts[i] for i in idx], cands))
+    if second_bytes is None:
+        second_bytes = (session(firsts) if session is not None
+                        else lambda idx, cands: model.second_byte_log_probs([firsts[i] for i in idx], cands))
     joint = np.repeat(p1[:, :, None] / 256.0, 256, axis=2)  # [n, first, second]
     refined = np.zeros((n, 256), bool)
     for (i, b), row in (known or {}).items():

@@ -137,7 +137,22 @@ def teacher_forced(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
     P(first byte) after RttStart and P(second byte | the actual first byte). Failed packets
     (and any prompt that is not a prefix of its full sequence) get a separate first pass.
     Returns ((p_fail, p1), known second-byte rows, scores)."""
-    lps = model.log_probs(fulls)
+    return _teacher_forced(model, prompts_, fulls, model.log_probs(fulls))
+
+
+def teacher_forced_kept(model, prompts_: list[np.ndarray], fulls: list[np.ndarray]):
+    """`teacher_forced` plus the second-byte reads of the prompts (`second_bytes` of
+    `queries.rtt_distributions_at`), which the light engine serves from the caches of this
+    same pass (`LoadedModel.teacher_forced_session`); None where the model keeps none."""
+    session = getattr(model, "teacher_forced_session", None)
+    if session is None:
+        return (*teacher_forced(model, prompts_, fulls), None)
+    firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prompts_]
+    lps, second_bytes = session(firsts, fulls)
+    return (*_teacher_forced(model, prompts_, fulls, lps), second_bytes)
+
+
+def _teacher_forced(model, prompts_, fulls, lps):
     scores = [lp[np.arange(len(f) - 1), f[1:]] for lp, f in zip(lps, fulls)]
     n = len(prompts_)
     p_fail, p1 = np.zeros(n), np.zeros((n, 256))
