@@ -70,7 +70,8 @@ def distribution_figure(d, title: str):
     ax.legend(fontsize=8, loc="upper left", frameon=False)
     ax.set_xlabel("RTT (ms)")
     ax.set_ylabel("probability")
-    ax.set_title(f"{title}  P(fail)={d.p_fail:.1%}  median={median:.1f} ms")
+    # two lines: an IPv6 pair and the figures do not fit one line of a 7-inch figure
+    ax.set_title(f"{title}\nP(fail)={d.p_fail:.1%}  median={median:.1f} ms", fontsize=10)
     fig.tight_layout()
     return fig
 
