@@ -118,6 +118,19 @@ def test_light_logits_are_maxtext_s_on_every_preset(preset, dtype):
     assert diff <= (BF16_TOL if keys["dtype"] == "bfloat16" else F32_TOL), (preset, keys["dtype"], diff)
 
 
+def _whole_sequence_reads(fwd, params, first, candidates, byte0: int = 11, length: int = 64) -> np.ndarray:
+    """[len(candidates), vocab]: the next-token log-probs after first + [byte b], each sequence
+    run whole (no cache): what the cached paths must equal."""
+    seqs = np.stack([np.concatenate([first, [byte0 + b]]) for b in candidates]).astype(np.int32)
+    n = seqs.shape[1]
+    tok = np.zeros((len(candidates), length), np.int32)
+    tok[:, :n] = seqs
+    seg = np.zeros_like(tok)
+    seg[:, :n] = 1
+    pos = np.ascontiguousarray(np.broadcast_to(np.arange(length, dtype=np.int32), tok.shape))
+    return np.asarray(fwd(params, tok, pos, seg))[:, n - 1]
+
+
 def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
     """Second-byte scoring from one cache per prompt (light_kv) against whole sequences, for
     prompts of different lengths and numbers of candidates (bucketed and padded together)."""
@@ -137,16 +150,8 @@ def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
     kv = light_kv.SecondBytes(arch, params, byte0=11)
     got = kv.log_probs(firsts, candidates, lambda n: 64)
     for f, c, g in zip(firsts, candidates, got):
-        seqs = np.stack([np.concatenate([f, [11 + b]]) for b in c]).astype(np.int32)
-        n = seqs.shape[1]
-        tok = np.zeros((len(c), 64), np.int32)
-        tok[:, :n] = seqs
-        seg = np.zeros_like(tok)
-        seg[:, :n] = 1
-        pos = np.ascontiguousarray(np.broadcast_to(np.arange(64, dtype=np.int32), tok.shape))
-        want = np.asarray(fwd(params, tok, pos, seg))[:, n - 1]
         assert g.shape == (len(c), VOCAB)
-        assert np.abs(g - want).max() < 1e-5
+        assert np.abs(g - _whole_sequence_reads(fwd, params, f, c)).max() < 1e-5
 
 
 def test_a_session_keeps_each_prompt_s_cache_across_calls():
@@ -177,15 +182,7 @@ def test_a_session_keeps_each_prompt_s_cache_across_calls():
             assert g.shape == (len(c), VOCAB)
             if not len(c):
                 continue
-            seqs = np.stack([np.concatenate([firsts[i], [11 + b]]) for b in c]).astype(np.int32)
-            n = seqs.shape[1]
-            tok = np.zeros((len(c), 64), np.int32)
-            tok[:, :n] = seqs
-            seg = np.zeros_like(tok)
-            seg[:, :n] = 1
-            pos = np.ascontiguousarray(np.broadcast_to(np.arange(64, dtype=np.int32), tok.shape))
-            want = np.asarray(fwd(params, tok, pos, seg))[:, n - 1]
-            assert np.abs(g - want).max() < 1e-5
+            assert np.abs(g - _whole_sequence_reads(fwd, params, firsts[i], c)).max() < 1e-5
     assert len(session.where) == 40
     # 15 prompts with candidates, then 2 more (3 and 39), then the other 23: each prefilled once
     assert prefilled == [1, 2, 3]

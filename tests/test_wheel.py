@@ -66,19 +66,26 @@ def built_wheel(tmp_path_factory) -> Path:
     return wheel
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory, built_wheel):
-    """(venv, work dir, env): pingctl's wheel in a fresh venv, and an empty dir to run it in."""
-    base = tmp_path_factory.mktemp("installed")
-    wheel = built_wheel
-    venv = base / "venv"
+def _venv_with(wheel: Path, venv: Path, deps) -> Path:
+    """A fresh venv at `venv` holding only pingctl's wheel, its dependencies seen through a .pth
+    file pointing at `deps` (nothing downloaded): its site-packages."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
                     "--quiet", str(wheel)], check=True, capture_output=True)
     site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    (site / "pingctl-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (site / "pingctl-test-deps.pth").write_text(str(deps) + "\n")
+    return site
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, built_wheel):
+    """(venv, work dir, env): pingctl's wheel in a fresh venv, and an empty dir to run it in."""
+    base = tmp_path_factory.mktemp("installed")
+    wheel = built_wheel
+    venv = base / "venv"
+    site = _venv_with(wheel, venv, sysconfig.get_paths()["purelib"])
     work = base / "work"
     work.mkdir()
     return venv, site, work, _env(venv)
@@ -195,13 +202,7 @@ def answering(tmp_path_factory, built_wheel):
             except OSError:
                 pass
     small = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(small)], check=True)
-    py = small / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
-                    "--quiet", str(wheel)], check=True, capture_output=True)
-    small_site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                     capture_output=True, text=True, check=True).stdout.strip())
-    (small_site / "pingctl-test-deps.pth").write_text(str(view) + "\n")
+    _venv_with(wheel, small, view)
     work = base / "work"
     work.mkdir()
     return small, work, _env(small), size / 1e6, sorted(dists)

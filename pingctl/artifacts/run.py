@@ -33,6 +33,18 @@ COMMITTED = "commit_success.txt"  # Orbax's marker of a checkpoint written whole
 LIGHT_CACHE = ".light"  # the light engine's weights, converted from the checkpoints (pingctl.infer.light_weights)
 
 
+# Keys of a run's maxtext.yml about the run, not the network: where it wrote, its data, its
+# optimizer and schedule, checkpoints and logging, and the kernel and memory trade-offs inference
+# sets itself. Every other key (the architecture, dtypes, model.overrides) goes into config.json.
+RUN_ONLY_KEYS = frozenset({
+    "base_config", "run_name", "base_output_directory", "hardware", "steps", "per_device_batch_size", "attention",
+    "remat_policy", "learning_rate", "warmup_steps_fraction", "learning_rate_final_fraction", "dataset_type",
+    "grain_train_files", "grain_eval_files", "grain_worker_count", "eval_interval", "eval_steps",
+    "enable_checkpointing", "async_checkpointing", "checkpoint_period", "save_checkpoint_on_completion",
+    "enable_tensorboard", "log_period", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
+    "enable_wandb", "wandb_project_name", "wandb_run_name",
+})
+
 def checkpoints_dir(run: Path | str) -> Path:
     return Path(run) / MAXTEXT_RUN_NAME / "checkpoints"
 

@@ -20,7 +20,7 @@ from pingctl import __version__
 from pingctl.artifacts import eval_output
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.records import read_manifest
-from pingctl.artifacts.run import (CONFIG, METRICS, checkpoint_items, has_summary, model_dir_kind,
+from pingctl.artifacts.run import (CONFIG, METRICS, RUN_ONLY_KEYS, checkpoint_items, has_summary, model_dir_kind,
                                    read_config_doc, read_maxtext_doc, read_summary, resolve_steps, run_config)
 from pingctl.atomic import check_replaceable
 from pingctl.errors import PingctlError, UsageError
@@ -32,17 +32,6 @@ from pingctl.train import metrics as M
 from pingctl.train.presets import architecture
 from pingctl.train.render import parameters
 
-# Keys of a run's maxtext.yml about the run, not the network: where it wrote, its data, its
-# optimizer and schedule, checkpoints and logging, and the kernel and memory trade-offs inference
-# sets itself. Every other key (the architecture, dtypes, model.overrides) goes into config.json.
-RUN_ONLY_KEYS = frozenset({
-    "base_config", "run_name", "base_output_directory", "hardware", "steps", "per_device_batch_size", "attention",
-    "remat_policy", "learning_rate", "warmup_steps_fraction", "learning_rate_final_fraction", "dataset_type",
-    "grain_train_files", "grain_eval_files", "grain_worker_count", "eval_interval", "eval_steps",
-    "enable_checkpointing", "async_checkpointing", "checkpoint_period", "save_checkpoint_on_completion",
-    "enable_tensorboard", "log_period", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
-    "enable_wandb", "wandb_project_name", "wandb_run_name",
-})
 LOSS_POINTS = 10  # rows of the model card's loss table
 # Network keys whose MaxText default (base.yml) a Hugging Face config states outright
 MAXTEXT_DEFAULTS = ("normalization_layer_epsilon", "rope_max_timescale", "logits_via_embedding", "weight_dtype")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pingctl.artifacts.run import RUN_ONLY_KEYS
 from pingctl.errors import PingctlError
 
 # MaxText keys (base.yml defaults) this engine implements, by meaning.
@@ -78,18 +79,12 @@ _FIXED = {
     "use_iota_embed": (False, True),  # a one-hot matmul picks the same rows
     "matmul_precision": ("default", "high", "highest", "float32", "bfloat16"),  # float32 on a CPU regardless
 }
-# Keys about training, the run or the runtime: no effect on a forward pass.
-_IGNORED = frozenset({
-    "base_config", "run_name", "base_output_directory", "hardware", "steps", "per_device_batch_size", "attention",
-    "remat_policy", "learning_rate", "warmup_steps_fraction", "learning_rate_final_fraction", "dataset_type",
-    "grain_train_files", "grain_eval_files", "grain_worker_count", "eval_interval", "eval_steps",
-    "enable_checkpointing", "async_checkpointing", "checkpoint_period", "save_checkpoint_on_completion",
-    "enable_tensorboard", "log_period", "metrics_file", "jax_cache_dir", "skip_jax_distributed_system",
-    "enable_wandb", "wandb_project_name", "wandb_run_name", "enable_dropout", "dropout_rate", "max_target_length",
-    "weight_dtype", "gradient_clipping_threshold", "opt_type", "max_prefill_predict_length", "load_parameters_path",
-    "shard_mode", "gradient_accumulation_steps", "packing", "enable_data_shuffling", "data_shuffle_seed",
-    "init_weights_seed", "checkpoint_storage_use_ocdbt", "checkpoint_storage_use_zarr3", "profiler",
-})
+# Keys about training, the run or the runtime (the run-only keys an export leaves out, and more
+# that MaxText reads only to train or to shard): no effect on a forward pass.
+_IGNORED = RUN_ONLY_KEYS | frozenset({"enable_dropout", "dropout_rate", "max_target_length", "weight_dtype",
+    "gradient_clipping_threshold", "opt_type", "max_prefill_predict_length", "load_parameters_path", "shard_mode",
+    "gradient_accumulation_steps", "packing", "enable_data_shuffling", "data_shuffle_seed", "init_weights_seed",
+    "checkpoint_storage_use_ocdbt", "checkpoint_storage_use_zarr3", "profiler"})
 _IGNORED_PREFIXES = ("adam_", "wandb_", "tensorboard_", "ici_", "dcn_", "profiler_", "upload_", "checkpoint_")
 ACTIVATIONS = ("gelu", "relu", "silu", "linear")  # jax.nn's (gelu: the tanh approximation, its default)
 _SHAPE_KEYS = ("vocab_size", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "head_dim",
