@@ -8,6 +8,8 @@
 #   real    the shared RIPE Atlas samples (../shared/data/ripe-atlas, or PINGCTL_REGIMES_RIPE)
 #   sparse  a pingctl synth world where each probe measures few of many targets
 #   random  the same world with addresses that carry no place, AS or prefix
+#   seattle the shared real 99-host latency matrix (../shared/data/seattle, or
+#           PINGCTL_REGIMES_SEATTLE): a canonical table already, addresses that carry no place
 #
 # Run through `./run regimes` (which prepares .venv first). Output: runs/regimes/WORLD/.
 # Interrupted? Run it again: finished stages are kept (each is renamed into place only when
@@ -19,6 +21,7 @@ PYTHON="${PINGCTL_PYTHON:-.venv/bin/python}"
 OUT="${PINGCTL_REGIMES_DIR:-runs/regimes}"
 WORLDS="${PINGCTL_REGIMES_WORLDS:-real sparse random}"
 RIPE="${PINGCTL_REGIMES_RIPE:-../shared/data/ripe-atlas}"
+SEATTLE="${PINGCTL_REGIMES_SEATTLE:-../shared/data/seattle}"
 ROWS="${PINGCTL_REGIMES_ROWS:-2000000}"        # synth worlds' packets
 PROBES="${PINGCTL_REGIMES_PROBES:-600}"
 TARGETS="${PINGCTL_REGIMES_TARGETS:-300}"
@@ -45,7 +48,9 @@ PY
 
 for world in $WORLDS; do
   W="$OUT/$world"
-  if [ ! -d "$W/table" ]; then
+  TABLE="$W/table"
+  [ "$world" = seattle ] && TABLE="$SEATTLE"   # read in place: shard never writes into its input
+  if [ ! -d "$TABLE" ]; then
     case "$world" in
       real)
         step "$world: pingctl ingest $RIPE"
@@ -55,12 +60,13 @@ for world in $WORLDS; do
         step "$world: pingctl synth, $PROBES probes x $PER_PROBE of $TARGETS targets, $addresses addresses"
         $PINGCTL synth -o "$W/table" --rows "$ROWS" --probes "$PROBES" --targets "$TARGETS" \
           --targets-per-probe "$PER_PROBE" --addresses "$addresses" --seed 1 ;;
-      *) echo "unknown world $world (real, sparse, random)" >&2; exit 2 ;;
+      seattle) echo "no Seattle table at $SEATTLE (set PINGCTL_REGIMES_SEATTLE)" >&2; exit 2 ;;
+      *) echo "unknown world $world (real, sparse, random, seattle)" >&2; exit 2 ;;
     esac
   fi
   if [ ! -d "$W/splits" ]; then
     step "$world: pingctl shard --strategy regimes"
-    $PINGCTL shard "$W/table" -o "$W/splits" --strategy regimes
+    $PINGCTL shard "$TABLE" -o "$W/splits" --strategy regimes
   fi
   for split in train val; do
     if [ ! -d "$W/rows/$split" ]; then

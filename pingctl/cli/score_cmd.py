@@ -46,7 +46,7 @@ def score(
 
     Example: pingctl score runs/demo/train runs/demo/splits/test -o scores.parquet --threshold 0.001
 
-    A day of pings, fast: pingctl score runs/demo/train day.parquet -o scores.csv --context-policy stream
+    The prompts eval asks (slower, one prompt per row): pingctl score runs/demo/train day.parquet -o scores.csv --context-policy probe
 
     Rows build-rows would reject are set aside and counted by reason (read = scored + rejected).
     Columns written: the canonical ones, then nll (nats), pit, tail_p, p_fail, context_measurements

@@ -15,7 +15,7 @@ import numpy as np
 from pingctl.artifacts.records import read_manifest
 from pingctl.config import LoaderConfig, SynthConfig
 from pingctl.loader.pipeline import element_plan, make_dataset, to_features, triangulation
-from pingctl.loader.sequences import choose_contexts, pack, tokenize
+from pingctl.loader.sequences import RecordLengths, choose_contexts, pack, tokenize
 from pingctl.loader.triangulation import concat_rows, pack_triangulation
 from pingctl.records.build import build_rows
 from pingctl.records.layout import decode
@@ -53,10 +53,12 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
         raw = src[int(rec_id)]
         t1 = time.perf_counter()
         rec = decode(raw)
+        lengths = RecordLengths(rec, scheme)  # read, decode and lengths: once per record in the pipeline's cache
         t2 = time.perf_counter()
         n_tri = int((rng.random(int(n_rows)) < tri.share).sum()) if tri.share > 0 else 0
         n_plain = int(n_rows) - n_tri
-        p = choose_contexts(rec, rng, n_plain, cfg.seq_len, mode_p, scheme, cfg.max_per_pair)
+        p = choose_contexts(rec, rng, n_plain, cfg.seq_len, mode_p, scheme, cfg.max_per_pair, cfg.pair_history_share,
+                            cfg.pair_history_k, lengths=lengths)
         t3 = time.perf_counter()
         enc = tokenize(rec, rng, p, scheme, cfg.result_last)
         t4 = time.perf_counter()
@@ -64,7 +66,7 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
         t5 = time.perf_counter()
         if n_tri:
             out = concat_rows(out, pack_triangulation(rec, rng, n_tri, cfg.seq_len, mode_p, scheme, tri,
-                                                      destinations.lookup(), cfg.result_last))
+                                                      destinations.lookup(), cfg.result_last, lengths.base))
         t6 = time.perf_counter()
         to_features({"tokens": out.tokens, "segment": out.segment, "position": out.position,
                      "modes": out.modes, "measurements": out.measurements})
@@ -87,18 +89,22 @@ def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) ->
             next(it)
         used = total = 0
         modes = np.zeros(3)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(batches):
             b = next(it)
             used += int((b["inputs_segmentation"] > 0).sum())
             total += b["inputs_segmentation"].size
             modes += b["stat_modes"]
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         if hasattr(it, "close"):
             it.close()
     return {
         "tokens_per_s": used / dt,
+        # CPU seconds of this process: with workers they are elsewhere (None); without, the rate
+        # per core even where other jobs share the cores (wall-clock rates then drift with them)
+        "tokens_per_cpu_s": used / cpu if cfg.workers == 0 and cpu > 0 else None,
+        "load_avg": round(os.getloadavg()[0], 2),
         "sequences_per_s": batches * cfg.batch_size / dt,
         "padding": 1 - used / total,
         "modes": (modes / modes.sum()).tolist() if modes.sum() else [0, 0, 0],
@@ -130,6 +136,8 @@ def bench_loader(
                     "case": label,
                     "tokens_per_s": int(r["tokens_per_s"]),
                     "tokens_per_s_per_core": int(r["tokens_per_s"] / cores_used),
+                    "tokens_per_cpu_s": None if r["tokens_per_cpu_s"] is None else int(r["tokens_per_cpu_s"]),
+                    "load_avg": r["load_avg"],
                     "seq_per_s": round(r["sequences_per_s"], 1),
                     "padding_pct": round(100 * r["padding"], 3),
                     "full_pct": round(100 * r["modes"][0], 1),

@@ -4,10 +4,10 @@
     process -> random_map(PackSequences) -> to_iter_dataset -> flat_map(rows)
     -> window shuffle (train) -> batch -> MaxText features -> mp_prefetch (workers)
 
-An element reads and decodes one record once and packs up to `loader.rows_per_element`
-full rows from it (a record can be 8 MB; one read per row would cost the most). A record
-gets about one row per `seq_len` tokens of its history per epoch, at least
-`contexts_per_record`, split over several elements when long. The window shuffle is a
+An element packs up to `loader.rows_per_element` full rows from one record, read and
+decoded once per process (`record_cache`: a record can be 8 MB, and every epoch visits it
+many times). A record gets about one row per `seq_len` tokens of its history per epoch, at
+least `contexts_per_record`, split over several elements when long. The window shuffle is a
 block shuffle (Grain fills a window, then emits it shuffled), so the steps spanning one
 window see only `shuffle_window / rows_per_element` records: with 32 rows per element
 and batch 8 that was 32 probes for 128 consecutive steps, and the model fitted each
@@ -33,11 +33,11 @@ import numpy as np
 from pingctl.artifacts.records import destination_index, destination_rows, read_manifest
 from pingctl.config import LoaderConfig
 from pingctl.errors import PingctlError
+from pingctl.loader.record_cache import RecordCache
 from pingctl.loader.sequences import pack_sequences, Shaping
 from pingctl.loader.triangulation import (DestinationIndex, DestinationReader, NO_TRIANGULATION, Triangulation,
-                                          concat_rows, pack_triangulation)
+                                          pack_element)
 from pingctl.processes import die_with_parent
-from pingctl.records.layout import decode
 from pingctl.tokenizer.spec import fields, get_spec, token_fields
 
 FEATURES = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position", "targets_segmentation")
@@ -101,17 +101,18 @@ def _transforms(
 
     class PackSequences(grain.transforms.RandomMap):
         def __init__(self):
-            self.reader = _RecordReader(files)
+            self.records = RecordCache(_RecordReader(files), scheme)
 
         def random_map(self, element, rng: np.random.Generator):
             record_id, n_rows = int(element[0]), int(element[1])
-            rec = decode(self.reader.get(record_id))
+            rec, lengths = self.records.get(record_id)
             # drawn only when on, so rows without triangulation stay exactly as they were
             n_tri = int((rng.random(n_rows) < tri.share).sum()) if tri.share > 0 else 0
-            seqs = pack_sequences(rec, rng, n_rows - n_tri, seq_len, mode_p, scheme, shaping)
             if n_tri:
-                seqs = concat_rows(seqs, pack_triangulation(rec, rng, n_tri, seq_len, mode_p, scheme, tri,
-                                                            destinations.lookup(), shaping.result_last))
+                seqs = pack_element(rec, rng, n_rows - n_tri, n_tri, seq_len, mode_p, scheme, shaping, tri,
+                                    destinations.lookup(), lengths)
+            else:
+                seqs = pack_sequences(rec, rng, n_rows, seq_len, mode_p, scheme, shaping, lengths)
             out = {
                 "tokens": seqs.tokens,
                 "segment": seqs.segment,

@@ -6,10 +6,13 @@ remaining room, an even subsample in time; a fresh field order per measurement.
 Contexts are appended until a row has less room than the shortest measurement, so
 padding is a few tokens per row at most.
 
-Cost model: a record is read and decoded once per call and yields many rows. Choosing
-contexts is a short loop over contexts (never over measurements) using per-record
-length arithmetic; then one gather and one `encode` call cover every context of every
-row, and the encoder's own offsets are checked against the lengths used for packing.
+Cost model: a record is read and decoded once per process (`record_cache`) and yields
+many rows. Choosing contexts is a short loop over contexts (never over measurements); most
+take their lengths from the record's prefix sums (`RecordLengths`) with no array call beyond
+their draws, the rest take the general path (`_fit`), which gives the same contexts from the
+same draws. Then one gather and one `encode` call cover every context of every row, the
+encoder's own offsets are checked against the lengths used for packing, and each row is a
+slice of the token stream.
 """
 
 from __future__ import annotations
@@ -71,17 +74,18 @@ def min_measurement_tokens(scheme: str) -> int:
 
 def base_lengths(rec: ProbeRecord, scheme: str) -> np.ndarray:
     """Tokens per measurement without its timestamp block."""
-    v6 = rec.src_v6[rec.src_idx]
+    # per address-table entry, then one gather per measurement (the tables are short)
     if scheme == "full":
-        return np.where(v6, _FULL_V6, _FULL_V4).astype(np.int64)
-    dv6 = rec.dst_v6[rec.dst_idx]
-    return 1 + np.where(v6, 17, 5) + np.where(dv6, 17, 5) + np.where(rec.rtt_ms < 0, 1, 3)
+        return np.where(rec.src_v6, _FULL_V6, _FULL_V4).take(rec.src_idx)
+    src = np.where(rec.src_v6, 18, 6)  # MeasurementStart + SrcIPv4|6 + 4|16 bytes
+    return src.take(rec.src_idx) + np.where(rec.dst_v6, 17, 5).take(rec.dst_idx) + np.where(rec.rtt_ms < 0, 1, 3)
 
 
-def time_lengths(t: np.ndarray, has_time: np.ndarray) -> np.ndarray:
-    """Compact timestamp tokens of a context in its final order (the tokenizer's rule:
-    first timestamp absolute, later ones delta1/delta4 to the previous timestamped one,
-    absolute again when the delta is negative or >= 2**32)."""
+def time_lengths(t: np.ndarray, has_time: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
+    """Compact timestamp tokens of contexts in their final order (the tokenizer's rule: a
+    context's first timestamp absolute, later ones delta1/delta4 to the previous timestamped
+    one, absolute again when the delta is negative or >= 2**32). `context`: the context of
+    each measurement, grouped (None: one context)."""
     out = np.zeros(len(t), np.int64)
     idx = np.flatnonzero(has_time)
     if idx.size == 0:
@@ -91,6 +95,9 @@ def time_lengths(t: np.ndarray, has_time: np.ndarray) -> np.ndarray:
     lens = np.empty(idx.size, np.int64)
     lens[0] = TIME_LEN[ABS]
     lens[1:] = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, TIME_LEN[DELTA1], TIME_LEN[DELTA4]), TIME_LEN[ABS])
+    if context is not None:
+        c = context[idx]
+        lens[1:][c[1:] != c[:-1]] = TIME_LEN[ABS]
     out[idx] = lens
     return out
 
@@ -105,9 +112,12 @@ def _even_in_time(t: np.ndarray, k: int) -> np.ndarray:
     """k positions into sorted times `t`, spread evenly over the time span."""
     if k >= len(t):
         return np.arange(len(t))
-    idx = np.unique(np.searchsorted(t, np.linspace(t[0], t[-1], k), side="left").clip(0, len(t) - 1))
+    idx = np.searchsorted(t, np.linspace(t[0], t[-1], k), side="left").clip(0, len(t) - 1)
+    idx = idx[np.concatenate([[True], idx[1:] != idx[:-1]])]  # sorted: unique without a sort
     if len(idx) < k:  # bursts at one timestamp collapse: top up evenly by rank
-        rest = np.setdiff1d(np.arange(len(t)), idx, assume_unique=True)
+        free = np.ones(len(t), bool)
+        free[idx] = False
+        rest = np.flatnonzero(free)
         idx = np.union1d(idx, rest[np.linspace(0, len(rest) - 1, k - len(idx)).astype(np.int64)])
     return idx
 
@@ -144,11 +154,12 @@ class Plan:
 
 def pack_sequences(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    shaping: Shaping = NO_SHAPING,
+    shaping: Shaping = NO_SHAPING, lengths: RecordLengths | None = None,
 ) -> PackedSequences:
-    """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec`."""
+    """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec` (`lengths`: its
+    RecordLengths, when a cache holds them)."""
     plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme, shaping.max_per_pair, shaping.pair_share,
-                           shaping.pair_k)
+                           shaping.pair_k, lengths=lengths)
     return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last), n_rows, seq_len)
 
 
@@ -166,73 +177,178 @@ def pair_history(rec: ProbeRecord, rng: np.random.Generator, k: int) -> np.ndarr
     return same[-(k + 1):]
 
 
+class RecordLengths:
+    """Token arithmetic of one record, computed once per record (`record_cache` keeps it with
+    the record): tokens per measurement without timestamps, and prefix sums from which any
+    contiguous window's length, and the longest prefix of it that fits, come in O(1) instead
+    of a pass over the window.
+
+    `h[i]` = tokens of the first i measurements without timestamps + the delta timestamp tokens
+    between consecutive ones among them (what the *full* mode adds after the first, absolute
+    timestamp), so a full-mode window [s, s + j) takes h[s + j] - h[s] - into(s) + abs_len."""
+
+    def __init__(self, rec: ProbeRecord, scheme: str, prefix: bool = True):
+        self.base = base_lengths(rec, scheme)
+        self.compact = scheme == "compact"
+        self.abs_len = int(TIME_LEN[ABS]) if self.compact else 0
+        if not prefix:  # a destination record: its contexts are not windows, `base` is all they read
+            self.cum = self.deltas = self.h = np.zeros(0, np.int64)
+            return
+        self.cum = np.concatenate([[0], np.cumsum(self.base)])
+        deltas = np.zeros(len(self.cum), np.int64)
+        if self.compact and rec.n > 1:
+            d = np.diff(rec.time_s)
+            lens = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, TIME_LEN[DELTA1], TIME_LEN[DELTA4]),
+                            TIME_LEN[ABS])
+            np.cumsum(lens, out=deltas[2:])
+        self.deltas = deltas  # deltas[i]: delta tokens among the first i measurements
+        self.h = self.cum + deltas
+
+    @property
+    def nbytes(self) -> int:
+        return self.base.nbytes + self.cum.nbytes + self.deltas.nbytes + self.h.nbytes
+
+    def window(self, start: int, length: int) -> int:
+        """Tokens of positions [start, start + length) without timestamps."""
+        return int(self.cum[start + length] - self.cum[start])
+
+    def full_prefix(self, start: int, length: int, room: int) -> tuple[int, int]:
+        """(measurements, tokens) of the longest prefix of the full-mode window that fits `room`."""
+        into = int(self.deltas[start + 1] - self.deltas[start])  # the delta into `start`, not in the window
+        off = int(self.h[start]) + into - self.abs_len
+        keep = int(np.searchsorted(self.h[start + 1 : start + length + 1], room + off, side="right"))
+        return keep, (int(self.h[start + keep]) - off if keep else 0)
+
+
+def mode_cdf(mode_p: np.ndarray) -> np.ndarray:
+    """Cumulative mode weights, normalised as `Generator.choice` normalises them."""
+    cdf = np.cumsum(mode_p)
+    return cdf / cdf[-1]
+
+
+def draw_mode(cdf: np.ndarray, rng: np.random.Generator) -> int:
+    """`rng.choice(3, p=mode_p)` with the same draw (one uniform), at a fraction of its cost."""
+    return int(cdf.searchsorted(rng.random(), side="right"))
+
+
 def choose_contexts(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    max_per_pair: int = 0, pair_share: float = 0.0, pair_k: int = 16,
+    max_per_pair: int = 0, pair_share: float = 0.0, pair_k: int = 16, *, fast: bool = True,
+    lengths: RecordLengths | None = None,
 ) -> Plan:
-    base = base_lengths(rec, scheme)
-    cum = np.concatenate([[0], np.cumsum(base)])
-    t = rec.time_s
+    """The contexts of `n_rows` rows. `fast=False` sends every context through the general
+    path (`_fit`); the fast paths give the same contexts from the same draws (tested)."""
+    if lengths is None:
+        lengths = RecordLengths(rec, scheme)
+    cdf = mode_cdf(mode_p)
     floor = min_measurement_tokens(scheme)
-    ctx_idx: list[np.ndarray] = []
-    ctx_time: list[np.ndarray] = []
-    ctx_len: list[int] = []
-    ctx_row: list[int] = []
-    modes = np.zeros((n_rows, 3), np.int32)
+    plan = Plan([], [], [], [], np.zeros((n_rows, 3), np.int32))
     for r in range(n_rows):
         room = seq_len
         misses = 0
-        mode = int(rng.choice(3, p=mode_p))
+        mode = draw_mode(cdf, rng)
         for _ in range(MAX_CONTEXTS_PER_ROW + FILL_RETRIES):
             if room < floor or misses > FILL_RETRIES:
                 break
             # A miss re-draws only the window: re-drawing the mode too would favour the
             # timestamp-free mode in the last, tight slot of every row.
-            if pair_share > 0 and rng.random() < pair_share:
-                idx = pair_history(rec, rng, pair_k)
-                est = int(base[idx].sum())
-            else:
-                start, length = _window(rec.n, rng)
-                idx = np.arange(start, start + length)
-                if max_per_pair:
-                    idx = _first_per_pair(rec, idx, max_per_pair)
-                    est = int(base[idx].sum())
-                else:
-                    est = int(cum[start + length] - cum[start])
-            # Cheap upper-ish estimate (timestamps as delta1) decides whether to subsample.
-            if scheme == "compact" and mode != NONE:
-                est += 7 + 2 * len(idx) * (1 if mode == FULL else 0.5)
-            if est > room:
-                idx = idx[_even_in_time(t[idx], max(1, int(len(idx) * room / est)))]
-            idx, has_time = arrange(idx, mode, rng)
-            lens = base[idx]
-            if scheme == "compact":
-                lens = lens + time_lengths(t[idx], has_time)
-            cs = np.cumsum(lens)
-            keep = int(np.searchsorted(cs, room, side="right"))  # a prefix keeps its lengths
-            if keep == 0:
+            got = _context(rec, lengths, rng, mode, room, max_per_pair, pair_share, pair_k, fast)
+            if got is None:
                 misses += 1
                 continue
-            ctx_idx.append(idx[:keep])
-            ctx_time.append(has_time[:keep])
-            ctx_len.append(int(cs[keep - 1]))
-            ctx_row.append(r)
-            modes[r, mode] += 1
-            room -= ctx_len[-1]
+            idx, has_time, length = got
+            plan.idx.append(idx)
+            plan.has_time.append(has_time)
+            plan.length.append(length)
+            plan.row.append(r)
+            plan.modes[r, mode] += 1
+            room -= length
             misses = 0
-            mode = int(rng.choice(3, p=mode_p))
-    return Plan(ctx_idx, ctx_time, ctx_len, ctx_row, modes)
+            mode = draw_mode(cdf, rng)
+    return plan
+
+
+def _context(rec: ProbeRecord, lengths: RecordLengths, rng: np.random.Generator, mode: int, room: int,
+             max_per_pair: int, pair_share: float, pair_k: int, fast: bool):
+    """One context fitted to `room` tokens: (record positions in context order, has_time,
+    tokens), or None when not even its first measurement fits.
+
+    Most contexts need no pass over their measurements: a whole window in the full or none
+    mode takes its length from the record's prefix sums, and a context subsampled down to one
+    measurement (the usual last, tight slot of a row) is that window's first. The others (a
+    window subsampled to fit, the partial mode, shaped windows) take `_fit`."""
+    start, idx = None, None
+    if pair_share > 0 and rng.random() < pair_share:
+        idx = pair_history(rec, rng, pair_k)
+    else:
+        start, n = _window(rec.n, rng)
+        if max_per_pair:
+            idx, start = _first_per_pair(rec, np.arange(start, start + n), max_per_pair), None
+    if idx is not None:
+        n, est = len(idx), int(lengths.base[idx].sum())
+    else:
+        est = lengths.window(start, n)
+    # Cheap upper-ish estimate (timestamps as delta1) decides whether to subsample.
+    if lengths.compact and mode != NONE:
+        est += 7 + 2 * n * (1 if mode == FULL else 0.5)
+    k = max(1, int(n * room / est)) if est > room else n
+    if fast and k == 1:  # an even subsample of one is the window's first measurement
+        return _single(start if idx is None else int(idx[0]), mode, rng, lengths, room)
+    if fast and k == n and start is not None and mode != PARTIAL:
+        if mode == NONE:  # est is exact here and fits
+            return start + rng.permutation(n), np.zeros(n, bool), est
+        keep, length = lengths.full_prefix(start, n, room)
+        return (np.arange(start, start + keep), np.ones(keep, bool), length) if keep else None
+    if k < n:  # a contiguous window subsamples its slice of times (no gather of the window)
+        idx = start + _even_in_time(rec.time_s[start : start + n], k) if idx is None else \
+            idx[_even_in_time(rec.time_s[idx], k)]
+    elif idx is None:
+        idx = np.arange(start, start + n)
+    return _fit(rec, lengths, idx, mode, room, rng)
+
+
+def _single(pos: int, mode: int, rng: np.random.Generator, lengths: RecordLengths, room: int):
+    """The context of measurement `pos` alone, as `arrange` and `_fit` would give it."""
+    if mode == PARTIAL:  # arrange's draws for one measurement, which it always timestamps
+        rng.random()
+        rng.uniform(0.2, 0.8)
+    length = int(lengths.base[pos]) + (lengths.abs_len if mode != NONE else 0)
+    return (np.array([pos]), np.array([mode != NONE]), length) if length <= room else None
+
+
+def _fit(rec: ProbeRecord, lengths: RecordLengths, idx: np.ndarray, mode: int, room: int,
+         rng: np.random.Generator):
+    """The general path: arrange time-ordered positions `idx` for the mode, then keep the
+    longest prefix that fits (exact lengths, timestamps included)."""
+    idx, has_time = arrange(idx, mode, rng)
+    lens = lengths.base[idx]
+    if lengths.compact:
+        lens = lens + time_lengths(rec.time_s[idx], has_time)
+    cs = np.cumsum(lens)
+    keep = int(np.searchsorted(cs, room, side="right"))  # a prefix keeps its lengths
+    return (idx[:keep], has_time[:keep], int(cs[keep - 1])) if keep else None
 
 
 def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0):
     """One gather and one encode for every context of the plan (None when empty)."""
     if not plan.idx:
         return None
+    m, order, starts = encode_inputs(rec, rng, plan, scheme, result_last)
+    return encode(m, scheme, order=order, context_starts=starts)
+
+
+def encode_inputs(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0):
+    """What one `encode` takes for the plan's (non-empty) contexts: (measurements, block orders,
+    context starts)."""
     sizes = np.array([len(i) for i in plan.idx])
     m = to_measurements(rec, np.concatenate(plan.idx), np.concatenate(plan.has_time))
-    # Without result_last the encoder draws the orders itself (the rows stay as they were).
-    order = orders_result_last(int(sizes.sum()), scheme, rng, result_last) if result_last > 0 else None
-    return encode(m, scheme, rng=rng, order=order, context_starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]))
+    return m, block_orders(len(m), scheme, rng, result_last), np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+
+def block_orders(n: int, scheme: str, rng: np.random.Generator, result_last: float = 0.0) -> np.ndarray:
+    """int8[n, k] block orders, uniform (the draw `encode` makes with an rng), a `result_last`
+    share of them with the RTT block last."""
+    return orders_result_last(n, scheme, rng, result_last) if result_last > 0 else field_order(n, blocks(scheme), rng)
 
 
 def orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: float) -> np.ndarray:
@@ -247,33 +363,31 @@ def orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: flo
 
 
 def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> PackedSequences:
-    """Scatter the encoded contexts into rows, with segment ids and positions."""
+    """Lay the encoded contexts into rows, with segment ids and positions."""
     tokens = np.zeros((n_rows, seq_len), np.int32)
     segment = np.zeros((n_rows, seq_len), np.int32)
     position = np.zeros((n_rows, seq_len), np.int32)
-    n_meas = np.zeros(n_rows, np.int32)
     if enc is None:
-        return PackedSequences(tokens, segment, position, plan.modes, n_meas)
+        return PackedSequences(tokens, segment, position, plan.modes, np.zeros(n_rows, np.int32))
     sizes = np.array([len(i) for i in plan.idx])
     lens = np.asarray(plan.length, np.int64)
     bounds = enc.offsets[np.concatenate([[0], np.cumsum(sizes)])]
     if not np.array_equal(np.diff(bounds), lens):
         raise AssertionError("packing lengths disagree with the encoder")  # a tokenizer rule changed
     rows = np.asarray(plan.row)
-    # Position of each context inside its row: running sum of lengths, restarting per row.
-    first_in_row = np.concatenate([[True], rows[1:] != rows[:-1]])
-    run = np.cumsum(lens) - lens
-    row_base = np.maximum.accumulate(np.where(first_in_row, run, 0))
-    col0 = run - row_base
-    # Segment ids count contexts within the row from 1.
+    # Segment ids count contexts within the row from 1; positions restart at 0 per context.
     ctx_no = np.arange(len(lens))
+    first_in_row = np.concatenate([[True], rows[1:] != rows[:-1]])
     seg_id = ctx_no - np.maximum.accumulate(np.where(first_in_row, ctx_no, 0)) + 1
-    tok_ctx = np.repeat(ctx_no, lens)
-    tok_pos = np.arange(len(enc.tokens)) - np.repeat(bounds[:-1], lens)
-    flat_r = rows[tok_ctx]
-    flat_c = col0[tok_ctx] + tok_pos
-    tokens[flat_r, flat_c] = enc.tokens
-    segment[flat_r, flat_c] = seg_id[tok_ctx]
-    position[flat_r, flat_c] = tok_pos
-    np.add.at(n_meas, rows, sizes.astype(np.int32))
+    seg = np.repeat(seg_id.astype(np.int32), lens)
+    pos = (np.arange(bounds[-1]) - np.repeat(bounds[:-1], lens)).astype(np.int32)
+    # A row's contexts are consecutive in the plan and fill it from column 0, so each row is
+    # one slice of the token stream: slice copies instead of a scatter of every token.
+    row_at = bounds[np.searchsorted(rows, np.arange(n_rows + 1), side="left")]
+    for r in range(n_rows):
+        a, b = int(row_at[r]), int(row_at[r + 1])
+        tokens[r, : b - a] = enc.tokens[a:b]
+        segment[r, : b - a] = seg[a:b]
+        position[r, : b - a] = pos[a:b]
+    n_meas = np.bincount(rows, weights=sizes, minlength=n_rows).astype(np.int32)
     return PackedSequences(tokens, segment, position, plan.modes, n_meas)

@@ -20,26 +20,30 @@ histories are cut into records of `rows.dst_max_row_mb`); a query just after a c
 that record's part of the history, a short side at a boundary of tens of thousands of
 measurements.
 
-Cost model: as for the plain contexts, choosing is a loop over contexts (never measurements),
-each on positions and lengths only; decoded destination records are cached per process; the
-measurements are gathered once per record and encoded once per element.
+Cost model: candidates are i.i.d. (a candidate does not depend on the room left, only its fit
+does), so they are drawn and laid out in batches of array work: both sides of every candidate
+of a batch in one `recent_many` call, one sort to merge them, the modes' orders for all at
+once. Filling the rows is then a loop over candidates on plain integers; a candidate's sides
+are only computed when the room could hold one of their measurements. Decoded destination
+records are cached per process; the measurements are gathered once per record and encoded
+once per element.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from pingctl.context import recent_others
 from pingctl.loader.sequences import (FILL_RETRIES, FULL, MAX_CONTEXTS_PER_ROW, PARTIAL, PackedSequences, Plan,
-                                      RTT_BLOCK, arrange, base_lengths, orders_result_last, time_lengths,
-                                      min_measurement_tokens, pack)
-from pingctl.records.layout import ProbeRecord, decode
+                                      RTT_BLOCK, RecordLengths, Shaping, base_lengths, block_orders, choose_contexts,
+                                      encode_inputs, min_measurement_tokens, mode_cdf, pack, time_lengths)
+from pingctl.loader.record_cache import CACHE_MB, RecordCache
+from pingctl.records.layout import ProbeRecord
 from pingctl.tokenizer import Measurements, blocks, encode
-from pingctl.tokenizer.layout import field_order, permutations
+from pingctl.tokenizer.compact import ABS, TIME_LEN
+from pingctl.tokenizer.layout import Encoded, permutations
 from pingctl.tokenizer.measurements import parse_addresses
 
 
@@ -88,15 +92,11 @@ def _key(addr: np.ndarray, v6) -> bytes:
     return bytes(np.asarray(addr, np.uint8)) + (b"\1" if v6 else b"\0")
 
 
-def _side_count(k: int, rng: np.random.Generator) -> int:
-    if k <= 0:
-        return 0
-    return k if rng.random() < 0.5 else int(rng.integers(0, k))
-
-
 def _source_of(drec: ProbeRecord, addr: np.ndarray, v6: bool) -> int:
     """Index of address (addr, v6) in a record's source table, -1 when absent."""
-    hit = np.flatnonzero((drec.src_v6 == v6) & (drec.src_addr == addr).all(axis=1))
+    # one comparison per 16-byte address (a void view), not one per byte
+    rows = np.ascontiguousarray(drec.src_addr, np.uint8).view("V16").ravel()
+    hit = np.flatnonzero((rows == np.ascontiguousarray(addr, np.uint8).view("V16")[0]) & (drec.src_v6 == v6))
     return int(hit[0]) if len(hit) else -1
 
 
@@ -135,117 +135,370 @@ class Chosen:
         return Measurements(has_time=self.has_time, **cols)
 
 
+def recent_many(times: list, others: list, which: np.ndarray, t_query: np.ndarray, exclude: np.ndarray,
+                k: np.ndarray, per_pair: int = 0, n_other: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`pingctl.context.recent_others` for many queries at once, query j on the time-ordered
+    history `times[which[j]]`, `others[which[j]]` (`which` ascending): (the positions of every
+    query's side, ascending per query, queries in order; how many each has). `exclude`, `k`
+    and `n_other` are per query.
+
+    The same suffix argument as recent_others: ranks within an other end count from the end,
+    so a suffix of a history keeps exactly the positions the whole history would; every query
+    reads the same width, widened for the queries it did not yet settle. Only the reads are
+    per history; the rule runs once over all queries."""
+    m = len(t_query)
+    bounds = np.searchsorted(which, np.arange(len(times) + 1))
+    hi = np.zeros(m, np.int64)
+    for h in np.flatnonzero(np.diff(bounds)).tolist():
+        hi[bounds[h] : bounds[h + 1]] = np.searchsorted(times[h], t_query[bounds[h] : bounds[h + 1]], side="left")
+    most = k if not per_pair or n_other is None else np.minimum(k, per_pair * n_other)
+    rows, cols = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    todo = np.flatnonzero((k > 0) & (hi > 0))
+    width = 4 * max(1, int(k.max()) if m else 1) * max(1, per_pair)
+    while len(todo):
+        pos = hi[todo, None] - width + np.arange(width)  # [queries, width], the suffix before each query
+        o = np.empty(pos.shape, np.int64)
+        at = np.searchsorted(which[todo], np.arange(len(times) + 1))
+        for h in np.flatnonzero(np.diff(at)).tolist():
+            o[at[h] : at[h + 1]] = others[h][np.maximum(pos[at[h] : at[h + 1]], 0)]
+        keep = (pos >= 0) & (o != exclude[todo, None])
+        if per_pair == 1:  # the common cap, without a sort: the last column of each (query, other end)
+            n_val = int(o.max(initial=0)) + 1
+            key = np.arange(len(todo))[:, None] * n_val + np.maximum(o, 0)
+            last = np.full(len(todo) * n_val, -1)
+            np.maximum.at(last, key[keep], np.broadcast_to(np.arange(width), keep.shape)[keep])
+            keep &= last[key] == np.arange(width)
+        elif per_pair:  # the last `per_pair` of each other end: rank from the end within (query, other end)
+            r, c = np.nonzero(keep)
+            v = o[r, c]
+            by = np.lexsort((-c, v, r))
+            key = r[by] * (int(v.max(initial=0)) + 2) + v[by]
+            first = np.concatenate([[True], key[1:] != key[:-1]])
+            i = np.arange(len(key))
+            keep[r[by], c[by]] = i - np.maximum.accumulate(np.where(first, i, 0)) < per_pair
+        settled = (keep.sum(axis=1) >= most[todo]) | (hi[todo] <= width)
+        # the last k of each settled query: its kept positions counted from the end
+        from_end = np.cumsum(keep[:, ::-1], axis=1)[:, ::-1]
+        r, c = np.nonzero(keep & (from_end <= k[todo, None]) & settled[:, None])
+        rows.append(todo[r])
+        cols.append(pos[r, c])
+        todo = todo[~settled]
+        width *= 4
+    q, p = np.concatenate(rows), np.concatenate(cols)
+    by = np.lexsort((p, q))
+    return p[by], np.bincount(q, minlength=m)
+
+
+def _side_counts(k: int, m: int, rng: np.random.Generator) -> np.ndarray:
+    """Per candidate: k half of the time, else uniform in 0..k-1."""
+    if k <= 0:
+        return np.zeros(m, np.int64)
+    return np.where(rng.random(m) < 0.5, k, rng.integers(0, k, m))
+
+
+@dataclass
+class _Queries:
+    """The queries of a batch of candidate contexts, drawn i.i.d. before the rows are filled (a
+    candidate does not depend on the room left, only its fit does), with what decides a fit in
+    a tight room: below `small[c]` tokens no measurement of a side can be kept (the shortest
+    measurement and the query's own tokens do not fit), so the candidate is its query alone or
+    nothing whatever its sides, and they are never computed. `sides[c]`: (its `_Candidates`,
+    its index there) once computed."""
+
+    mode: np.ndarray
+    q: np.ndarray
+    k_src: np.ndarray
+    k_dst: np.ndarray
+    q_timed: np.ndarray
+    alone: list  # tokens of the query alone
+    small: list
+    sides: dict
+
+    @property
+    def who(self) -> np.ndarray:  # the query alone, as a context's items (`_chosen`)
+        return np.zeros(len(self.q), np.int64)
+
+    @property
+    def where(self) -> np.ndarray:
+        return self.q
+
+    @property
+    def has_time(self) -> np.ndarray:
+        return self.q_timed
+
+
+def _queries(rec: ProbeRecord, base: np.ndarray, rng: np.random.Generator, m: int, cdf: np.ndarray, scheme: str,
+             tri: Triangulation) -> _Queries:
+    mode = np.searchsorted(cdf, rng.random(m), side="right")
+    q = rng.integers(0, rec.n, m)
+    k_src, k_dst = _side_counts(tri.k_src, m, rng), _side_counts(tri.k_dst, m, rng)
+    q_timed = (mode == FULL) | ((mode == PARTIAL) & (rng.random(m) < 0.5))
+    abs_len = int(TIME_LEN[ABS]) if scheme == "compact" else 0
+    alone = base[q] + abs_len * q_timed
+    return _Queries(mode, q, k_src, k_dst, q_timed, alone.tolist(), (min_measurement_tokens(scheme) + base[q]).tolist(),
+                    {})
+
+
+@dataclass
+class _Candidates:
+    """Candidate contexts with their sides, each laid out in context order with its query last:
+    item i of candidate c sits at start[c] <= i < start[c + 1]."""
+
+    start: list
+    total: list  # tokens of the whole candidate
+    suffix: list  # per item: tokens from it to its candidate's end
+    fix: list  # per item: tokens the first timestamped item at or after it gains when it opens the context
+    who: np.ndarray  # per item: index into the element's records
+    where: np.ndarray
+    has_time: np.ndarray
+
+    def fit(self, c: int, room: int) -> tuple[int, int] | None:
+        """(first item kept, tokens) of candidate c in `room` tokens, or None. A candidate too
+        long loses its oldest measurements: the first suffix that fits with its first
+        timestamp made absolute (7 tokens more at most), never the query."""
+        total = self.total[c]
+        if total <= room:
+            return self.start[c], total
+        end = self.start[c + 1]
+        j = next((i for i in range(self.start[c], end) if self.suffix[i] + 7 <= room), end - 1)
+        length = self.suffix[j] + self.fix[j]
+        return (j, length) if length <= room else None
+
+
+class _Records:
+    """The records an element's candidates read, each with its base lengths: the probe's first,
+    then destination records as candidates find them; and their source tables' answers."""
+
+    def __init__(self, rec: ProbeRecord, base: np.ndarray):
+        self.items: list[tuple[ProbeRecord, np.ndarray]] = [(rec, base)]
+        self._at: dict[int, int] = {}
+        self._sources: dict = {}
+
+    def add(self, got: tuple[ProbeRecord, np.ndarray]) -> int:
+        if id(got[0]) not in self._at:
+            self._at[id(got[0])] = len(self.items)
+            self.items.append(got)
+        return self._at[id(got[0])]
+
+    def source(self, r: int, addr: np.ndarray, v6: bool) -> int:
+        """Index of the address in record r's source table (-1: absent)."""
+        key = (r, _key(addr, v6))
+        if key not in self._sources:
+            self._sources[key] = _source_of(self.items[r][0], addr, v6)
+        return self._sources[key]
+
+
+def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndarray, scheme: str,
+          tri: Triangulation, destination: Lookup, records: _Records) -> _Candidates:
+    """The sides of candidates `sel` of `qs`, and each laid out."""
+    base = records.items[0][1]
+    m = len(sel)
+    q = qs.q[sel]
+    t_q, src_i, dst_i = rec.time_s[q], rec.src_idx[q], rec.dst_idx[q]
+    k_src, k_dst = qs.k_src[sel], qs.k_dst[sel]
+    # per candidate with a destination side: its destination record (joining `records`)
+    drec_of = np.zeros(m, np.int64)
+    for c in np.flatnonzero(k_dst).tolist():
+        got = destination(rec.dst_addr[dst_i[c]], bool(rec.dst_v6[dst_i[c]]), int(t_q[c]))
+        if got is not None:
+            drec_of[c] = records.add(got)
+    # both sides in one pass: the source side on the probe's history, the destination side on
+    # its record's (other ends: destinations, sources); n_other: the address tables bound how
+    # many other ends a side can find
+    d = np.flatnonzero(drec_of)
+    d = d[np.argsort(drec_of[d], kind="stable")]
+    other = np.array([records.source(r, rec.src_addr[s], bool(rec.src_v6[s]))
+                      for r, s in zip(drec_of[d].tolist(), src_i[d].tolist())], np.int64)
+    which = np.concatenate([np.zeros(m, np.int64), drec_of[d]])
+    recs = [r for r, _ in records.items]
+    pos, count = recent_many(
+        [r.time_s for r in recs], [rec.dst_idx] + [r.src_idx for r in recs[1:]], which,
+        np.concatenate([t_q, t_q[d]]), np.concatenate([dst_i, other]), np.concatenate([k_src, k_dst[d]]),
+        tri.per_pair, np.concatenate([np.full(m, len(rec.dst_addr) - 1),
+                                      [len(recs[r].src_addr) for r in drec_of[d].tolist()] - (other >= 0)]))
+    who = np.repeat(which, count)
+    t, b = np.empty(len(pos), np.int64), np.empty(len(pos), np.int64)
+    at = np.searchsorted(who, np.arange(len(recs) + 1))
+    for r in np.flatnonzero(np.diff(at)).tolist():
+        t[at[r] : at[r + 1]] = recs[r].time_s[pos[at[r] : at[r + 1]]]
+        b[at[r] : at[r + 1]] = records.items[r][1][pos[at[r] : at[r + 1]]]
+    parts = [(np.repeat(np.concatenate([np.arange(m), d]), count), who, pos, t, b)]
+    parts.append((np.arange(m), np.zeros(m, np.int64), q, t_q, base[q]))  # the queries, after every side
+    cand, who, where, t, b = (np.concatenate(col) for col in zip(*parts))
+    return _arrange(rng, qs.mode[sel], qs.q_timed[sel], cand, who, where, t, b, scheme)
+
+
+def _arrange(rng: np.random.Generator, mode: np.ndarray, q_timed: np.ndarray, cand, who, where, t, b,
+             scheme: str) -> _Candidates:
+    """Every candidate in context order for its mode (`sequences.arrange`, over all candidates
+    at once): both sides merged in time order, the query last; *none* shuffles the sides,
+    *partial* timestamps a random subset (at least one) in time order at random slots."""
+    m = len(mode)
+    by = np.lexsort((t, cand))  # stable: at one time the source side first, as merged
+    cand, who, where, t, b = cand[by], who[by], where[by], t[by], b[by]
+    n = len(cand)
+    start = np.concatenate([[0], np.cumsum(np.bincount(cand, minlength=m))])
+    is_q = np.zeros(n, bool)
+    is_q[start[1:] - 1] = True
+    item_mode = mode[cand]
+    timed = (item_mode == FULL) & ~is_q
+    partial = (item_mode == PARTIAL) & ~is_q
+    timed[partial] = rng.random(int(partial.sum())) < rng.uniform(0.2, 0.8, m)[cand[partial]]
+    sides = start[1:] - start[:-1] - 1
+    lone = np.flatnonzero((mode == PARTIAL) & (sides > 0) & (np.bincount(cand[timed], minlength=m) == 0))
+    timed[start[lone] + rng.integers(0, sides[lone])] = True  # at least one timestamp
+    # a random slot order (none, partial), then partial's timed slots refilled in time order
+    key = np.where(is_q, 2.0, np.where(item_mode == FULL, 0.0, rng.random(n)))
+    order = np.lexsort((key, cand))
+    slot_timed = timed[order]
+    order[slot_timed] = np.flatnonzero(timed)
+    has_time = timed[order] | (is_q & q_timed[cand])
+    t, b = t[order], b[order]
+    tl = time_lengths(t, has_time, cand) if scheme == "compact" else np.zeros(n, np.int64)
+    lens = b + tl
+    csum = np.cumsum(lens)
+    ends = start[1:]
+    suffix = csum[ends[cand] - 1] - csum + lens
+    # the next timestamped item at or after each one, within its candidate
+    nxt = np.minimum.accumulate(np.where(has_time, np.arange(n), n)[::-1])[::-1]
+    ok = nxt < ends[cand]
+    abs_len = int(TIME_LEN[ABS]) if scheme == "compact" else 0
+    fix = np.where(ok, abs_len - tl[np.minimum(nxt, n - 1)], 0)
+    total = csum[ends - 1] - np.concatenate([[0], csum[ends[:-1] - 1]])
+    return _Candidates(start.tolist(), total.tolist(), suffix.tolist(), fix.tolist(), who[order], where[order],
+                       has_time)
+
+
+HEAD_PER_ROW = 6  # candidates laid out up front for each row: a row holds ~3 whole contexts of k = 16 a side
+
+
 def choose_triangulation(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    tri: Triangulation, destination: Lookup,
+    tri: Triangulation, destination: Lookup, base: np.ndarray | None = None,
 ) -> Chosen:
-    """Triangulation contexts for `n_rows` rows of `seq_len` tokens, queries drawn from `rec`."""
+    """Triangulation contexts for `n_rows` rows of `seq_len` tokens, queries drawn from `rec`
+    (`base`: its `base_lengths`, when a cache holds them). Filling the rows is a loop over
+    candidates on plain integers; the array work comes in batches: every row starts with
+    candidates of its own, laid out together, and goes on with a shared stream whose sides
+    are computed when a room needs them. Candidates are i.i.d., so which row draws which
+    changes no row's law."""
     floor = min_measurement_tokens(scheme)
-    base = base_lengths(rec, scheme)
-    records: list = [rec]
-    known: dict[int, int] = {}  # id(destination record) -> its index in `records`
-    who: list[np.ndarray] = []
-    where: list[np.ndarray] = []
+    records = _Records(rec, base_lengths(rec, scheme) if base is None else base)
+    cdf = mode_cdf(mode_p)
     plan = Plan([], [], [], [], np.zeros((n_rows, 3), np.int32))
+    kept: list[tuple] = []  # (_Candidates or _Queries, first item, end item) per context
+    k = HEAD_PER_ROW
+    head = _queries(rec, records.items[0][1], rng, k * n_rows, cdf, scheme, tri)
+    cands = _draw(rec, rng, head, np.arange(k * n_rows), scheme, tri, destination, records)
+    head.sides.update((i, (cands, i)) for i in range(k * n_rows))
+    tail, c = None, 0
     for r in range(n_rows):
         room = seq_len
         misses = 0
-        for _ in range(MAX_CONTEXTS_PER_ROW + FILL_RETRIES):
+        for i in range(MAX_CONTEXTS_PER_ROW + FILL_RETRIES):
             if room < floor or misses > FILL_RETRIES:
                 break
-            mode = int(rng.choice(3, p=mode_p))
-            got = _one_context(rec, base, rng, mode, room, scheme, tri, destination)
+            if i < k:
+                qs, j = head, r * k + i
+            else:
+                if tail is None or c == len(tail.q):
+                    tail, c = _queries(rec, records.items[0][1], rng, 8 * (n_rows - r), cdf, scheme, tri), 0
+                qs, j = tail, c
+                c += 1
+            got = _fit(rec, rng, qs, j, room, scheme, tri, destination, records)
             if got is None:
                 misses += 1
                 continue
-            drec, w, pos, has_time, length = got
-            if drec is not None:
-                w = np.where(w > 0, known.setdefault(id(drec), len(records)), 0)
-                if known[id(drec)] == len(records):
-                    records.append(drec)
-            who.append(w)
-            where.append(pos)
-            plan.idx.append(pos)
-            plan.has_time.append(has_time)
-            plan.length.append(length)
+            kept.append(got[:3])
+            plan.length.append(got[3])
             plan.row.append(r)
-            plan.modes[r, mode] += 1
-            room -= length
+            plan.modes[r, int(qs.mode[j])] += 1
+            room -= got[3]
             misses = 0
-    return Chosen(plan, records, _cat(who, np.int64), _cat(where, np.int64), _cat(plan.has_time, bool))
+    return _chosen(plan, kept, records)
 
 
-def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+def _fit(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, c: int, room: int, scheme: str,
+         tri: Triangulation, destination: Lookup, records: _Records) -> tuple | None:
+    """Candidate c of `qs` fitted to `room`: (where its items are laid out, first, end, tokens),
+    or None. Its sides are computed only when the room could hold one of their measurements."""
+    if room < qs.small[c]:  # the query alone or nothing, whatever its sides
+        return (qs, c, c + 1, qs.alone[c]) if qs.alone[c] <= room else None
+    if c not in qs.sides:  # with the next two: a room this large likely takes more than one
+        sel = np.arange(c, min(len(qs.q), c + 3))
+        cands = _draw(rec, rng, qs, sel, scheme, tri, destination, records)
+        qs.sides.update((int(i), (cands, n)) for n, i in enumerate(sel))
+    cands, n = qs.sides[c]
+    got = cands.fit(n, room)
+    return None if got is None else (cands, got[0], cands.start[n + 1], got[1])
 
 
-def _one_context(rec, base, rng, mode, room, scheme, tri, destination):
-    """One triangulation context fitted to `room` tokens: (destination record or None, which
-    record each measurement is from (0: `rec`, 1: the destination record), its position there,
-    has_time, tokens) in context order, the query last; None when not even the query fits."""
-    q = int(rng.integers(rec.n))
-    t_q = int(rec.time_s[q])
-    src_i, dst_i = int(rec.src_idx[q]), int(rec.dst_idx[q])
-    # n_other: the record's address tables bound how many other ends a side can find
-    pos_s = recent_others(rec.time_s, rec.dst_idx, t_q, dst_i, _side_count(tri.k_src, rng), tri.per_pair,
-                          len(rec.dst_addr) - 1)
-    k_dst = _side_count(tri.k_dst, rng)
-    drec = None
-    if k_dst:
-        got = destination(rec.dst_addr[dst_i], bool(rec.dst_v6[dst_i]), t_q)
-        if got is not None:
-            drec, dbase = got
-            other = _source_of(drec, rec.src_addr[src_i], bool(rec.src_v6[src_i]))
-            pos_d = recent_others(drec.time_s, drec.src_idx, t_q, other, k_dst, tri.per_pair,
-                                  len(drec.src_addr) - (other >= 0))
-    if drec is None or not len(pos_d):
-        drec, pos_d, dbase = None, pos_s[:0], base[:0]
-    # every candidate with its record, position, time and length; the query last
-    pos = np.concatenate([pos_s, pos_d, [q]])
-    w = np.concatenate([np.zeros(len(pos_s), np.int64), np.ones(len(pos_d), np.int64), [0]])
-    t = np.concatenate([rec.time_s[pos_s], drec.time_s[pos_d] if drec is not None else pos_d, [t_q]])
-    b = np.concatenate([base[pos_s], dbase[pos_d], base[q : q + 1]])
-    n = len(pos) - 1
-    if n:
-        order, has_time = arrange(np.argsort(t[:n], kind="stable"), mode, rng)
-        seq = np.append(order, n)
-    else:
-        has_time, seq = np.zeros(0, bool), np.array([0])
-    has_time = np.append(has_time, mode == FULL or (mode == PARTIAL and rng.random() < 0.5))
-    while True:
-        lens = b[seq] + (time_lengths(t[seq], has_time) if scheme == "compact" else 0)
-        total = int(lens.sum())
-        if total <= room:
-            return drec, w[seq], pos[seq], has_time, total
-        if len(seq) == 1:
-            return None
-        # drop the oldest measurements: the suffix that fits with its first timestamp made
-        # absolute (+7 at most), then exact again
-        fits = np.cumsum(lens[::-1])[::-1] + 7 <= room
-        drop = int(np.argmax(fits)) if fits.any() else len(seq) - 1  # fits[0] is False: total > room
-        seq, has_time = seq[drop:], has_time[drop:]
+def _chosen(plan: Plan, kept: list, records: _Records) -> Chosen:
+    """The kept contexts' items, gathered from where they were laid out, and the records they use."""
+    if not kept:
+        return Chosen(plan, [records.items[0][0]], *(np.zeros(0, dt) for dt in (np.int64, np.int64, bool)))
+    who, where, has_time = (np.concatenate([getattr(src, col)[a:e] for src, a, e in kept])
+                            for col in ("who", "where", "has_time"))
+    used, who = np.unique(who, return_inverse=True)  # records[0], the probe's, holds every query
+    ends = np.cumsum([e - a for _, a, e in kept])
+    starts = np.concatenate([[0], ends[:-1]])
+    plan.idx.extend(where[a:e] for a, e in zip(starts, ends))
+    plan.has_time.extend(has_time[a:e] for a, e in zip(starts, ends))
+    return Chosen(plan, [records.items[u][0] for u in used.tolist()], who, where, has_time)
 
 
 def pack_triangulation(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    tri: Triangulation, destination: Lookup, result_last: float = 0.0,
+    tri: Triangulation, destination: Lookup, result_last: float = 0.0, base: np.ndarray | None = None,
 ) -> PackedSequences:
     """`n_rows` rows of `seq_len` tokens packed with triangulation contexts of queries from `rec`."""
-    chosen = choose_triangulation(rec, rng, n_rows, seq_len, mode_p, scheme, tri, destination)
-    plan = chosen.plan
-    if not plan.idx:
-        return pack(plan, None, n_rows, seq_len)
-    sizes = np.array([len(i) for i in plan.idx])
-    n = int(sizes.sum())
+    chosen = choose_triangulation(rec, rng, n_rows, seq_len, mode_p, scheme, tri, destination, base)
+    if not chosen.plan.idx:
+        return pack(chosen.plan, None, n_rows, seq_len)
+    m, order, starts = triangulation_inputs(chosen, rng, scheme, result_last)
+    return pack(chosen.plan, encode(m, scheme, order=order, context_starts=starts), n_rows, seq_len)
+
+
+def triangulation_inputs(chosen: Chosen, rng: np.random.Generator, scheme: str, result_last: float = 0.0):
+    """What one `encode` takes for the (non-empty) contexts: (measurements, block orders with
+    every query's RTT block last, context starts)."""
+    sizes = np.array([len(i) for i in chosen.plan.idx])
+    order = block_orders(int(sizes.sum()), scheme, rng, result_last)
     names = blocks(scheme)
-    order = orders_result_last(n, scheme, rng, result_last) if result_last > 0 else field_order(n, names, rng)
-    # every query (the last measurement of its context) has its RTT block last
     perms = permutations(len(names))
     ending = perms[perms[:, -1] == names.index(RTT_BLOCK[scheme])]
-    last = np.cumsum(sizes) - 1
+    last = np.cumsum(sizes) - 1  # every query is the last measurement of its context
     order[last] = ending[rng.integers(0, len(ending), len(last))]
-    enc = encode(chosen.measurements(), scheme, order=order, context_starts=np.concatenate([[0], last[:-1] + 1]))
-    return pack(plan, enc, n_rows, seq_len)
+    return chosen.measurements(), order, np.concatenate([[0], last[:-1] + 1])
+
+
+def pack_element(
+    rec: ProbeRecord, rng: np.random.Generator, n_plain: int, n_tri: int, seq_len: int, mode_p: np.ndarray,
+    scheme: str, shaping: Shaping, tri: Triangulation, destination: Lookup, lengths: RecordLengths,
+) -> PackedSequences:
+    """An element's rows, `n_plain` plain ones then `n_tri` triangulation ones, with one `encode`
+    for all their contexts (an encode call costs about as much as choosing a row's contexts):
+    the same draws in the same order, so the same rows, as `pack_sequences` then
+    `pack_triangulation`."""
+    plan = choose_contexts(rec, rng, n_plain, seq_len, mode_p, scheme, shaping.max_per_pair, shaping.pair_share,
+                           shaping.pair_k, lengths=lengths)
+    parts = [encode_inputs(rec, rng, plan, scheme, shaping.result_last)] if plan.idx else []
+    chosen = choose_triangulation(rec, rng, n_tri, seq_len, mode_p, scheme, tri, destination, lengths.base)
+    if chosen.plan.idx:
+        parts.append(triangulation_inputs(chosen, rng, scheme, shaping.result_last))
+    if not parts:
+        return concat_rows(pack(plan, None, n_plain, seq_len), pack(chosen.plan, None, n_tri, seq_len))
+    n = len(parts[0][0]) if plan.idx else 0  # measurements of the plain rows, first in the stream
+    enc = encode(Measurements.concat(p[0] for p in parts), scheme, order=np.concatenate([p[1] for p in parts]),
+                 context_starts=np.concatenate([parts[0][2]] + [p[2] + n for p in parts[1:]]))
+    return concat_rows(pack(plan, _slice(enc, 0, n) if plan.idx else None, n_plain, seq_len),
+                       pack(chosen.plan, _slice(enc, n, len(enc)) if chosen.plan.idx else None, n_tri, seq_len))
+
+
+def _slice(enc: Encoded, i: int, j: int) -> Encoded:
+    """Measurements i..j-1 of an encoded stream, as a stream of their own."""
+    o = enc.offsets
+    return Encoded(enc.scheme, enc.tokens[o[i] : o[j]], o[i : j + 1] - o[i], enc.order[i:j])
 
 
 def concat_rows(a: PackedSequences, b: PackedSequences) -> PackedSequences:
@@ -256,37 +509,18 @@ def concat_rows(a: PackedSequences, b: PackedSequences) -> PackedSequences:
 
 class DestinationReader:
     """Random access to destination records from inside the Grain pipeline: the index and the
-    file names travel to the workers, where ArrayRecord readers open lazily. Decoded records
-    are kept in a least-recently-used cache of `cache_mb` per process: the records are
-    read-only, so the cache changes no row, only how often one is read (a destination is the
-    other end of many probes' queries)."""
+    file names travel to the workers, where ArrayRecord readers open lazily; decoded records
+    are kept in a per-process `RecordCache` (a destination is the other end of many probes'
+    queries)."""
 
-    def __init__(self, index: DestinationIndex, reader, scheme: str = "compact", cache_mb: float = 256.0):
+    def __init__(self, index: DestinationIndex, reader, scheme: str = "compact", cache_mb: float = CACHE_MB):
         self.index = index
-        self.reader = reader  # .get(record id) -> bytes, lazily opened in each worker
-        self.scheme = scheme
-        self.cache_bytes = int(cache_mb * 1e6)
-        self._cache: OrderedDict[int, tuple[ProbeRecord, np.ndarray, int]] = OrderedDict()
-        self._held = 0
-
-    def __getstate__(self):
-        return {**self.__dict__, "_cache": OrderedDict(), "_held": 0}
+        self.records = RecordCache(reader, scheme, cache_mb, prefix=False)
 
     def record(self, rid: int) -> tuple[ProbeRecord, np.ndarray]:
         """Record `rid` and its tokens per measurement without timestamps."""
-        got = self._cache.get(rid)
-        if got is not None:
-            self._cache.move_to_end(rid)
-            return got[0], got[1]
-        raw = self.reader.get(rid)
-        rec = decode(raw)
-        base = base_lengths(rec, self.scheme)
-        size = len(raw) + base.nbytes
-        self._cache[rid] = (rec, base, size)
-        self._held += size
-        while self._held > self.cache_bytes and len(self._cache) > 1:
-            self._held -= self._cache.popitem(last=False)[1][2]
-        return rec, base
+        rec, lengths = self.records.get(rid)
+        return rec, lengths.base
 
     def lookup(self) -> Lookup:
         """destination(address, v6, t): its record holding the measurements just before t."""

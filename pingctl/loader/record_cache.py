@@ -1,0 +1,53 @@
+"""Decoded records by id, kept per process: a record is read and decoded once, not once per
+element (docs/loader.md, "Record cache").
+
+An element of the plan packs a few rows from one record (`loader.rows_per_element`, 4: more
+would mix batches badly), so reading the record (ArrayRecord), decoding it and its token
+arithmetic (`RecordLengths`) cost more than choosing and tokenizing the element's contexts.
+Every epoch visits each record many times, a destination record serves the queries of many
+probes, and records are read-only: a least-recently-used cache of decoded records changes
+which reads happen, never a row.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from pingctl.loader.sequences import RecordLengths
+from pingctl.records.layout import ProbeRecord, decode
+
+CACHE_MB = 256.0  # per process and kind of record (probe, destination)
+
+
+class RecordCache:
+    """`get(id)` -> (decoded record, its RecordLengths) through `reader.get(id) -> bytes`,
+    least recently used out past `cache_mb`. Picklable: Grain hands it to its workers, each
+    of which starts with an empty cache (and opens its own reader lazily)."""
+
+    def __init__(self, reader, scheme: str = "compact", cache_mb: float = CACHE_MB, prefix: bool = True):
+        self.reader = reader
+        self.scheme = scheme
+        self.prefix = prefix  # RecordLengths' prefix sums: what windows of plain contexts read
+        self.cache_bytes = int(cache_mb * 1e6)
+        self._cache: OrderedDict[int, tuple[ProbeRecord, RecordLengths, int]] = OrderedDict()
+        self._held = 0
+        self.reads = 0
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cache": OrderedDict(), "_held": 0, "reads": 0}
+
+    def get(self, rid: int) -> tuple[ProbeRecord, RecordLengths]:
+        got = self._cache.get(rid)
+        if got is not None:
+            self._cache.move_to_end(rid)
+            return got[0], got[1]
+        raw = self.reader.get(rid)
+        self.reads += 1
+        rec = decode(raw)
+        lengths = RecordLengths(rec, self.scheme, self.prefix)
+        size = len(raw) + lengths.nbytes
+        self._cache[rid] = (rec, lengths, size)
+        self._held += size
+        while self._held > self.cache_bytes and len(self._cache) > 1:
+            self._held -= self._cache.popitem(last=False)[1][2]
+        return rec, lengths
