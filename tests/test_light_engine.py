@@ -131,6 +131,36 @@ def _whole_sequence_reads(fwd, params, first, candidates, byte0: int = 11, lengt
     return np.asarray(fwd(params, tok, pos, seg))[:, n - 1]
 
 
+def test_attention_in_query_blocks_gives_one_block_s_log_probs():
+    """`light.decoder` computing attention a block of query rows at a time (each block attending
+    only to the keys up to its last row) against the whole sequence at once, on sequences longer
+    than a block, not a multiple of it, with padding: the same log-probs and keys and values to
+    float32 rounding (the softmax's sums run over fewer exact zeros, in another order)."""
+    from pingctl.infer.runtime import prepare_env
+
+    prepare_env("cpu", True)
+    import jax
+
+    from pingctl.infer import light
+
+    arch = light.Arch.from_keys(_keys("tiny"))
+    params = light.prepare(arch, _random_tensors(arch))
+    tok, pos, seg = _batch(np.random.default_rng(5), batch=3, length=150)
+    seg[0, 120:] = 0  # a row of padding that starts inside a block
+
+    def run(block):
+        return jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch, want_kv=True, block=block))(
+            params, tok, pos, seg)
+
+    want, (wk, wv) = run(None)
+    real = seg > 0
+    for block in (16, 64, light.ATTENTION_BLOCK):
+        got, (gk, gv) = run(block)
+        assert np.abs(np.asarray(got) - np.asarray(want))[real].max() < 1e-5, block
+        for g, w in ((gk, wk), (gv, wv)):  # [layers, b, t, heads, head_dim]
+            assert np.abs(np.asarray(g) - np.asarray(w))[:, real].max() < 1e-5, block
+
+
 def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
     """Second-byte scoring from one cache per prompt (light_kv) against whole sequences, for
     prompts of different lengths and numbers of candidates (bucketed and padded together)."""

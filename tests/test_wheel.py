@@ -173,19 +173,19 @@ def _closure(requirements: list[str], extras: set[str]) -> dict:
     return {k: d for k, (d, _) in seen.items()}
 
 
-@pytest.fixture(scope="module")
-def answering(tmp_path_factory, built_wheel):
-    """(venv, work dir, env, MB, distributions): the wheel in a fresh venv that sees only the
-    distributions `pip install 'pingctl[infer]'` would bring (symlinked from this environment),
-    and their size on disk."""
+def _requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist lines, checked to offer the `infer` extra."""
     import email
 
-    wheel = built_wheel
     meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(
         next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))))
     assert "infer" in meta.get_all("Provides-Extra")
-    dists = _closure(meta.get_all("Requires-Dist"), {"infer"})
-    base = tmp_path_factory.mktemp("answering")
+    return meta.get_all("Requires-Dist")
+
+
+def _install_view(wheel: Path, base: Path, dists: dict):
+    """(venv, work dir, env, MB): the wheel in a fresh venv at base/venv that sees only `dists`
+    (symlinked from this environment), and their size on disk."""
     view = base / "deps"
     view.mkdir()
     size = 0
@@ -205,32 +205,116 @@ def answering(tmp_path_factory, built_wheel):
     _venv_with(wheel, small, view)
     work = base / "work"
     work.mkdir()
-    return small, work, _env(small), size / 1e6, sorted(dists)
+    return small, work, _env(small), size / 1e6
 
 
-def test_the_answering_install_answers_without_maxtext(answering, tiny_run, pair, tmp_path):
-    """`pip install 'pingctl[infer]'`, then `pingctl sample EXPORT --src A --dst B`: the light
-    engine answers with what the main environment answers, and MaxText's stack is absent."""
+@pytest.fixture(scope="module")
+def answering(tmp_path_factory, built_wheel):
+    """(venv, work dir, env, MB, distributions): the wheel in a fresh venv that sees only the
+    distributions `pip install 'pingctl[infer]'` would bring (symlinked from this environment),
+    and their size on disk."""
+    dists = _closure(_requirements(built_wheel), {"infer"})
+    return (*_install_view(built_wheel, tmp_path_factory.mktemp("answering"), dists), sorted(dists))
+
+
+@pytest.fixture(scope="module")
+def base_install(tmp_path_factory, built_wheel):
+    """As `answering`, for `pip install pingctl`: the base dependencies alone, no JAX."""
+    dists = _closure(_requirements(built_wheel), set())
+    return (*_install_view(built_wheel, tmp_path_factory.mktemp("base"), dists), sorted(dists))
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tiny_run, tmp_path_factory):
     from typer.testing import CliRunner
 
     from pingctl.cli.app import app
 
+    export = tmp_path_factory.mktemp("export") / "tiny"
+    r = CliRunner().invoke(app, ["export", str(tiny_run), "-o", str(export)])
+    assert r.exit_code == 0, r.output
+    return export
+
+
+def _sample_json(export: Path, pair, *, venv: Path | None = None, work: Path | None = None, env=None) -> dict:
+    """`pingctl sample EXPORT --src A --dst B --json` here (in-process) or in the venv given."""
+    args = ["sample", str(export), "--src", pair[0], "--dst", pair[1], "--json"]
+    if venv is None:
+        from typer.testing import CliRunner
+
+        from pingctl.cli.app import app
+
+        r = CliRunner().invoke(app, args, env={"PINGCTL_ENGINE": "light"})
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+    r = subprocess.run([str(venv / "bin" / "pingctl"), *args], cwd=work, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_the_answering_install_answers_without_maxtext(answering, tiny_export, pair):
+    """`pip install 'pingctl[infer]'`, then `pingctl sample EXPORT --src A --dst B`: the light
+    engine answers with what the main environment answers, and MaxText's stack is absent."""
     venv, work, env, mb, dists = answering
     assert not set(dists) & {"maxtext", "tokamax", "xprof", "flax", "orbax-checkpoint"}, dists
     assert {"jax", "jaxlib", "safetensors", "fastapi"} <= set(dists)
     print(f"answering install: {len(dists)} distributions, {mb:.0f} MB")  # docs/benchmarks.md
-    export = tmp_path / "export"
-    r = CliRunner().invoke(app, ["export", str(tiny_run), "-o", str(export)])
-    assert r.exit_code == 0, r.output
-    want = json.loads(CliRunner().invoke(app, ["sample", str(export), "--src", pair[0], "--dst", pair[1],
-                                               "--json"]).stdout)
+    want = _sample_json(tiny_export, pair)
     py = str(venv / "bin" / "python")
     probe = subprocess.run([py, "-c", "import importlib.util as u; print([m for m in %r if u.find_spec(m)])"
                             % (HEAVY,)], cwd=work, env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "[]", probe.stdout
-    r = subprocess.run([str(venv / "bin" / "pingctl"), "sample", str(export), "--src", pair[0], "--dst", pair[1],
-                        "--json"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout)
+    got = _sample_json(tiny_export, pair, venv=venv, work=work, env=env)
     assert got["engine"] == "light" and got["p50_ms"] == want["p50_ms"]
     assert got["p_fail"] == pytest.approx(want["p_fail"], abs=1e-9)
+
+
+def test_the_base_install_answers_without_jax(base_install, tiny_export, pair, synth_rows):
+    """`pip install pingctl` (no extra), then `pingctl sample EXPORT`: the NumPy engine answers,
+    chosen because JAX is absent, with the light engine's answer; nothing of JAX or MaxText is
+    installed or imported, the install is at most 400 MB (the issue's goal), and a command
+    needing an extra says which in one line."""
+    venv, work, env, mb, dists = base_install
+    assert not set(dists) & {"jax", "jaxlib", "scipy", "maxtext", "grain", "array-record"}, dists
+    print(f"base install: {len(dists)} distributions, {mb:.0f} MB")  # docs/benchmarks.md
+    assert mb <= 400
+    want = _sample_json(tiny_export, pair)
+    code = ("import json, sys; from pingctl.cli import main; sys.argv = ['pingctl', 'sample', %r, '--src', %r, "
+            "'--dst', %r, '--json']\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(json.dumps(sorted({k.split('.')[0] for k in sys.modules} & {'jax', 'jaxlib', 'maxtext', 'scipy'})),"
+            " file=sys.stderr)" % (str(tiny_export), *pair))
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=work, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stderr.strip().splitlines()[-1]) == []
+    got = json.loads(r.stdout)
+    assert got["engine"] == "numpy" and got["p50_ms"] == want["p50_ms"]
+    assert got["p_fail"] == pytest.approx(want["p_fail"], abs=1e-6)
+    r = subprocess.run([str(venv / "bin" / "pingctl"), "build-rows", str(synth_rows / "synth"), "-o", "rows"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "pip install 'pingctl[data]'" in r.stderr
+
+
+def test_the_extras_split_keeps_train_and_the_modal_images_whole(built_wheel, monkeypatch):
+    """`[train]` (what ./run installs) holds every optional dependency of the other extras, and
+    the Modal images still get what their steps import: a fanned-out step (ingest, build-rows)
+    the base and `[data]`, training all of `[train]`."""
+    from packaging.requirements import Requirement
+
+    from pingctl.train import modal_image
+
+    reqs = _requirements(built_wheel)
+    by_extra: dict = {}
+    for r in map(Requirement, reqs):
+        extra = next((e for e in ("data", "infer", "train", "dev") if r.marker and r.marker.evaluate({"extra": e})),
+                     "")
+        by_extra.setdefault(extra, set()).add(r.name.lower())
+    assert by_extra["data"] and by_extra["infer"] and not by_extra[""] & {"jax", "grain", "scoringrules", "maxtext"}
+    assert by_extra["data"] | by_extra["infer"] <= by_extra["train"]
+    monkeypatch.setattr(modal_image, "_metadata_requirements", lambda: reqs)
+    fanout = {Requirement(r).name.lower() for r in modal_image.base_requirements()}
+    assert fanout == by_extra[""] | by_extra["data"]
+    image = {Requirement(r).name.lower() for r in modal_image.image_requirements()}
+    assert by_extra[""] | by_extra["train"] <= image and not image & by_extra["dev"] - by_extra["train"]

@@ -298,7 +298,7 @@ def bench_sample(
 
 EngineChoiceOpt = Annotated[str | None, typer.Option(
     "--engine", help="light, maxtext, numpy, both (light and maxtext) or all (default: both where MaxText is "
-                     "installed, else light).")]
+                     "installed, else light, or numpy without JAX).")]
 
 
 def _engines(engine: str | None) -> list[str]:
@@ -306,9 +306,10 @@ def _engines(engine: str | None) -> list[str]:
     import importlib.util
 
     from pingctl.infer.model import check_engine
+    from pingctl.infer.runtime import default_engine
 
     if engine is None:
-        return ["light", "maxtext"] if importlib.util.find_spec("maxtext") is not None else ["light"]
+        return ["light", "maxtext"] if importlib.util.find_spec("maxtext") is not None else [default_engine()]
     if engine in ("both", "all"):
         return ["light", "maxtext"] + (["numpy"] if engine == "all" else [])
     return [check_engine(engine)]

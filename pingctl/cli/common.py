@@ -35,8 +35,8 @@ HardwareOpt = Annotated[str | None, typer.Option(
     help="Run the model on cpu or gpu (default: as the run was trained, its train.hardware; a run "
          "trained for a GPU is then asked on the CPU where JAX finds none).")]
 EngineOpt = Annotated[str | None, typer.Option(
-    help="What runs the model: light (plain JAX, no MaxText: the default), maxtext (the reference) or "
-         "numpy (no JAX; slower); default: $PINGCTL_ENGINE, else light.")]
+    help="What runs the model: light (plain JAX, no MaxText), maxtext (the reference) or numpy (no JAX; "
+         "slower); default: $PINGCTL_ENGINE, else light where JAX is installed and numpy where not.")]
 StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]
@@ -107,6 +107,9 @@ def handle_errors(fn: Callable) -> Callable:
             if duckdb_interrupted(e):
                 _fail(as_json, "interrupted", _interrupted(fn), 130)
             debug = _debug_traceback()
+            missing = _missing_extra(e)
+            if missing:
+                _fail(as_json, "input", missing, 1)
             if _damaged_input(e):
                 _fail(as_json, "input", f"damaged input: {e}", 1)
             full = _disk_full(e, kwargs)
@@ -120,6 +123,24 @@ def handle_errors(fn: Callable) -> Callable:
                   hint="" if debug else "  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
 
     return wrapper
+
+
+# The extra of pyproject.toml that brings each optional package: the base install answers
+# questions, and a command needing more says which extra to install instead of an internal error.
+_EXTRA_OF = {**dict.fromkeys(("grain", "array_record", "indexed_bzip2", "zstandard", "orjson", "msgspec", "ripe"),
+                             "data"),
+             **dict.fromkeys(("jax", "jaxlib", "scoringrules", "scipy", "matplotlib"), "infer"),
+             **dict.fromkeys(("maxtext", "flax", "optax", "orbax", "tokamax", "modal"), "train")}
+
+
+def _missing_extra(e: Exception) -> str | None:
+    """One line naming the extra to install, for an optional package this install lacks."""
+    if not isinstance(e, ModuleNotFoundError) or not e.name:
+        return None
+    extra = _EXTRA_OF.get(e.name.split(".")[0])
+    if extra is None:
+        return None
+    return f"this command needs {e.name.split('.')[0]}, which this install lacks: pip install 'pingctl[{extra}]'"
 
 
 def _debug_traceback() -> bool:

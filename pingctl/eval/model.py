@@ -79,17 +79,23 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     contexts = context_indices(pool, test, idx, context, policy, per_pair, context_dst)
     ps, fulls = prompts(model, test, idx, pool, contexts)
     actual = np.asarray(test["rtt"], np.float64)[idx]
-    dists: list = []
-    scores: list[np.ndarray] = []
+    dists: list = [None] * len(ps)
+    scores: list[np.ndarray] = [np.zeros(0)] * len(ps)
     progress(0, len(idx))
+    # chunks of similar lengths: a pass pads its sequences to the longest (triangulation
+    # prompts run from ~200 to ~480 tokens), and each packet's answer is its own
+    by_length = np.argsort([len(f) for f in fulls], kind="stable")
     for a in range(0, len(ps), chunk):
+        ks = by_length[a : a + chunk]
+        cp, cf = [ps[k] for k in ks], [fulls[k] for k in ks]
         # the light engine keeps this pass's caches for the second-byte reads below
-        first, known, sc, second = teacher_forced_kept(model, ps[a : a + chunk], fulls[a : a + chunk])
-        scores += sc
+        first, known, sc, second = teacher_forced_kept(model, cp, cf)
         # exact where read: at the quantiles below and at the actual RTT (for the PIT)
-        dists += Q.rtt_distributions_at(model, ps[a : a + chunk], quantiles=reads, points=actual[a : a + chunk],
-                                        eps=eps, first=first, known=known, second_bytes=second)
-        progress(len(dists), len(idx))
+        got = Q.rtt_distributions_at(model, cp, quantiles=reads, points=actual[ks], eps=eps, first=first,
+                                     known=known, second_bytes=second)
+        for k, s, d in zip(ks, sc, got):
+            scores[k], dists[k] = s, d
+        progress(min(a + chunk, len(ps)), len(idx))
     nll = nll_from_scores(fulls, scores, np.asarray(test["ip_version"])[idx])
     n_ctx = np.array([len(c) for c in contexts])
     out = {**_reads(dists, actual), "nll": nll, "context_median": context_median(pool, test, idx, contexts),

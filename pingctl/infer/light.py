@@ -294,6 +294,9 @@ def _after_attention(x, attn, p, arch: Arch):
 
 
 _MASKED = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
+# query rows per attention block over whole sequences (`_attention`): a sequence of up to this
+# many tokens is one block, MaxText's own program
+ATTENTION_BLOCK = 64
 
 
 def _softmax_weighted(logits, values_einsum):
@@ -305,23 +308,36 @@ def _softmax_weighted(logits, values_einsum):
     return values_einsum(e), jnp.sum(e, axis=-1, keepdims=True)
 
 
-def _layer(x, p, positions, segments, arch: Arch):
-    """One decoder layer over whole sequences; returns (output, (keys, values))."""
+def _attention(q, k, v, segments, arch: Arch, block: int | None):
+    """Causal self-attention over whole sequences, `block` query rows at a time (None: all at
+    once). A block's queries attend to the keys up to its own last row only: the keys after it
+    are masked by causality anyway, and the mask value's exponential is exactly 0, so the
+    numbers are those of one block while a long sequence computes ~half of its scores (on a
+    CPU the scores' memory traffic is most of a long pass)."""
     import jax.numpy as jnp
 
-    b, t = x.shape[:2]
-    q, k, v = _qkv(x, p, positions, arch)
+    b, t = q.shape[:2]
     g = arch.heads // arch.kv_heads
     qg = q.reshape(b, t, arch.kv_heads, g, arch.head_dim)
-    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k)
-    if arch.float32_logits:
-        logits = logits.astype(jnp.float32)
-    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
-    mask = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] >= 0) & causal[None]
-    logits = jnp.where(mask[:, None, None], logits, jnp.asarray(_MASKED, logits.dtype))
-    out, s = _softmax_weighted(logits, lambda e: jnp.einsum("bkgts,bskd->btkgd", e, v))
-    out = out.reshape(b, t, arch.heads, arch.head_dim) / jnp.transpose(s.reshape(b, arch.heads, t, 1), (0, 2, 1, 3))
-    return _after_attention(x, out, p, arch), (k, v)
+    outs = []
+    for a in range(0, t, block or t):
+        e = min(a + (block or t), t)
+        logits = jnp.einsum("btkgd,bskd->bkgts", qg[:, a:e], k[:, :e])
+        if arch.float32_logits:
+            logits = logits.astype(jnp.float32)
+        causal = jnp.arange(e)[None, :] <= jnp.arange(a, e)[:, None]
+        mask = (segments[:, a:e, None] == segments[:, None, :e]) & (segments[:, None, :e] >= 0) & causal[None]
+        logits = jnp.where(mask[:, None, None], logits, jnp.asarray(_MASKED, logits.dtype))
+        out, s = _softmax_weighted(logits, lambda w: jnp.einsum("bkgts,bskd->btkgd", w, v[:, :e]))
+        outs.append(out.reshape(b, e - a, arch.heads, arch.head_dim)
+                    / jnp.transpose(s.reshape(b, arch.heads, e - a, 1), (0, 2, 1, 3)))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
+def _layer(x, p, positions, segments, arch: Arch, block: int | None = None):
+    """One decoder layer over whole sequences; returns (output, (keys, values))."""
+    q, k, v = _qkv(x, p, positions, arch)
+    return _after_attention(x, _attention(q, k, v, segments, arch, block), p, arch), (k, v)
 
 
 def _embed(params, tokens, arch: Arch):
@@ -338,14 +354,16 @@ def _head(params, y, arch: Arch):
     return jax.nn.log_softmax(logits, axis=-1)
 
 
-def decoder(params, tokens, positions, segments, arch: Arch, want_kv: bool = False):
+def decoder(params, tokens, positions, segments, arch: Arch, want_kv: bool = False,
+            block: int | None = ATTENTION_BLOCK):
     """log P(next token) [b, t, vocab] float32 after each position of tokens [b, t] (int32),
     with positions and segment ids [b, t] (segment 0: padding, ignored); with `want_kv`, also
-    every layer's keys and values ([layers, b, t, kv_heads, head_dim] each)."""
+    every layer's keys and values ([layers, b, t, kv_heads, head_dim] each). `block`: query
+    rows per attention block (`_attention`; None: one block)."""
     import jax
 
     def body(y, p):
-        y, kv = _layer(y, p, positions, segments, arch)
+        y, kv = _layer(y, p, positions, segments, arch, block)
         return y, (kv if want_kv else None)
 
     y, kv = jax.lax.scan(body, _embed(params, tokens, arch), params["layers"])

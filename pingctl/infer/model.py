@@ -28,9 +28,10 @@ from pingctl.artifacts import export as EX
 from pingctl.artifacts.run import (MAXTEXT_YML, checkpoint_items, checkpoint_steps, model_dir_kind, resolve_steps,
                                    read_maxtext_doc, run_config)
 from pingctl.errors import PingctlError, UsageError
-from pingctl.infer import kv_cache, light, light_kv, weights
+from pingctl.infer import kv_cache, light, light_kv, light_numpy_kv, weights
 from pingctl.infer import light_weights as LW
-from pingctl.infer.runtime import check_hardware, inference_config, prepare_env, require_gpu
+from pingctl.infer.runtime import (check_hardware, default_engine, inference_config, prepare_env, require_engine,
+                                   require_gpu)
 from pingctl.tokenizer import C, GrammarState, decode, get_vocab
 
 ENGINES = ("light", "maxtext", "numpy")
@@ -163,8 +164,9 @@ class LoadedModel:
         export holds one set of weights, so only its own step(s) are accepted.
         `hardware`: cpu | gpu (None: the run's train.hardware; a run trained for a GPU is then
         asked on the CPU where JAX finds none, while an explicit gpu insists on one).
-        `engine`: light | maxtext (None: $PINGCTL_ENGINE, else light; a model the light engine
-        does not implement is then answered by MaxText where it is installed)."""
+        `engine`: light | maxtext | numpy (None: $PINGCTL_ENGINE, else light where JAX is
+        installed and numpy where not; a model the light engine does not implement is then
+        answered by MaxText where it is installed)."""
         asked = check_engine(engine, "--engine") or check_engine(os.environ.get(ENGINE_ENV) or None,
                                                                  f"${ENGINE_ENV}")
         run = Path(run_dir).resolve()
@@ -172,10 +174,13 @@ class LoadedModel:
         export = model_dir_kind(run) == "export"
         steps = _export_steps(run, step) if export else resolve_steps(run, step)
         hw = check_hardware(hardware) or cfg.train.hardware
+        if asked:
+            require_engine(asked)
         prepare_env(hw, forced=hardware is not None)
         if (asked or "light") != "maxtext":
             try:
-                return cls._load_light(run, cfg, export, steps, hw, hardware, batch, numpy=asked == "numpy")
+                return cls._load_light(run, cfg, export, steps, hw, hardware, batch,
+                                       numpy=(asked or default_engine()) == "numpy")
             except light.Unsupported as e:
                 if asked:
                     raise PingctlError(f"--engine {asked}: {run}: {e}; answer with --engine maxtext") from None
@@ -320,7 +325,7 @@ class LoadedModel:
         byte0 = get_vocab(self.scheme).byte_offset
         kv = None
         n_cand = sum(len(c) for c in candidates)
-        if self.engine == "light":
+        if self.engine in ("light", "numpy"):
             if firsts and light_kv.worth_it(len(firsts), n_cand):
                 kv = self._kv_engine(0, byte0)
         elif self.engine == "maxtext" and firsts and kv_cache.worth_it(min(len(f) for f in firsts), n_cand):
@@ -339,7 +344,7 @@ class LoadedModel:
         over several calls; the light engine prefills each prompt once and keeps its key-value
         cache for every later call (`light_kv.Session`)."""
         byte0 = get_vocab(self.scheme).byte_offset
-        kv = self._kv_engine(0, byte0) if self.engine == "light" else None
+        kv = self._kv_engine(0, byte0) if self.engine in ("light", "numpy") else None
         return self._session_reads(kv.session(firsts, self._bucket) if kv is not None else None, firsts)
 
     def _session_reads(self, session, firsts: list[np.ndarray]):
@@ -359,7 +364,7 @@ class LoadedModel:
         the session's caches of the prompts they start with (`light_kv.Session.whole`), so those
         prompts are never prefilled again; other engines run the two apart."""
         byte0 = get_vocab(self.scheme).byte_offset
-        kv = self._kv_engine(0, byte0) if self.engine == "light" and sequences else None
+        kv = self._kv_engine(0, byte0) if self.engine in ("light", "numpy") and sequences else None
         if kv is not None:
             try:
                 session = kv.session(firsts, self._bucket)
@@ -375,6 +380,8 @@ class LoadedModel:
             return self._kv or None
         if self.engine == "light":
             self._kv = light_kv.SecondBytes(self._arch, self._state, byte0)
+        elif self.engine == "numpy":
+            self._kv = light_numpy_kv.SecondBytes(self._arch, self._state, byte0)
         elif self._items is not None and tokens >= kv_cache.MIN_TOKENS:
             try:
                 self._kv = kv_cache.SecondBytes(self.run, self._items, self._hardware, self.seq_len, byte0)

@@ -1,8 +1,10 @@
-"""The process an answer runs in: JAX's environment, the hardware asked for, and the MaxText
-config every MaxText-engine path (plain forward passes, the key-value-cache engine) builds."""
+"""The process an answer runs in: the engine, JAX's environment, the hardware asked for, and
+the MaxText config every MaxText-engine path (plain forward passes, the key-value-cache engine)
+builds."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import warnings
@@ -13,6 +15,23 @@ from pingctl.errors import PingctlError, UsageError
 from pingctl.train.xla import jax_env
 
 HARDWARE = ("cpu", "gpu")
+# what each engine needs beyond the base install, and the extra that brings it
+_ENGINE_NEEDS = {"light": ("jax", "infer"), "maxtext": ("maxtext", "train")}
+
+
+def default_engine() -> str:
+    """The engine an answer runs on when none is asked for: the JAX engine (`light`: compiled,
+    fused passes) where JAX is installed, else the NumPy one, which the base install has."""
+    return "light" if importlib.util.find_spec("jax") is not None else "numpy"
+
+
+def require_engine(engine: str, what: str = "--engine") -> None:
+    """An engine asked for by name whose package this install lacks: one line naming the extra,
+    before anything slow (an ImportError deep in a load would be a traceback)."""
+    need = _ENGINE_NEEDS.get(engine)
+    if need is not None and importlib.util.find_spec(need[0]) is None:
+        raise PingctlError(f"{what} {engine}: {need[0]} is not installed; pip install 'pingctl[{need[1]}]', "
+                           "or leave the engine out to answer with NumPy")
 
 
 def check_hardware(hardware: str | None) -> str | None:

@@ -109,16 +109,25 @@ def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.nd
     t = np.asarray(test["event_time"], np.int64)
     prompts_, fulls = [], []
     budget = model.seq_len - 64
-    for i, prev in zip(idx, contexts):
-        ctx = measurements(pool, prev) if len(prev) else None
+    # every address parsed once: the pool rows any prompt holds, and the query packets
+    used = np.unique(np.concatenate([np.asarray(c, np.int64) for c in contexts] + [np.zeros(0, np.int64)]))
+    held = measurements(pool, used)
+    queries = measurements(test, np.asarray(idx), timed)
+    for k, (i, prev) in enumerate(zip(idx, contexts)):
+        at = np.searchsorted(used, prev)
+        ctx = held.take(at) if len(prev) else None
         ctx_tok, last_t = Q.context_tokens(model, ctx, budget, timed=timed)
-        src, dst = str(test["src"][i]), str(test["dst"][i])
-        prompt = Q.query_prefix(src, dst, int(t[i]) if timed else None, ctx_tok, last_t)
-        q = measurements(test, np.array([i]), timed)
-        ref = Measurements.concat([measurements(pool, prev[-1:]), q]) if last_t is not None else q
-        enc = encode(ref, "compact", order=("time", "src", "dst", "result"))
-        tail = enc.measurement(len(ref) - 1)
-        fulls.append(np.concatenate([ctx_tok, tail]).astype(np.int32))
+        q = queries.take(np.array([k]))
+        ref = Measurements.concat([held.take(at[-1:]), q]) if last_t is not None else q
+        enc = encode(ref, "compact", order=ORDER)
+        full = np.concatenate([ctx_tok, enc.measurement(len(ref) - 1)]).astype(np.int32)
+        if last_t is None or held.time_s[at[-1]] == last_t:
+            # the prompt is the packet without its result block, which closes a measurement
+            prompt = full[: len(full) - (1 if q.failed[0] else 3)]
+        else:  # its timestamp a delta from the context's last time, not from the last row's
+            prompt = Q.query_prefix(str(test["src"][i]), str(test["dst"][i]), int(t[i]) if timed else None,
+                                    ctx_tok, last_t)
+        fulls.append(full)
         prompts_.append(prompt)
     return prompts_, fulls
 

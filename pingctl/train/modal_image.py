@@ -15,6 +15,7 @@ from pingctl.errors import PingctlError
 GPU_JAX = "jax[cuda12]"  # replaces the train extra's jax[cpu], at the same version
 XPROF = "xprof==2.24.2"  # installed without its dependencies, as ./run does (MaxText imports it via tokamax)
 EXTRA = "train"
+FANOUT_EXTRA = "data"  # ingest and build-rows, what a fanned-out step runs, need it beyond the base install
 # Everything in the package but bytecode: the templates and data/ are not .py files, which
 # add_local_python_source leaves out by default.
 _SOURCE_IGNORE = ["**/__pycache__", "**/*.pyc"]
@@ -40,13 +41,19 @@ def _metadata_requirements() -> list[str]:
     if not pyproject.is_file():
         raise PingctlError("pingctl is not installed and has no pyproject.toml beside it: cannot list its requirements")
     project = tomllib.loads(pyproject.read_text())["project"]
-    extra = project.get("optional-dependencies", {}).get(EXTRA, [])
-    return [*project["dependencies"], *(f'{r}; extra == "{EXTRA}"' for r in extra)]
+    extras = project.get("optional-dependencies", {})
+    return [*project["dependencies"], *(f'{r}; extra == "{name}"' for name in (EXTRA, FANOUT_EXTRA)
+                                        for r in extras.get(name, []))]
+
+
+def _is_extra(marker: str, name: str) -> bool:
+    return re.sub(r"\s+", "", marker.replace("'", '"')) == f'extra=="{name}"'
 
 
 def base_requirements() -> list[str]:
-    """pingctl's requirements without any extra (what a fanned-out step's tasks need)."""
-    return [_split_requirement(r)[0] for r in _metadata_requirements() if not _split_requirement(r)[1]]
+    """pingctl's requirements and its `data` extra: what a fanned-out step's tasks need."""
+    return [spec for spec, marker in map(_split_requirement, _metadata_requirements())
+            if not marker or _is_extra(marker, FANOUT_EXTRA)]
 
 
 def image_requirements() -> list[str]:
@@ -55,7 +62,7 @@ def image_requirements() -> list[str]:
     out = []
     for req in _metadata_requirements():
         spec, marker = _split_requirement(req)
-        if marker and re.sub(r"\s+", "", marker.replace("'", '"')) != f'extra=="{EXTRA}"':
+        if marker and not _is_extra(marker, EXTRA):
             continue  # another extra (dev) or a marker this image does not meet
         m = re.match(r"jax(\[[^\]]*\])?(?=[\s=<>!~(]|$)", spec)
         if m:
