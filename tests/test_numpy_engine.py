@@ -185,3 +185,17 @@ def test_without_jax_the_numpy_engine_answers(tiny_run, pair):
     out = _without_jax(cli, env_engine="light")
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "jax is not installed; pip install 'pingctl[infer]'" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_the_service_warm_up_on_the_numpy_engine_asks_no_context_levels(tiny_run):
+    """`pingctl serve`'s warm-up exists to compile shapes; the NumPy engine compiles none, so it
+    asks the questions without context only (6 calls), where the light engine climbs every
+    context level up to a full prompt."""
+    from pingctl.api import Model
+    from pingctl.serve import warmup as W
+
+    npy = Model.load(tiny_run, engine="numpy")
+    done = W.warm(npy, 32, npy.metadata()["seq_len"], 32)
+    assert done["calls"] == 6 and done["context_measurements"] == [0], done
+    assert len(W.levels(npy.metadata()["seq_len"])) > 2  # what the light engine would have climbed

@@ -7,7 +7,8 @@ model's shared key-value cache. A fresh service that met them under load made ev
 its first burst wait on them (32 requests with 24 context measurements each: 20-60 s). So the
 worker asks, before anything else, RTT questions at each batch size the batcher gathers (1
 pair, and a full batch) and with contexts that fill each prompt length up to the model's
-context, exact and not; and one completion, search and scoring. Documentation addresses
+context, exact and not; and one completion, search and scoring (on the NumPy engine, which
+compiles nothing, only the questions without context). Documentation addresses
 (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24): what matters is their token counts.
 """
 
@@ -54,8 +55,10 @@ def warm(model: Model, max_batch: int, seq_len: int, forward_batch: int, log=lam
     """Ask the questions (on the caller's thread: the batcher's worker); {calls, seconds, shapes}."""
     t0 = time.perf_counter()
     full = max(1, min(max_batch, forward_batch))
-    deepest = levels(seq_len)
-    ctx = _context(deepest[-1])
+    # Nothing compiles on the NumPy engine: the shapes without context load BLAS and its
+    # buffers; each context level would cost seconds of forward passes and buy nothing.
+    deepest = levels(seq_len) if model.loaded.engine != "numpy" else [0]
+    ctx = _context(deepest[-1]) if deepest[-1] else None
     calls, held, shown = 0, [], -1
     for c in deepest:
         for n, exact in ((1, False), (full, False), (1, True)):
