@@ -32,3 +32,20 @@ def duckdb_interrupted(e: BaseException) -> bool:
 
 def duckdb_out_of_memory(e: BaseException) -> bool:
     return type(e).__name__ == "OutOfMemoryException"
+
+
+# The extra of pyproject.toml that brings each optional package (by import name): the base
+# install answers questions, and whatever needs more names the extra to install.
+EXTRA_OF = {**dict.fromkeys(("grain", "array_record", "indexed_bzip2", "zstandard", "orjson", "msgspec", "ripe"),
+                            "data"),
+            **dict.fromkeys(("jax", "jaxlib", "scoringrules", "scipy", "matplotlib"), "infer"),
+            **dict.fromkeys(("maxtext", "flax", "optax", "orbax", "tokamax", "modal"), "train")}
+
+
+def missing_extra(e: BaseException) -> str | None:
+    """One line naming the extra to install, for an optional package this install lacks."""
+    if not isinstance(e, ModuleNotFoundError) or not e.name:
+        return None
+    package = e.name.split(".")[0]
+    extra = EXTRA_OF.get(package)
+    return None if extra is None else f"this command needs {package}, which this install lacks: pip install 'pingctl[{extra}]'"

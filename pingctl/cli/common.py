@@ -90,7 +90,7 @@ def handle_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory
+        from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory, missing_extra
 
         as_json = bool(kwargs.get("as_json"))
         try:
@@ -107,7 +107,7 @@ def handle_errors(fn: Callable) -> Callable:
             if duckdb_interrupted(e):
                 _fail(as_json, "interrupted", _interrupted(fn), 130)
             debug = _debug_traceback()
-            missing = _missing_extra(e)
+            missing = missing_extra(e)
             if missing:
                 _fail(as_json, "input", missing, 1)
             if _damaged_input(e):
@@ -123,24 +123,6 @@ def handle_errors(fn: Callable) -> Callable:
                   hint="" if debug else "  rerun with PINGCTL_DEBUG=1 for the traceback and please report it")
 
     return wrapper
-
-
-# The extra of pyproject.toml that brings each optional package: the base install answers
-# questions, and a command needing more says which extra to install instead of an internal error.
-_EXTRA_OF = {**dict.fromkeys(("grain", "array_record", "indexed_bzip2", "zstandard", "orjson", "msgspec", "ripe"),
-                             "data"),
-             **dict.fromkeys(("jax", "jaxlib", "scoringrules", "scipy", "matplotlib"), "infer"),
-             **dict.fromkeys(("maxtext", "flax", "optax", "orbax", "tokamax", "modal"), "train")}
-
-
-def _missing_extra(e: Exception) -> str | None:
-    """One line naming the extra to install, for an optional package this install lacks."""
-    if not isinstance(e, ModuleNotFoundError) or not e.name:
-        return None
-    extra = _EXTRA_OF.get(e.name.split(".")[0])
-    if extra is None:
-        return None
-    return f"this command needs {e.name.split('.')[0]}, which this install lacks: pip install 'pingctl[{extra}]'"
 
 
 def _debug_traceback() -> bool:

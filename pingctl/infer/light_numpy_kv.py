@@ -79,15 +79,10 @@ class SecondBytes:
         return out
 
     def log_probs(self, firsts: list[np.ndarray], candidates: list[np.ndarray], bucket=None) -> list[np.ndarray]:
-        """[len(candidates[i]), vocab] log-probs of the token after firsts[i] + [byte b], per b.
-        `bucket`: light_kv's argument, unused (nothing is compiled, so nothing is padded)."""
-        live = [i for i in range(len(firsts)) if len(candidates[i])]
-        caches = self.prefill([firsts[i] for i in live])
-        got = self.scores(caches, [candidates[i] for i in live])
-        out = [np.zeros((len(c), self.arch.vocab), np.float32) for c in candidates]
-        for i, g in zip(live, got):
-            out[i] = g
-        return out
+        """[len(candidates[i]), vocab] log-probs of the token after firsts[i] + [byte b], per b: a
+        session of one call. `bucket`: light_kv's argument, unused (nothing is compiled, so
+        nothing is padded)."""
+        return Session(self, firsts).log_probs(list(range(len(firsts))), candidates)
 
     def session(self, firsts: list[np.ndarray], bucket=None) -> Session:
         return Session(self, firsts)

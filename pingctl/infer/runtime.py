@@ -11,12 +11,12 @@ import warnings
 from pathlib import Path
 
 from pingctl.artifacts.run import MAXTEXT_YML
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import EXTRA_OF, PingctlError, UsageError
 from pingctl.train.xla import jax_env
 
 HARDWARE = ("cpu", "gpu")
-# what each engine needs beyond the base install, and the extra that brings it
-_ENGINE_NEEDS = {"light": ("jax", "infer"), "maxtext": ("maxtext", "train")}
+# the package each engine needs beyond the base install (its extra: errors.EXTRA_OF)
+_ENGINE_NEEDS = {"light": "jax", "maxtext": "maxtext"}
 
 
 def default_engine() -> str:
@@ -29,8 +29,8 @@ def require_engine(engine: str, what: str = "--engine") -> None:
     """An engine asked for by name whose package this install lacks: one line naming the extra,
     before anything slow (an ImportError deep in a load would be a traceback)."""
     need = _ENGINE_NEEDS.get(engine)
-    if need is not None and importlib.util.find_spec(need[0]) is None:
-        raise PingctlError(f"{what} {engine}: {need[0]} is not installed; pip install 'pingctl[{need[1]}]', "
+    if need is not None and importlib.util.find_spec(need) is None:
+        raise PingctlError(f"{what} {engine}: {need} is not installed; pip install 'pingctl[{EXTRA_OF[need]}]', "
                            "or leave the engine out to answer with NumPy")
 
 
