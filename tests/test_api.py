@@ -219,6 +219,27 @@ def test_rtt_many_writes_what_sample_pairs_writes(m, tiny_run, pairs_csv, tmp_pa
     assert fast.table.column("p50_ms").to_pylist() == pytest.approx(written.column("p50_ms").to_pylist(), rel=0.01)
 
 
+def test_rtt_many_in_its_three_steps_batches_callers_apart(m, pairs_csv, history, pair):
+    # two callers, one with a context: their prompts in one rtt_summaries call, each answer the
+    # one rtt_many gives it alone
+    f, src, dsts = pairs_csv
+    ctx_file, _ = history
+    a = m.rtt_prompts(f)
+    b = m.rtt_prompts([{"src": pair[0], "dst": pair[1]}, {"src": pair[0], "dst": pair[1]}], context=ctx_file)
+    assert len(a) == a.pairs.distinct and len(b) == 1  # a repeated question has one prompt
+    assert len(b.prompts[0]) > len(a.prompts[0])  # the context is in the prompt
+    sums = m.rtt_summaries(a.prompts + b.prompts)
+    for asked, part, alone in ((a, sums[: len(a)], m.rtt_many(f)),
+                               (b, sums[len(a):], m.rtt_many([{"src": pair[0], "dst": pair[1]}] * 2, context=ctx_file))):
+        got = m.rtt_predictions(asked, part)
+        assert got.table.column_names == alone.table.column_names and got.rows_read == alone.rows_read
+        for name in ("p_fail", "p50_ms", "p95_ms", "trimmed_mean_ms", "context_measurements"):
+            assert got.table.column(name).to_pylist() == pytest.approx(alone.table.column(name).to_pylist(),
+                                                                       rel=1e-4), name
+    with pytest.raises(ValueError, match="summaries for"):
+        m.rtt_predictions(a, sums[:1])
+
+
 def test_completions_search_and_streams_are_the_cli_s(m, tiny_run, pair):
     src, dst = pair
     a, b = dst.split(".")[:2]

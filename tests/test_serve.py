@@ -397,3 +397,34 @@ def test_a_calibrated_service_answers_with_the_map(served, tiny_run, pair, tmp_p
         assert status == 200 and lazy["p50_ms"] == pytest.approx(want["p50_ms"], rel=1e-3)
         status, meta = call(srv, "GET", "/metadata")
         assert status == 200 and meta["calibration"]["path"] == cal.path
+
+
+def test_the_automatic_wait_follows_the_traffic():
+    from pingctl.serve.batcher import AUTO_MAX_S, AUTO_MIN_S, AUTO_SHARE, Batcher
+
+    b = Batcher(max_batch=32)  # max_wait_s None: automatic
+    try:
+        gate = threading.Event()
+
+        def slow(items):
+            time.sleep(0.2)
+            return items
+
+        held = b.call(lambda: gate.wait(10))  # the worker busy while four clients queue
+        jobs = [b.submit("k", slow, [i]) for i in range(4)]
+        gate.set()
+        assert held.result(10) is True and [j.result(10) for j in jobs] == [[0], [1], [2], [3]]
+        assert b.stats["largest_batch"] == 4
+        # several clients shared the batch: hold the next open for a share of its time
+        assert AUTO_SHARE * 0.2 <= b.wait_s("k") <= AUTO_MAX_S
+        assert b.wait_s("other") == AUTO_MIN_S  # a key never seen: no wait to speak of
+        assert b.submit("k", slow, [9]).result(10) == [9]
+        # one job, nothing behind it: one client asking in turn does not wait for company
+        assert b.wait_s("k") == AUTO_MIN_S
+    finally:
+        b.close()
+    fixed = Batcher(max_wait_s=0.004)
+    try:
+        assert fixed.wait_s("k") == 0.004
+    finally:
+        fixed.close()

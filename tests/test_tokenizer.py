@@ -499,3 +499,29 @@ def test_unix_second_columns_are_read_exactly_or_refused():
     with pytest.raises(MeasurementError, match="not finite"):
         Measurements.from_arrow(table(pa.array([float("nan"), 5.0])))
     assert Measurements.from_arrow(table(pa.array([None, 5.5]))).has_time.tolist() == [False, True]
+
+
+_ADDRESS_TEXT = st.one_of(
+    st.ip_addresses().map(str),
+    st.ip_addresses(v=6).map(lambda a: a.exploded.upper()),
+    st.sampled_from(["1.2.3.04", "256.1.1.1", "::ffff:1.2.3.4", "fe80::1%eth0", "", " 1.2.3.4", "x", "8.8.*.*"]),
+    st.text(max_size=12),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ADDRESS_TEXT, min_size=1, max_size=8))
+def test_a_few_addresses_parse_as_the_arrow_column_path_parses_them(values):
+    # the small-input path of Measurements.from_fields must agree with the vectorised one,
+    # bytes, families and refusals alike (its message too)
+    from pingctl.tokenizer.measurements import parse_address_list, parse_addresses
+
+    def outcome(f):
+        try:
+            a, v6 = f()
+            return a.tolist(), v6.tolist()
+        except PingctlError as e:
+            return str(e)
+
+    assert outcome(lambda: parse_address_list(values, "src")) == outcome(
+        lambda: parse_addresses(pa.array(values, pa.string()), "src"))

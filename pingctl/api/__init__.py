@@ -10,6 +10,6 @@ this package (.importlinter). Its modules, by job: `model` (Model and what it re
 service and the CLI check with before any work).
 """
 
-from pingctl.api.model import MAX_DRAWS, MEAN_CEILING_MS, Context, Model, Predictions, Rtt, _eval_headline
+from pingctl.api.model import MAX_DRAWS, MEAN_CEILING_MS, Context, Model, Predictions, Rtt, RttPrompts, _eval_headline
 
-__all__ = ["MAX_DRAWS", "MEAN_CEILING_MS", "Context", "Model", "Predictions", "Rtt", "_eval_headline"]
+__all__ = ["MAX_DRAWS", "MEAN_CEILING_MS", "Context", "Model", "Predictions", "Rtt", "RttPrompts", "_eval_headline"]

@@ -149,13 +149,15 @@ def read_pairs(source) -> tuple[P.Pairs, str]:
     if isinstance(source, (str, Path)):
         with _renamed(f"--pairs {Path(source)}", f"pairs {source}"):
             return P.read_pairs(Path(source)), str(source)
+    if isinstance(source, list):
+        label = "(a list of dicts)"
+        with _renamed(f"--pairs {label}", f"pairs {label}"):
+            return P.records_pairs(list_records(source), label), label
     import pyarrow as pa
 
     if isinstance(source, pa.RecordBatch):
         source = pa.Table.from_batches([source])
-    if isinstance(source, list):
-        source, label = pairs_table(source), "(a list of dicts)"
-    elif isinstance(source, pa.Table):
+    if isinstance(source, pa.Table):
         label = "(a pyarrow Table)"
     else:
         raise UsageError(f"pairs: expected a CSV or Parquet path, a pyarrow Table or a list of dicts, "
@@ -186,18 +188,20 @@ class _renamed:
         return False
 
 
-def pairs_table(rows: list):
-    """A list of {src, dst[, time]} dicts as a table `read_pairs` reads: the addresses as text,
-    each time as the text the CLI parses (ISO 8601 or Unix seconds), None kept."""
-    import pyarrow as pa
-
+def list_records(rows: list) -> list[tuple]:
+    """A list of {src, dst[, time]} dicts (or src_addr, dst_addr, event_time) as the (src, dst,
+    time) records a pairs file's rows are: the addresses as text, each time as the text the CLI
+    parses (ISO 8601 or Unix seconds), None kept; read with the file's own checks, no file
+    between (a service's request pays no Parquet round trip)."""
     if not rows:
         raise UsageError("pairs: the list is empty")
     if not all(isinstance(r, dict) for r in rows):
         raise UsageError("pairs: a list of pairs holds dicts like {'src': ..., 'dst': ..., 'time': ...}")
-    names = [c for c in (*P.SRC_COLUMNS, *P.DST_COLUMNS, *P.TIME_COLUMNS) if any(c in r for r in rows)]
+    present = {c for r in rows for c in r}
+    s, d, t = P.pick_columns([c for c in (*P.SRC_COLUMNS, *P.DST_COLUMNS, *P.TIME_COLUMNS) if c in present],
+                             "(a list of dicts)")
 
-    def text(v, time: bool):
+    def text(v, time: bool = False):
         if v is None:
             return None
         if time and isinstance(v, datetime):
@@ -206,6 +210,6 @@ def pairs_table(rows: list):
             return str(int(v))
         return str(v)
 
-    return pa.table({c: pa.array([text(r.get(c), c in P.TIME_COLUMNS) for r in rows], pa.string()) for c in names})
+    return [(text(r.get(s)), text(r.get(d)), text(r.get(t), True) if t else None) for r in rows]
 
 

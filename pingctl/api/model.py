@@ -123,6 +123,27 @@ class Rtt(Q.RttDistribution):
 
 
 @dataclass
+class RttPrompts:
+    """`Model.rtt_prompts`: the checked pairs of an `rtt_many` question and the prompt of each of
+    its distinct questions (`prompts`, token arrays), built apart from the model's passes."""
+
+    built: P.Prompts
+    label: str  # how messages and the predictions' metadata name the pairs
+    context_per_pair: int
+
+    @property
+    def prompts(self) -> list[np.ndarray]:
+        return self.built.prompts
+
+    @property
+    def pairs(self) -> P.Pairs:
+        return self.built.pairs
+
+    def __len__(self) -> int:
+        return len(self.built.prompts)
+
+
+@dataclass
 class Predictions:
     """The RTT distributions of many pairs, as `pingctl sample --pairs` writes them: `table`
     (one row per valid input row, its columns those of the predictions file; run and step in
@@ -328,6 +349,24 @@ class Model:
         `context_policy="both"`: each prompt holds the pair's triangulation context from
         `context` instead (`context_k`, default 16, measurements a side: its probe's to other
         destinations, its destination's from other sources), as `rtt(..., context_policy="both")`."""
+        asked = self.rtt_prompts(pairs, context, context_per_pair, context_policy, context_k)
+        n, sums = len(asked), []
+        if progress:
+            progress(0, n)
+        for a in range(0, n, P.CHUNK):
+            sums += self.rtt_summaries(asked.prompts[a : a + P.CHUNK], exact)
+            if progress:
+                progress(min(a + P.CHUNK, n), n)
+        return self.rtt_predictions(asked, sums, exact)
+
+    @A.argument_names
+    def rtt_prompts(self, pairs, context=None, context_per_pair: int | None = None, context_policy: str = "probe",
+                    context_k: int | None = None) -> RttPrompts:
+        """`rtt_many`'s first half: its pairs checked and the prompt of each distinct question
+        built, with no forward pass (pure Python and NumPy, safe beside the model's own thread).
+        `rtt_summaries(asked.prompts)` is the model's half, and `rtt_predictions` puts them
+        together: `rtt_many` is the three in turn. A service calls them apart, so prompts of many
+        requests share one `rtt_summaries` call (`pingctl serve` does)."""
         context_per_pair = A.context_fields(context, context_per_pair)["context_per_pair"]
         QS.check_context_options(Path("context") if context is not None else None, context_per_pair, context_policy,
                                  context_k)
@@ -336,15 +375,26 @@ class Model:
         check_pairs(rows, f"pairs {label}", m.run, m.timestamps)
         ctx = Context.load(context) if context is not None else None
         per_pair = P.context_cap(m, context_policy, context_per_pair)
-        cols = P.answer(m, rows, ctx.measurements if ctx else None, per_pair, exact=exact,
-                        prb=ctx.prb if ctx else None, calibration=self.calibration, policy=context_policy,
-                        k=QS.CONTEXT_K if context_k is None else context_k,
-                        **({"progress": progress} if progress else {}))
+        built = P.prompts(m, rows, ctx.measurements if ctx else None, per_pair, prb=ctx.prb if ctx else None,
+                          policy=context_policy, k=QS.CONTEXT_K if context_k is None else context_k)
+        return RttPrompts(built, label, per_pair)
+
+    def rtt_summaries(self, prompts: list[np.ndarray], exact: bool = False) -> list[dict]:
+        """The model's half of `rtt_many`: per prompt (of any `RttPrompts`, in any mix), the
+        distribution's summary as `rtt_many`'s columns hold it (recalibrated where the model is)."""
+        return P.summaries(self.loaded, list(prompts), exact, self.calibration)
+
+    def rtt_predictions(self, asked: RttPrompts, summaries: list[dict], exact: bool = False) -> Predictions:
+        """`rtt_many`'s answer from its prompts and their `rtt_summaries` (in order)."""
+        if len(summaries) != len(asked):
+            raise ValueError(f"{len(summaries)} summaries for {len(asked)} prompts")
+        m, rows = self.loaded, asked.built.pairs
+        cols = P.columns(asked.built, summaries)
         meta = {"run": str(m.run), "step": m.step, "steps": list(m.steps), "timestamps": m.timestamps,
-                "pairs": label, "exact": exact,
+                "pairs": asked.label, "exact": exact,
                 "calibration": self.calibration.path if self.calibration is not None else None}
         return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, rows.reject_summary(),
-                           cols, per_pair)
+                           cols, asked.context_per_pair)
 
     @A.argument_names
     def complete(self, src: str | None = None, dst: str | None = None, rtt: float | None = None, k: int = QS.K,

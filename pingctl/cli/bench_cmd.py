@@ -335,7 +335,8 @@ def bench_serve(
         help="Comma-separated context sizes (measurements of the probe in every request body).")] = "0,24",
     max_batch: Annotated[int | None, typer.Option(
         min=1, max=MAX_BATCH, help="The micro-batched service's max batch (default: the model's batch).")] = None,
-    max_wait_ms: Annotated[float, typer.Option(min=0.0, max=1000.0, help="The service's batching wait, ms.")] = 5.0,
+    max_wait_ms: Annotated[float | None, typer.Option(
+        min=0.0, max=1000.0, help="The service's batching wait, ms (default: automatic, as `pingctl serve`).")] = None,
     engine: EngineChoiceOpt = None,
     step: StepOpt = None,
     hardware: HardwareOpt = None,

@@ -37,9 +37,11 @@ def serve(
     max_batch: Annotated[int | None, typer.Option(
         min=1, max=MAX_BATCH, help="RTT questions of concurrent requests answered in one batch "
                                    "(default: the model's batch, 32; 1 = one at a time).")] = None,
-    max_wait_ms: Annotated[float, typer.Option(
+    max_wait_ms: Annotated[float | None, typer.Option(
         min=0.0, max=MAX_WAIT_MS, help="How long the model's worker waits for more questions once it "
-                                       "has one, ms.")] = 5.0,
+                                       "has one, ms (default: by the traffic: 2 ms for one client asking "
+                                       "in turn; 30% of a batch's time, at most 150, when clients share "
+                                       "batches).")] = None,
     calibration: Annotated[Path | None, typer.Option(
         help="A calibration.json `pingctl eval` fitted for this run and step(s): /rtt answers recalibrated "
              "(default: the map an export carries, if any).")] = None,
@@ -82,7 +84,7 @@ def serve(
                            "max_header_bytes": limits.max_header_bytes}}
         emit(info, as_json, kv_table(f"pingctl serve (step {model.step})", [
             ("listening", url), ("docs", f"{url}/docs"), ("run", str(model.run)), ("device", model.device),
-            ("max batch", info["max_batch"]), ("max wait ms", max_wait_ms),
+            ("max batch", info["max_batch"]), ("max wait ms", "auto" if max_wait_ms is None else max_wait_ms),
             ("calibration", info["calibration"] or "none"),
             ("ready", f"after the warm-up ({url}/health)" if warmup else "at once")]))
         sys.stdout.flush()

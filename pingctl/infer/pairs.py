@@ -37,6 +37,7 @@ DST_COLUMNS = ("dst", "dst_addr")
 TIME_COLUMNS = ("time", "event_time")
 SUFFIXES = (".csv", ".parquet")
 CONTEXT_ROWS_MAX = 4096  # a prompt of seq_len tokens holds far fewer measurements than this
+CHUNK = 32  # questions per model call: progress reports between them
 
 REASONS = {
     "bad_record": "a CSV line whose number of fields differs from the header's",
@@ -145,7 +146,20 @@ def read_pairs(path: Path) -> Pairs:
     if not path.is_file():
         raise PingctlError(f"--pairs {path}: no such file")
     records = _csv_records(path) if path.suffix == ".csv" else _parquet_records(path)
-    pairs = Pairs(str(path), "line" if path.suffix == ".csv" else "row")
+    pairs = _checked(Pairs(str(path), "line" if path.suffix == ".csv" else "row"), records)
+    if not pairs.rows_read:
+        raise PingctlError(f"--pairs {path}: the file has no rows")
+    return pairs
+
+
+def records_pairs(records, label: str) -> Pairs:
+    """Pairs from (src, dst, time) records already in memory (time: Unix seconds, ISO 8601 or
+    None), numbered as rows from 0 and checked as a file's rows are, without a file between
+    (what a service's parsed body asks)."""
+    return _checked(Pairs(label, "row"), [(i, values, None) for i, values in enumerate(records)])
+
+
+def _checked(pairs: Pairs, records) -> Pairs:
     for where, values, problem in records:
         if problem is None:
             problem = _check(pairs, where, values)
@@ -153,8 +167,6 @@ def read_pairs(path: Path) -> Pairs:
             reason, detail = problem
             pairs.rejects.append({"file": pairs.file, pairs.unit: where, "reason": reason, "detail": detail,
                                   "raw": values if isinstance(values, str) else dict(zip(("src", "dst", "time"), values))})
-    if not pairs.rows_read:
-        raise PingctlError(f"--pairs {path}: the file has no rows")
     return pairs
 
 
@@ -181,7 +193,7 @@ def _check(pairs: Pairs, where: int, values: tuple) -> tuple[str, str] | None:
     return None
 
 
-def _columns(names: list[str], path: Path) -> tuple[str, str, str | None]:
+def pick_columns(names: list[str], path: Path | str) -> tuple[str, str, str | None]:
     def pick(options: tuple[str, ...], required: bool) -> str | None:
         found = [c for c in options if c in names]
         if len(found) > 1:
@@ -204,7 +216,7 @@ def _csv_records(path: Path):
             if header is None:
                 raise PingctlError(f"--pairs {path}: the file is empty (expected a header like src,dst,time)")
             names = [h.strip() for h in header]
-            s, d, t = _columns(names, path)
+            s, d, t = pick_columns(names, path)
             idx = [names.index(s), names.index(d), names.index(t) if t else None]
             out = []
             for rec in reader:
@@ -229,7 +241,7 @@ def _parquet_records(path: Path):
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid/... for damaged files
         raise PingctlError(f"--pairs {path}: cannot read it as Parquet ({e})") from None
-    s, d, t = _columns(table.column_names, path)
+    s, d, t = pick_columns(table.column_names, path)
     cols = [table.column(c).to_pylist() for c in (s, d)]
     times = _parquet_times(table.column(t)) if t else [None] * table.num_rows
     return [(i, (a, b, c), None) for i, (a, b, c) in enumerate(zip(*cols, times))]
@@ -342,7 +354,57 @@ def distributions(model, prompts: list[np.ndarray], exact: bool, calibration=Non
     return dists if calibration is None else [calibration.apply(d) for d in dists]
 
 
-def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = 32,
+@dataclass
+class Prompts:
+    """The prompts of a pairs table's distinct questions, in order of first appearance (`Pairs.slots`
+    maps each valid row to its question), each with the context measurements it holds. Built
+    without the model's forward pass, so a service builds them off the model's thread."""
+
+    pairs: Pairs
+    prompts: list[np.ndarray]
+    context_measurements: list[int]
+
+
+def prompts(model, pairs: Pairs, ctx=None, per_pair: int = 0, prb: np.ndarray | None = None, policy: str = "probe",
+            k: int = 16) -> Prompts:
+    """The prompt of each distinct question of `pairs` (see `answer`)."""
+    distinct = np.unique(pairs.slots, return_index=True)[1]  # the first row of each distinct question
+    budget = model.seq_len - 64
+    timed = model.timestamps
+    if policy == "both":
+        ctxs = triangulation_contexts(pairs, ctx, distinct, k, per_pair, prb=prb)
+        per_pair = 0  # capped when they were picked; the prompt keeps every one
+    else:
+        ctxs = contexts(pairs, ctx, distinct, prb=prb)
+    out, n_ctx = [], []
+    for c, i in zip(ctxs, distinct):
+        tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
+        n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
+        out.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
+    return Prompts(pairs, out, n_ctx)
+
+
+def summaries(model, prompts: list[np.ndarray], exact: bool, calibration=None) -> list[dict]:
+    """What `--pairs` reports of the distribution after each prompt (`distributions`): the
+    model's part of an answer, for prompts of any questions, batched together."""
+    return [d.summary() for d in distributions(model, prompts, exact, calibration)]
+
+
+SUMMARY_COLUMNS = ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms",
+                   *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))
+
+
+def columns(p: Prompts, sums: list[dict]) -> dict:
+    """The predictions' column arrays, one entry per valid row of `p.pairs`, in file order, from
+    the summaries of its distinct questions (a repeated question copies its answer)."""
+    pairs, slot = p.pairs, p.pairs.slots
+    cols = {k: [s[k] for s in sums] for k in SUMMARY_COLUMNS}
+    per_row = {k: [v[j] for j in slot] for k, v in {**cols, "context_measurements": p.context_measurements}.items()}
+    return {pairs.unit: list(pairs.where), "src": list(pairs.src), "dst": list(pairs.dst),
+            "ip_version": list(pairs.family), "time": list(pairs.time), **per_row}
+
+
+def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = CHUNK,
            progress=lambda done, total: None, prb: np.ndarray | None = None, calibration=None,
            policy: str = "probe", k: int = 16) -> dict:
     """Column arrays of the predictions, one entry per valid pair, in file order. A row that
@@ -351,31 +413,11 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     recalibrates every distribution (its quantiles are then read exactly where the recalibrated
     ones fall). `policy` "both": each prompt holds the pair's triangulation context from `ctx`
     (`k` a side, `per_pair` of each pair per side) instead of its probe's history."""
-
-    slot = pairs.slots
-    distinct = np.unique(slot, return_index=True)[1]  # the first row of each distinct question, in file order
-    n = len(distinct)
-    budget = model.seq_len - 64
-    timed = model.timestamps
-    if policy == "both":
-        ctxs = triangulation_contexts(pairs, ctx, distinct, k, per_pair, prb=prb)
-        per_pair = 0  # capped when they were picked; the prompt keeps every one
-    else:
-        ctxs = contexts(pairs, ctx, distinct, prb=prb)
-    cols: dict[str, list] = {k: [] for k in ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms",
-                                             *(f"p{round(q * 100)}_ms" for q in Q.QUANTILES))}
-    n_ctx: list[int] = []
+    p = prompts(model, pairs, ctx, per_pair, prb=prb, policy=policy, k=k)
+    n = len(p.prompts)
+    sums: list[dict] = []
     progress(0, n)
     for a in range(0, n, chunk):
-        prompts = []
-        for c, i in zip(ctxs[a : a + chunk], distinct[a : a + chunk]):
-            tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
-            n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
-            prompts.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
-        for d in distributions(model, prompts, exact, calibration):
-            for k, v in d.summary().items():
-                cols[k].append(v)
+        sums += summaries(model, p.prompts[a : a + chunk], exact, calibration)
         progress(min(a + chunk, n), n)
-    per_row = {k: [v[j] for j in slot] for k, v in {**cols, "context_measurements": n_ctx}.items()}
-    return {pairs.unit: list(pairs.where), "src": list(pairs.src), "dst": list(pairs.dst),
-            "ip_version": list(pairs.family), "time": list(pairs.time), **per_row}
+    return columns(p, sums)

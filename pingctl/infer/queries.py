@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -100,9 +100,24 @@ class RttDistribution:
     values_ms: np.ndarray
     probs: np.ndarray  # P(code | success), sums to 1
 
+    # cumsum of probs, once: every quantile and the trimmed mean read it
+    _cumulative: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cumulative(self) -> np.ndarray:
+        """The CDF over `values_ms` (cumsum of `probs`), computed once."""
+        if self._cumulative is None:
+            self._cumulative = np.cumsum(self.probs)
+        return self._cumulative
+
     def quantile(self, q: float) -> float:
-        cdf = np.cumsum(self.probs)
+        cdf = self.cumulative
         return float(self.values_ms[min(int(np.searchsorted(cdf, q)), len(cdf) - 1)])
+
+    def quantile_values(self, qs) -> np.ndarray:
+        """`quantile` of each of `qs`, in one search."""
+        cdf = self.cumulative
+        return self.values_ms[np.minimum(np.searchsorted(cdf, np.asarray(qs, np.float64)), len(cdf) - 1)]
 
     def cdf(self, x_ms: float) -> float:
         return float(self.probs[self.values_ms <= x_ms].sum())
@@ -127,7 +142,7 @@ class RttDistribution:
         """Mean of the central 1 - 2*trim of the mass (exact: each code weighs by the overlap
         of its CDF interval with [trim, 1 - trim]). An undertrained model puts a little mass on
         codes far past any ping timeout, which moves the plain mean by seconds."""
-        hi = np.cumsum(self.probs)
+        hi = self.cumulative
         lo = hi - self.probs
         w = np.clip(np.minimum(hi, 1.0 - trim) - np.maximum(lo, trim), 0.0, None)
         return float((self.values_ms * w).sum() / w.sum())
@@ -142,7 +157,7 @@ class RttDistribution:
             "mean_ms": mean if np.isfinite(mean) else None,
             "p_over_ceiling": self.p_over(),
             "trimmed_mean_ms": self.trimmed_mean(),
-            **{f"p{round(q * 100)}_ms": self.quantile(q) for q in QUANTILES},
+            **{f"p{round(q * 100)}_ms": float(v) for q, v in zip(QUANTILES, self.quantile_values(QUANTILES))},
         }
 
 
@@ -257,11 +272,13 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         joint[i, b] = p1[i, b] * row
         refined[i, b] = True
     pts = np.full(n, np.nan) if points is None else np.asarray(points, np.float64)
+    qs = np.asarray(quantiles, np.float64)
+    changed = range(n)
     for _ in range(max_rounds):
         want: list[tuple[int, int]] = []
-        for i in range(n):
+        for i in changed:  # a prompt none of whose bytes the last round refined would ask nothing new
             cdf = np.cumsum(joint[i].reshape(-1)[order])
-            reads = [values[min(int(np.searchsorted(cdf, q * cdf[-1])), 65535)] for q in quantiles]
+            reads = list(values[np.minimum(np.searchsorted(cdf, qs * cdf[-1]), 65535)])
             if np.isfinite(pts[i]) and pts[i] >= 0:
                 reads.append(pts[i])
             for x in reads:
@@ -279,6 +296,7 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         for (i, b), row in zip(want, p2):
             joint[i, b] = p1[i, b] * row
             refined[i, b] = True
+        changed = [i for i, _ in groups]
     out = []
     for i in range(n):
         j = joint[i].reshape(-1)[order]

@@ -65,6 +65,7 @@ from pingctl.infer import queries as Q
 from pingctl.schema.columns import COLUMNS
 from pingctl.schema.duck import canonical_head, rejected_lines
 from pingctl.tokenizer import C, Measurements, encode
+from pingctl.tokenizer.compact import result_lengths
 from pingctl.tokenizer.measurements import event_seconds
 from pingctl.tokenizer.rtt_codec import decode_rtt, possible_first_bytes, token_codes
 
@@ -123,7 +124,7 @@ def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.nd
         full = np.concatenate([ctx_tok, enc.measurement(len(ref) - 1)]).astype(np.int32)
         if last_t is None or held.time_s[at[-1]] == last_t:
             # the prompt is the packet without its result block, which closes a measurement
-            prompt = full[: len(full) - (1 if q.failed[0] else 3)]
+            prompt = full[: len(full) - int(result_lengths(q)[0])]
         else:  # its timestamp a delta from the context's last time, not from the last row's
             prompt = Q.query_prefix(str(test["src"][i]), str(test["dst"][i]), int(t[i]) if timed else None,
                                     ctx_tok, last_t)

@@ -1,12 +1,14 @@
 """What the routes compute, without HTTP, through the public `pingctl.api.Model` only: the
-batched RTT answers (`Model.rtt_many`), completions, searches, scores and the run's metadata.
+batched RTT answers (`Model.rtt_prompts`, `rtt_summaries`), completions, searches, scores and the run's metadata.
 Everything that calls the model runs on the batcher's worker thread; building a request's
 context (a canonical table checked as `pingctl sample --context` checks one) runs in the
 request's thread.
 
 An RTT answer is the one `pingctl sample --pairs` gives (`Model.rtt_many`: each pair's context
 is its source's probe's measurements before its time; a repeated question is asked once), exact
-at P(failure) and the quantiles, or with `exact` over all 65,536 codes.
+at P(failure) and the quantiles, or with `exact` over all 65,536 codes. It is computed in
+`rtt_many`'s three halves: the request's prompts in its own thread (`rtt_prompts`), the forward
+passes on the worker with other requests' prompts (`rtt_summaries`), the rows from the two.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pingctl.api import Context, Model
+from pingctl.api import Context, Model, RttPrompts
 from pingctl.errors import UsageError
 from pingctl.schema.columns import arrow_schema
 from pingctl.serve import schemas as S
@@ -115,75 +117,30 @@ def check_times(model: Model, timed: bool, questions: list[tuple[int, S.Pair]], 
     return out
 
 
-def rtt_rows(model: Model, items: list[dict], exact: bool, ctx: Context | None = None,
-             context_per_pair: int | None = None) -> list[dict]:
-    """The batch function: `Model.rtt_many` of `items` ({src, dst, time} each), one result per
-    item in order ({summary..., context_measurements}, or {"rejected": reason} where the API set
-    the row aside)."""
-    p = model.rtt_many(items, context=ctx, context_per_pair=context_per_pair if ctx is not None else None,
-                       exact=exact)
-    out: list[dict] = [{"rejected": "set aside by the model's checks"} for _ in items]
-    for r in p.rejects:
+def rtt_prompts(model: Model, items: list[dict], rows: list[S.ContextRow] | None,
+                context_per_pair: int | None) -> RttPrompts:
+    """A request's half of its answer, in its own thread: its pairs ({src, dst, time} each,
+    checked by the body) and the prompt of each distinct one from its own context rows
+    (`Model.rtt_prompts`), so the model's worker only runs forward passes."""
+    ctx = context(rows)
+    return model.rtt_prompts(items, context=ctx, context_per_pair=context_per_pair if ctx is not None else None)
+
+
+def rtt_summaries(model: Model, prompts: list, exact: bool) -> list[dict]:
+    """The batch function (the model's worker): prompts of any requests, one summary each."""
+    return model.rtt_summaries(prompts, exact)
+
+
+def rtt_rows(asked: RttPrompts, summaries: list[dict], n: int) -> list[dict]:
+    """One result per question asked (`n`, in order): its summary and context_measurements, or
+    {"rejected": reason} where the pair checks set the row aside."""
+    out: list[dict] = [{"rejected": "set aside by the model's checks"} for _ in range(n)]
+    pairs = asked.pairs
+    for r in pairs.rejects:
         out[r["row"]] = {"rejected": f"{r.get('reason')}: {r.get('detail')}"}
-    for r in p.table.to_pylist():
-        i = r.pop("row")
-        for k in ("src", "dst", "ip_version", "time"):
-            r.pop(k, None)
-        out[i] = r
-    return out
-
-
-@dataclass(eq=False)
-class Asked:
-    """One request's context and every name a prompt is picked by (source addresses, probe
-    ids): requests whose names are disjoint can share one `Model.rtt_many` call over their
-    merged contexts, since a pair's prompt holds only rows of its own source's probe (by
-    prb_id, else by address), and none of those rows then come from another request."""
-
-    context: Context
-    names: frozenset
-
-    @classmethod
-    def of(cls, ctx: Context, items: list[dict]) -> Asked:
-        names = {("addr", a) for a in ctx.measurements.src_text()} | {("addr", i["src"]) for i in items}
-        if ctx.prb is not None:
-            names |= {("prb", int(p)) for p in np.unique(ctx.prb[ctx.prb >= 0])}
-        return cls(ctx, frozenset(names))
-
-
-def _merged(asked: list[Asked]) -> Context:
-    if len(asked) == 1:
-        return asked[0].context
-    parts = [a.context for a in asked]
-    prb = np.concatenate([c.prb if c.prb is not None else np.full(len(c), -1, np.int64) for c in parts])
-    return Context(Measurements.concat([c.measurements for c in parts]), prb,
-                   {"rows_read": sum(len(c) for c in parts), "rows_rejected": 0, "rejected": {}}, "context")
-
-
-def rtt_rows_shared(model: Model, items: list[tuple[dict, Asked]], exact: bool,
-                    context_per_pair: int | None = None) -> list[dict]:
-    """The batch function of requests with context: `items` ({src, dst, time}, its request's
-    `Asked`) of several requests, answered in as few `Model.rtt_many` calls as their names
-    allow (requests naming a common address or probe go to separate calls)."""
-    where: dict[int, list[int]] = {}
-    asked: dict[int, Asked] = {}
-    for k, (_, a) in enumerate(items):
-        where.setdefault(id(a), []).append(k)
-        asked[id(a)] = a
-    calls: list[tuple[list[Asked], set]] = []
-    for a in asked.values():
-        for group, names in calls:
-            if names.isdisjoint(a.names):
-                group.append(a)
-                names |= a.names
-                break
-        else:
-            calls.append(([a], set(a.names)))
-    out: list[dict] = [{} for _ in items]
-    for group, _ in calls:
-        idx = [k for a in group for k in where[id(a)]]
-        for k, r in zip(idx, rtt_rows(model, [items[k][0] for k in idx], exact, _merged(group), context_per_pair)):
-            out[k] = r
+    for where, q in zip(pairs.where, pairs.slots):
+        out[where] = {**{k: None if v is None else float(v) for k, v in summaries[q].items()},
+                      "context_measurements": asked.built.context_measurements[q]}
     return out
 
 

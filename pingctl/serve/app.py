@@ -180,16 +180,16 @@ def _warm_up(st: RT.ServeState, forward_batch: int) -> None:
         log.warning("warm-up failed (%s: %s); answering anyway", type(e).__name__, e)
 
 
-def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0, max_queued: int = S.MAX_QUEUED,
+def create_app(model, *, max_batch: int | None = None, max_wait_ms: float | None = None, max_queued: int = S.MAX_QUEUED,
                max_body_bytes: int = S.MAX_BODY_BYTES, log_requests: bool = False, calibration=None,
                warmup: bool = True):
     """The application answering with `model` (a `pingctl.api.Model`, or the `LoadedModel` one
     holds). `calibration`: a loaded calibration map /rtt's distributions are recalibrated with
     (default: the Model's own). `max_batch`: RTT questions per gathered batch (default: the
-    model's forward batch); `max_wait_ms`: how long the worker waits for more once it has one;
-    `max_queued`: questions waiting past which requests get 503; `log_requests`: one log line
-    per request (logger `pingctl.serve`); `warmup`: compile the batch shapes before /health
-    says ready (False: ready at once, the first requests pay the compilations)."""
+    model's forward batch); `max_wait_ms`: how long the worker waits for more once it has one
+    (None: by the traffic, 2-150 ms, `batcher.Batcher.wait_s`); `max_queued`: questions waiting
+    past which requests get 503; `log_requests`: one log line per request (logger
+    `pingctl.serve`); `warmup`: compile the batch shapes before /health says ready (False: ready at once, the first requests pay the compilations)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
@@ -198,11 +198,11 @@ def create_app(model, *, max_batch: int | None = None, max_wait_ms: float = 5.0,
         model = Model(model, calibration)
     elif calibration is not None:
         model = Model(model.loaded, calibration)
-    if max_wait_ms < 0 or max_body_bytes < 1:
-        raise UsageError("max_wait_ms must be >= 0 and max_body_bytes >= 1")
+    if (max_wait_ms is not None and max_wait_ms < 0) or max_body_bytes < 1:
+        raise UsageError("max_wait_ms must be >= 0 (or None: automatic) and max_body_bytes >= 1")
     # the forward batch is not part of Model's metadata: the loaded model's, where it says
     forward_batch = int(getattr(model.loaded, "batch", 32))
-    batcher = Batcher(max_batch or forward_batch, max_wait_ms / 1000.0, max_queued)
+    batcher = Batcher(max_batch or forward_batch, None if max_wait_ms is None else max_wait_ms / 1000.0, max_queued)
     st = RT.ServeState(model, batcher, model.metadata(), max_body_bytes)
 
     @contextlib.asynccontextmanager

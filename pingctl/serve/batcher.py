@@ -7,13 +7,21 @@ works.
 
 Batchable jobs (`submit`) carry a key and a list of items (an RTT question's prompts). The
 worker takes the first waiting job and gathers further jobs of the same key until
-`max_batch` items are gathered or `max_wait_s` has passed since it took the first; the items
+`max_batch` items are gathered or the wait has passed since it took the first; the items
 of all of them go through the job's function together (in slices of `max_batch`), which is
 where concurrent single-pair requests share forward passes instead of each paying for its
 own. A batch-shaped model call costs about as much at 1 prompt as at 32 (the forward shapes
 are fixed buckets), so the gathering is what throughput comes from. A job of another key
 waits for the next round, in its order. A job that is not batchable (`call`: a completion, a
 search, a scoring) runs alone.
+
+The wait is `max_wait_s` when given. By default (None) it follows the traffic: when the last
+batch of the key carried one job and none waited behind it (one client asking in turn), 2 ms;
+when several clients share batches, 30% of the key's recent batch time (2-150 ms). Clients that
+each wait for their answer before asking again settle into two groups otherwise: while one
+group's batch runs the other's requests queue, and the worker takes them the moment it is free,
+a few milliseconds before the first group's next requests arrive, so every batch holds half the
+clients. Holding a batch open for a fraction of its own run time lets the groups merge.
 
 A gathered batch that fails is run again one job at a time, so a request whose questions
 break the model fails alone and the others get their answers; the worker itself never dies
@@ -32,6 +40,8 @@ from dataclasses import dataclass, field
 from pingctl.errors import PingctlError
 
 _STOP = object()
+AUTO_SHARE = 0.3  # of the key's recent batch time: what an automatic wait may hold a batch open
+AUTO_MIN_S, AUTO_MAX_S = 0.002, 0.15
 
 
 class Overloaded(PingctlError):
@@ -56,11 +66,13 @@ class Batcher:
     """The model's worker thread: `submit` batchable items, `call` anything else; both return a
     `concurrent.futures.Future`. `max_queued` bounds the items waiting (Overloaded past it)."""
 
-    def __init__(self, max_batch: int = 32, max_wait_s: float = 0.005, max_queued: int = 16_384,
+    def __init__(self, max_batch: int = 32, max_wait_s: float | None = None, max_queued: int = 16_384,
                  name: str = "pingctl-model"):
-        if max_batch < 1 or max_wait_s < 0 or max_queued < 1:
-            raise ValueError("max_batch >= 1, max_wait_s >= 0, max_queued >= 1")
+        if max_batch < 1 or (max_wait_s is not None and max_wait_s < 0) or max_queued < 1:
+            raise ValueError("max_batch >= 1, max_wait_s >= 0 (or None: automatic), max_queued >= 1")
         self.max_batch, self.max_wait_s, self.max_queued = max_batch, max_wait_s, max_queued
+        # per key: (jobs in its last batch, jobs of it waiting when that batch ended, EWMA of its batch seconds)
+        self._recent: dict = {}
         self._cv = threading.Condition()
         self._waiting: collections.deque = collections.deque()
         self._queued = 0
@@ -136,7 +148,7 @@ class Batcher:
                 self._run_alone(job)
                 continue
             batch, n = [job], len(job.items)
-            deadline = time.monotonic() + self.max_wait_s
+            deadline = time.monotonic() + self.wait_s(job.key)
             while n < self.max_batch:
                 more = self._take(job.key, deadline)
                 if more is None:
@@ -144,7 +156,24 @@ class Batcher:
                 if more.future.set_running_or_notify_cancel():
                     batch.append(more)
                     n += len(more.items)
+            t0 = time.monotonic()
             self._run_batch(batch)
+            self._note(job.key, len(batch), time.monotonic() - t0)
+
+    def wait_s(self, key: Hashable) -> float:
+        """How long a batch of `key` is held open for more jobs (see the module's docstring)."""
+        if self.max_wait_s is not None:
+            return self.max_wait_s
+        jobs, behind, seconds = self._recent.get(key, (1, 0, 0.0))
+        if jobs <= 1 and behind == 0:
+            return AUTO_MIN_S
+        return min(AUTO_MAX_S, max(AUTO_MIN_S, AUTO_SHARE * seconds))
+
+    def _note(self, key: Hashable, jobs: int, seconds: float) -> None:
+        with self._cv:
+            behind = sum(1 for j in self._waiting if j is not _STOP and j.key == key)
+        prev = self._recent.get(key)
+        self._recent[key] = (jobs, behind, seconds if prev is None else 0.7 * prev[2] + 0.3 * seconds)
 
     def _run_alone(self, job: _Job) -> None:
         self.stats["batches"] += 1

@@ -87,7 +87,7 @@ def _get(url: str) -> dict:
 
 
 def bench_serve(model, requests: int = 512, clients: int = 32, seconds: float = 15.0, contexts: tuple[int, ...] = (0, 24),
-                max_batch: int | None = None, max_wait_ms: float = 5.0, progress=lambda what: None) -> dict:
+                max_batch: int | None = None, max_wait_ms: float | None = None, progress=lambda what: None) -> dict:
     if requests < 1 or clients < 1 or seconds <= 0:
         raise UsageError("--requests and --clients must be >= 1, --seconds > 0")
     model = model if isinstance(model, Model) else Model(model)

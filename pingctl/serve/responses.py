@@ -172,7 +172,8 @@ class Health(_Out):
     step: int = Field(description="Its checkpoint step")
     queued: int = Field(description="RTT questions waiting for the model")
     max_batch: int = Field(description="RTT questions per gathered batch")
-    max_wait_ms: float = Field(description="How long the worker waits for more questions once it has one")
+    max_wait_ms: float | None = Field(description="How long the worker waits for more questions once it has one; "
+                                                "null: by the traffic (2-150 ms)")
     batcher: dict = Field(description="Model calls made and what they carried: batches, jobs, items, largest_batch, "
                                       "failures")
     warmup: dict = Field(description="The warm-up: calls made, seconds, error (if any)")

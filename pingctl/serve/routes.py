@@ -3,7 +3,7 @@
 them with their response models and error codes (`ROUTES`).
 
 Every model call goes through the state's `Batcher` (one worker thread; concurrent /rtt
-questions share `Model.rtt_many` calls, `answers.rtt_rows_shared` for those with context); the
+questions share `Model.rtt_summaries` calls over prompts their requests' threads built); the
 event loop validates, queues and awaits. Until the warm-up has run, the routes that ask the model answer 503 `warming` at once
 rather than keep a client waiting on a compilation.
 
@@ -63,6 +63,10 @@ def _ready(st: ServeState) -> None:
                       "(GET /health says ready when it is)")
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
 async def _on_worker(st: ServeState, fn):
     return await asyncio.wrap_future(st.batcher.call(fn))
 
@@ -84,7 +88,7 @@ async def health(request: Request, response: Response) -> dict:
         response.status_code = 503
         response.headers["Retry-After"] = "1"
     return {"status": st.status, "run": str(st.model.run), "step": st.model.step, "queued": b.queued,
-            "max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000, "batcher": dict(b.stats),
+            "max_batch": b.max_batch, "max_wait_ms": _ms(b.max_wait_s), "batcher": dict(b.stats),
             "warmup": {k: v for k, v in st.warmup.items() if k != "status"},
             "uptime_s": round(time.time() - st.started, 3)}
 
@@ -99,7 +103,7 @@ async def metadata(request: Request) -> dict:
     st = state(request)
     out = await _in_thread(A.metadata, st.model, st.started)
     b = st.batcher
-    return {**out, "serve": {"max_batch": b.max_batch, "max_wait_ms": b.max_wait_s * 1000,
+    return {**out, "serve": {"max_batch": b.max_batch, "max_wait_ms": _ms(b.max_wait_s),
                              "bounds": {"pairs": S.MAX_PAIRS, "context_rows": S.MAX_CONTEXT_ROWS,
                                         "search_samples": S.MAX_SEARCH_SAMPLES, "score_rows": S.MAX_SCORE_ROWS,
                                         "body_bytes": st.max_body_bytes, "queued": b.max_queued}}}
@@ -129,16 +133,13 @@ async def rtt(body: S.RttRequest, request: Request) -> dict:
                            f"no pair passes its checks ({len(rejected):,} set aside); first: {first['message']}")
     items = [{"src": q.src, "dst": q.dst, "time": q.time} for _, q in questions]
     cap = body.context_per_pair if body.context_per_pair is not None else st.meta["max_per_pair"]
-    # shares Model.rtt_many calls with other requests of the same kind (with context: those
-    # whose contexts name no common address or probe, over their merged contexts)
-    if body.context:
-        asked = A.Asked.of(await _in_thread(A.context, body.context), items)
-        fn = functools.partial(A.rtt_rows_shared, st.model, exact=body.exact, context_per_pair=body.context_per_pair)
-        job = st.batcher.submit(("rtt", body.exact, "context", body.context_per_pair), fn, [(i, asked) for i in items])
-    else:
-        fn = functools.partial(A.rtt_rows, st.model, exact=body.exact)
-        job = st.batcher.submit(("rtt", body.exact), fn, items)
-    results = await asyncio.wrap_future(job)
+    # the prompts here, in a request thread; only the forward passes on the model's worker,
+    # batched with other requests' prompts of the same kind (long prompts apart from short)
+    asked = await _in_thread(A.rtt_prompts, st.model, items, body.context, body.context_per_pair)
+    fn = functools.partial(A.rtt_summaries, st.model, exact=body.exact)
+    summaries = await asyncio.wrap_future(st.batcher.submit(("rtt", body.exact, bool(body.context)), fn,
+                                                            asked.prompts))
+    results = A.rtt_rows(asked, summaries, len(items))
     return A.rtt_response(st.model, body, questions, rejected, results, cap)
 
 

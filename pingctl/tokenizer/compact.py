@@ -59,11 +59,16 @@ def time_kinds(m: Measurements, context_starts=None) -> tuple[np.ndarray, np.nda
     return kind, delta
 
 
+def result_lengths(m: Measurements) -> np.ndarray:
+    """Tokens of each measurement's result block: Failed, or RttStart and two code bytes."""
+    return np.where(m.rtt_ms < 0, 1, 3)
+
+
 def block_lengths(m: Measurements, kind: np.ndarray) -> np.ndarray:
     lengths = np.empty((len(m), 4), np.int64)
     lengths[:, SRC] = np.where(m.src_v6, 17, 5)
     lengths[:, DST] = np.where(m.dst_v6, 17, 5)
-    lengths[:, RESULT] = np.where(m.rtt_ms < 0, 1, 3)
+    lengths[:, RESULT] = result_lengths(m)
     lengths[:, TIME] = TIME_LEN[kind]
     return lengths
 

@@ -99,10 +99,8 @@ class Measurements:
         msm_id: Sequence[int] | int = 0,
     ) -> "Measurements":
         """From Python values (address strings; time None = no timestamp). Raises PingctlError."""
-        import pyarrow as pa
-
-        s, s6 = parse_addresses(pa.array(list(src), pa.string()), "src")
-        d, d6 = parse_addresses(pa.array(list(dst), pa.string()), "dst")
+        s, s6 = parse_address_list(list(src), "src")
+        d, d6 = parse_address_list(list(dst), "dst")
         n = len(s)
         if time_s is None:
             t, has = np.zeros(n, np.int64), np.zeros(n, bool)
@@ -288,6 +286,29 @@ def _parse_unique(uniq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             v6[idx] = [p[1] for p in found]
             ok[idx] = True
     return out, v6, ok
+
+
+SMALL = 64  # address strings below which a Python loop beats building Arrow arrays
+
+
+def parse_address_list(values: list, what: str = "address") -> tuple[np.ndarray, np.ndarray]:
+    """`parse_addresses` of Python strings. A few (a question's pair, a request's context) are
+    parsed one by one (`packed_address`, the rule the column path applies to what its IPv4
+    pattern leaves), with its messages: most of a one-pair prompt's cost was the Arrow arrays."""
+    if len(values) >= SMALL or not all(isinstance(v, str) or v is None for v in values):
+        import pyarrow as pa
+
+        return parse_addresses(pa.array(values, pa.string()), what)
+    nulls = sum(v is None for v in values)
+    if nulls:
+        raise MeasurementError(f"{what}: {nulls} null address(es)")
+    parsed = [packed_address(v) for v in values]
+    if any(p is None for p in parsed):
+        bad = list(dict.fromkeys(v for v, p in zip(values, parsed) if p is None))
+        shown = ", ".join(repr(b) for b in bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise MeasurementError(f"{what}: {len(bad)} invalid IP address(es): {shown}")
+    addr = np.frombuffer(b"".join(p[0] for p in parsed), np.uint8).reshape(-1, 16).copy()
+    return addr, np.array([p[1] for p in parsed], bool)
 
 
 def parse_addresses(column, what: str = "address") -> tuple[np.ndarray, np.ndarray]:
