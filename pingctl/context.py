@@ -54,11 +54,31 @@ def dict_encode(values):
     return pc.dictionary_encode(pa.array(arr, type=pa.string(), from_pandas=True))
 
 
+SMALL = 64  # values below which Python dicts beat building Arrow arrays (a service request's context)
+
+
+def _few_strings(values) -> list | None:
+    """`values` as a list where it is a few Python strings (None = null), else None: the
+    Arrow path's per-call cost is most of a small request's."""
+    if len(values) >= SMALL or type(values).__module__.startswith("pyarrow"):
+        return None
+    out = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    return out if all(v is None or type(v) is str for v in out) else None
+
+
 def codes_in(values, vocab, transform=None) -> np.ndarray:
     """int64 code of each value in `vocab` (an Arrow string array), -1 where absent.
 
     `transform` maps each *distinct* input string (e.g. to its prefix) before the lookup.
     """
+    few = _few_strings(values)
+    if few is not None:
+        lut = {v: i for i, v in enumerate(vocab.to_pylist())}
+        seen: dict = {}
+        for v in few:
+            if v not in seen:
+                seen[v] = -1 if v is None else lut.get(transform(v) if transform else v, -1)
+        return np.array([seen[v] for v in few], np.int64)
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -78,7 +98,9 @@ def vocabulary(*columns, transform=None):
 
     values: set = set()
     for col in columns:
-        distinct = dict_encode(col).dictionary.to_pylist()
+        few = _few_strings(col)
+        distinct = list(dict.fromkeys(few)) if few is not None else dict_encode(col).dictionary.to_pylist()
+        distinct = [v for v in distinct if v is not None]
         values.update(map(transform, distinct) if transform else distinct)
     values.discard(None)
     return pa.array(sorted(values), pa.string())

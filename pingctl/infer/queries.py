@@ -71,8 +71,10 @@ def context_tokens(model, context: Measurements | None, budget: int, per_pair: i
     keep = int(np.searchsorted(np.cumsum(lens[::-1]), budget - 8, side="right"))
     if keep == 0:
         return np.zeros(0, np.int32), None
-    m = m.take(np.arange(len(m) - keep, len(m)))
-    return encode(m, "compact").tokens, (int(m.time_s[-1]) if timed else None)
+    if keep < len(m):  # all of them kept: the encoding above is the prompt's
+        m = m.take(np.arange(len(m) - keep, len(m)))
+        enc = encode(m, "compact")
+    return enc.tokens, (int(m.time_s[-1]) if timed else None)
 
 
 def query_prefix(src: str, dst: str, time_s: int | None, context: np.ndarray, last_time: int | None) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -222,10 +223,10 @@ class Measurements:
         return self.rtt_ms < 0
 
     def src_text(self) -> list[str]:
-        return format_addresses(self.src, self.src_v6).to_pylist()
+        return address_texts(self.src, self.src_v6)
 
     def dst_text(self) -> list[str]:
-        return format_addresses(self.dst, self.dst_v6).to_pylist()
+        return address_texts(self.dst, self.dst_v6)
 
     def differences(self, other: "Measurements", rtt_tol_ms: np.ndarray | float = 0.0,
                     columns: Sequence[str] | None = None) -> list[str]:
@@ -339,6 +340,18 @@ def parse_addresses(column, what: str = "address") -> tuple[np.ndarray, np.ndarr
         raise MeasurementError(f"{what}: {len(bad)} invalid IP address(es): {shown}")
     idx = indices.to_numpy(zero_copy_only=False)
     return ub[idx], u6[idx]
+
+
+def address_texts(addr: np.ndarray, v6: np.ndarray) -> list[str]:
+    """`format_addresses` as a list; a few formatted one by one (the Arrow arrays cost more)."""
+    if len(addr) >= SMALL:
+        return format_addresses(addr, v6).to_pylist()
+    return [_address_text(a.tobytes(), bool(f)) for a, f in zip(np.asarray(addr, np.uint8), v6)]
+
+
+@lru_cache(maxsize=1 << 16)
+def _address_text(raw: bytes, v6: bool) -> str:
+    return str(ipaddress.IPv6Address(raw)) if v6 else f"{raw[0]}.{raw[1]}.{raw[2]}.{raw[3]}"
 
 
 def format_addresses(addr: np.ndarray, v6: np.ndarray):
