@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pingctl.cli.app import app
-from pingctl.eval.regimes import best_candidates
+from pingctl.eval.regimes import MIN_VAL_HOSTS, best_candidates
 from tests.conftest import build_once
 
 runner = CliRunner()
@@ -115,6 +115,7 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["prompt"]["context_policy"] == "fair"
+    flagged = []
     for row in rep["table"]:
         report = rep["regimes"][row["regime"]]
         held = row["regime"] != "time"
@@ -127,6 +128,14 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
         cal = rep["calibrations"][row["regime"]]
         assert cal["fitted"] and json.loads(open(cal["fitted"]).read())["context_policy"] == \
             row["prompt"]["context_policy"]
+        # a map fitted on few held-out hosts says so (and the table prints it)
+        val = load_split(regime_val_dirs(regimes_split)[row["regime"]])
+        hosts = {"time": None, "pair": set(zip(val["src"], val["dst"])), "probe": set(val["src"]),
+                 "target": set(val["dst"])}[row["regime"]]
+        narrow = hosts is not None and len(hosts) < MIN_VAL_HOSTS
+        assert ("warning" in cal) == narrow, (row["regime"], cal)
+        if narrow:
+            flagged.append(f"{row['regime']}: recalibration: val_{row['regime']} holds {len(hosts)}")
     assert rep["choice"]["pair"]["chosen_on"] == "val"
     # every val set (time's val/ and each held-out regime's) is disjoint from every test set
     vals, tests = regime_val_dirs(regimes_split), regime_test_dirs(regimes_split)
@@ -142,6 +151,8 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
         assert v and not v & test_packets, p
     shown = runner.invoke(app, ["inspect", str(out)])
     assert shown.exit_code == 0 and "pair 4" in shown.output and "both 4+4" in shown.output
+    for line in flagged:
+        assert line in shown.output, (line, shown.output)
 
 
 def test_eval_regimes_refuses_other_inputs(tiny_run, time_split, tmp_path):

@@ -267,6 +267,10 @@ def print_regimes(result: dict, path) -> None:
                   + each(lambda r: f"{_pct(r.get('cov90'))} → {_pct(r.get('cov90_calibrated'))}"
                                    + (f" ({r['calibrated_on']})" if r.get("calibrated_on") else ""))
                   + ("" if cal.get("fitted") else f" (no map: {cal.get('reason')})"), highlight=False, soft_wrap=True)
+    for regime, info in (result.get("calibrations") or {}).items():
+        if info.get("warning"):
+            console.print(f"{regime}: recalibration: {info['warning']}", style="yellow", highlight=False,
+                          soft_wrap=True)
     console.print("model's CRPS below every baseline's: " + each(lambda r: fmt(r.get("crps_below_every_baseline"))),
                   highlight=False, soft_wrap=True)
     console.print("median CRPS ms, model vs best classical: "

@@ -45,6 +45,25 @@ from pingctl.synth.truth import load_truth
 CHOSEN_ON_VAL = ("pair",)
 
 
+MIN_VAL_HOSTS = 5  # held-out hosts (or pairs) below which a regime's recalibration map is flagged
+
+
+def narrow_val(val: dict, regime: str) -> str | None:
+    """Why a held-out regime's val set is too narrow for a map that must transfer to other held-out
+    hosts: fewer than MIN_VAL_HOSTS of the kind the regime holds out (None: wide enough, or the
+    time regime, whose val set holds the test's own pairs)."""
+    kinds = {"pair": ("pairs", lambda: set(zip(val["src"], val["dst"]))), "probe": ("probes", lambda: set(val["src"])),
+             "target": ("destinations", lambda: set(val["dst"]))}
+    if regime not in kinds:
+        return None
+    what, distinct = kinds[regime]
+    n = len(distinct())
+    if n >= MIN_VAL_HOSTS:
+        return None
+    return (f"holds {n} {what if n != 1 else what[:-1]}: a map fitted on so few may not transfer to the "
+            f"test's other {what} (compare the raw coverage)")
+
+
 def best_candidates(regime: str, policy: str) -> tuple[str, ...]:
     if not (found := candidates(regime, policy)):
         raise PingctlError(f"no registered baseline serves the {regime} regime (eval.registry)")
@@ -223,6 +242,8 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
             "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(vpath.resolve()),
             "seed": seed, **pr}, name=name)
         info["fitted_on"] = vpath.name if info.get("fitted") else None
+        if info.get("fitted") and (narrow := narrow_val(val, regime)):
+            info["warning"] = f"{vpath.name} {narrow}"
         cals[key] = (CAL.load(Path(info["fitted"])) if info.get("fitted") else None, info)
     calibrations = {r: cals[(val_dirs[r], prompts[r]["context_policy"])][1] for r in REGIMES}
     calibration = calibrations["time"]
