@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pingctl.errors import UsageError
+from pingctl.tokenizer.measurements import SMALL  # below it, Python beats building Arrow arrays
 
 POLICIES = ("probe", "cold", "none", "both", "pair")
 # `eval --regimes --context-policy fair`: each regime's prompt carries what the classical
@@ -52,9 +53,6 @@ def dict_encode(values):
         return pc.dictionary_encode(values.cast(pa.string()))
     arr = np.asarray(values, dtype=object)
     return pc.dictionary_encode(pa.array(arr, type=pa.string(), from_pandas=True))
-
-
-SMALL = 64  # values below which Python dicts beat building Arrow arrays (a service request's context)
 
 
 def _few_strings(values) -> list | None:

@@ -350,13 +350,8 @@ class Model:
         `context` instead (`context_k`, default 16, measurements a side: its probe's to other
         destinations, its destination's from other sources), as `rtt(..., context_policy="both")`."""
         asked = self.rtt_prompts(pairs, context, context_per_pair, context_policy, context_k)
-        n, sums = len(asked), []
-        if progress:
-            progress(0, n)
-        for a in range(0, n, P.CHUNK):
-            sums += self.rtt_summaries(asked.prompts[a : a + P.CHUNK], exact)
-            if progress:
-                progress(min(a + P.CHUNK, n), n)
+        sums = P.summaries(self.loaded, asked.prompts, exact, self.calibration,
+                           **({"progress": progress} if progress else {}))
         return self.rtt_predictions(asked, sums, exact)
 
     @A.argument_names

@@ -384,10 +384,16 @@ def prompts(model, pairs: Pairs, ctx=None, per_pair: int = 0, prb: np.ndarray | 
     return Prompts(pairs, out, n_ctx)
 
 
-def summaries(model, prompts: list[np.ndarray], exact: bool, calibration=None) -> list[dict]:
-    """What `--pairs` reports of the distribution after each prompt (`distributions`): the
-    model's part of an answer, for prompts of any questions, batched together."""
-    return [d.summary() for d in distributions(model, prompts, exact, calibration)]
+def summaries(model, prompts: list[np.ndarray], exact: bool, calibration=None, chunk: int = CHUNK,
+              progress=lambda done, total: None) -> list[dict]:
+    """What `--pairs` reports of the distribution after each prompt (`distributions`), `chunk`
+    prompts a model call: the model's part of an answer, for prompts of any questions."""
+    n, out = len(prompts), []
+    progress(0, n)
+    for a in range(0, n, chunk):
+        out += [d.summary() for d in distributions(model, prompts[a : a + chunk], exact, calibration)]
+        progress(min(a + chunk, n), n)
+    return out
 
 
 SUMMARY_COLUMNS = ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms",
@@ -414,10 +420,4 @@ def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False
     ones fall). `policy` "both": each prompt holds the pair's triangulation context from `ctx`
     (`k` a side, `per_pair` of each pair per side) instead of its probe's history."""
     p = prompts(model, pairs, ctx, per_pair, prb=prb, policy=policy, k=k)
-    n = len(p.prompts)
-    sums: list[dict] = []
-    progress(0, n)
-    for a in range(0, n, chunk):
-        sums += summaries(model, p.prompts[a : a + chunk], exact, calibration)
-        progress(min(a + chunk, n), n)
-    return columns(p, sums)
+    return columns(p, summaries(model, p.prompts, exact, calibration, chunk, progress))

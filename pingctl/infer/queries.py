@@ -113,8 +113,7 @@ class RttDistribution:
         return self._cumulative
 
     def quantile(self, q: float) -> float:
-        cdf = self.cumulative
-        return float(self.values_ms[min(int(np.searchsorted(cdf, q)), len(cdf) - 1)])
+        return float(self.quantile_values([q])[0])
 
     def quantile_values(self, qs) -> np.ndarray:
         """`quantile` of each of `qs`, in one search."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from dataclasses import dataclass
 
 import numpy as np
 

@@ -289,7 +289,7 @@ def _parse_unique(uniq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return out, v6, ok
 
 
-SMALL = 64  # address strings below which a Python loop beats building Arrow arrays
+SMALL = 64  # values (address strings, context keys) below which a Python loop beats building Arrow arrays
 
 
 def parse_address_list(values: list, what: str = "address") -> tuple[np.ndarray, np.ndarray]:
@@ -305,9 +305,7 @@ def parse_address_list(values: list, what: str = "address") -> tuple[np.ndarray,
         raise MeasurementError(f"{what}: {nulls} null address(es)")
     parsed = [packed_address(v) for v in values]
     if any(p is None for p in parsed):
-        bad = list(dict.fromkeys(v for v, p in zip(values, parsed) if p is None))
-        shown = ", ".join(repr(b) for b in bad[:3]) + (" ..." if len(bad) > 3 else "")
-        raise MeasurementError(f"{what}: {len(bad)} invalid IP address(es): {shown}")
+        raise _invalid(what, list(dict.fromkeys(v for v, p in zip(values, parsed) if p is None)))
     addr = np.frombuffer(b"".join(p[0] for p in parsed), np.uint8).reshape(-1, 16).copy()
     return addr, np.array([p[1] for p in parsed], bool)
 
@@ -335,11 +333,15 @@ def parse_addresses(column, what: str = "address") -> tuple[np.ndarray, np.ndarr
         dictionary = dictionary.cast(pa.string())
     ub, u6, ok = _parse_unique(dictionary)
     if not ok.all():
-        bad = dictionary.filter(pa.array(~ok)).to_pylist()
-        shown = ", ".join(repr(b) for b in bad[:3]) + (" ..." if len(bad) > 3 else "")
-        raise MeasurementError(f"{what}: {len(bad)} invalid IP address(es): {shown}")
+        raise _invalid(what, dictionary.filter(pa.array(~ok)).to_pylist())
     idx = indices.to_numpy(zero_copy_only=False)
     return ub[idx], u6[idx]
+
+
+def _invalid(what: str, bad: list) -> MeasurementError:
+    """The refusal of distinct invalid address strings, in order of first appearance."""
+    shown = ", ".join(repr(b) for b in bad[:3]) + (" ..." if len(bad) > 3 else "")
+    return MeasurementError(f"{what}: {len(bad)} invalid IP address(es): {shown}")
 
 
 def address_texts(addr: np.ndarray, v6: np.ndarray) -> list[str]:
@@ -363,13 +365,7 @@ def format_addresses(addr: np.ndarray, v6: np.ndarray):
         return pa.array([], pa.string())
     key = np.ascontiguousarray(np.concatenate([addr, v6[:, None].astype(np.uint8)], axis=1)).view("V17").ravel()
     uniq, inverse = np.unique(key, return_inverse=True)
-    texts = []
-    for k in uniq:
-        raw = bytes(k)
-        if raw[16]:
-            texts.append(str(ipaddress.IPv6Address(raw[:16])))
-        else:
-            texts.append(f"{raw[0]}.{raw[1]}.{raw[2]}.{raw[3]}")
+    texts = [_address_text(raw[:16], bool(raw[16])) for raw in map(bytes, uniq)]
     indices = pa.array(inverse.ravel().astype(np.int32))
     return pa.DictionaryArray.from_arrays(indices, pa.array(texts, pa.string())).dictionary_decode()
 
