@@ -333,6 +333,9 @@ class EvalConfig(Section):
     context_per_pair: int | None = Field(
         None, ge=0, description="cap per (src, dst) pair in the prompt (null: as the run was trained; 0: none)")
     seed: int = Field(0, ge=0, description="seed of the packet subset and Vivaldi")
+    recalibration: Literal["pooled", "own"] = Field(
+        "pooled", description="eval --regimes: the held-out regimes' recalibration map, fitted on their val sets "
+        "together (pooled) or one per regime on its own (own)")
 
 
 class Config(Section):

@@ -211,7 +211,7 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
     Steps 1 and 2 also hold out, next in the same md5 ranking, `regimes.val` times as many
     sources, destinations and pairs for val_probe, val_target and val_pair: each held-out
     regime's own val set (for the recalibration and the baseline choice `eval --regimes` fits
-    on val), disjoint from every test set by construction.
+    on held-out val packets), disjoint from every test set by construction.
     3. a held-out pair with an end that no train row has goes back to the time pairs
        (train's ends only grow by this, so one pass settles it);
     4. rows that fit no regime are dropped with a reason (DROP_REASONS): a held-out source to

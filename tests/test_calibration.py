@@ -111,6 +111,13 @@ def test_a_map_is_refused_for_another_run_step_prompt_or_its_own_packets(tmp_pat
         CAL.check_fits(cal, tmp_path / "run", [59], {"context_policy": "probe"})
     with pytest.raises(UsageError, match="the split being evaluated"):
         CAL.check_fits(cal, tmp_path / "run", [59], scored=tmp_path / "val")
+    # a map pooled over several val sets (eval --regimes) is refused on any of them
+    pooled = CAL.fit(np.linspace(0, 1, 50), {**meta, "fitted_on": [str(tmp_path / "val_pair"),
+                                                                   str(tmp_path / "val_probe")]})
+    assert CAL.fitted_on(pooled) == [str(tmp_path / "val_pair"), str(tmp_path / "val_probe")]
+    CAL.check_fits(pooled, tmp_path / "run", [59], scored=tmp_path / "test_probe")
+    with pytest.raises(UsageError, match="the split being evaluated"):
+        CAL.check_fits(pooled, tmp_path / "run", [59], scored=tmp_path / "val_probe")
     assert CAL.prompt_mismatch(cal, has_context=True) is None
     assert "has no --context" in CAL.prompt_mismatch(cal, has_context=False)
     bare = CAL.fit(np.linspace(0, 1, 50), {**meta, "context_policy": "none"})

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pingctl.cli.app import app
-from pingctl.eval.regimes import MIN_VAL_HOSTS, best_candidates
+from pingctl.eval.regimes import MIN_VAL_HOSTS, best_candidates, describe_val, map_groups
 from tests.conftest import build_once
 
 runner = CliRunner()
@@ -104,8 +104,9 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
 
 def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split, tmp_path):
     """The default policy of --regimes (fair): the time regime's prompts hold the pair's own
-    earlier packets, the held-out regimes' never the pair; each regime's recalibration is
-    fitted on its own val set, which shares no packet with any test set."""
+    earlier packets, the held-out regimes' never the pair; the time regime is recalibrated on
+    val/, the held-out regimes on their own val sets together; no val set shares a packet with
+    any test set."""
     from pingctl.artifacts.table import REGIME_VALS, regime_test_dirs, regime_val_dirs
     from pingctl.artifacts.table import load_split
 
@@ -115,7 +116,6 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
     assert rep["prompt"]["context_policy"] == "fair"
-    flagged = []
     for row in rep["table"]:
         report = rep["regimes"][row["regime"]]
         held = row["regime"] != "time"
@@ -123,19 +123,28 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
         stats = report["prompt"]
         assert stats["mean_measurements"] > 0 and stats["before_query"] == 1.0
         assert stats["of_the_pair"] == (0.0 if held else 1.0)
-        # recalibrated on its own regime's val set, with its own prompts
-        assert row["calibrated_on"] == ("val_" + row["regime"] if held else "val")
+        # recalibrated on val packets asked with its own prompts: the time regime on val/, the
+        # held-out ones on their val sets together (the default, pooled)
         cal = rep["calibrations"][row["regime"]]
-        assert cal["fitted"] and json.loads(open(cal["fitted"]).read())["context_policy"] == \
-            row["prompt"]["context_policy"]
-        # a map fitted on few held-out hosts says so (and the table prints it)
-        val = load_split(regime_val_dirs(regimes_split)[row["regime"]])
-        hosts = {"time": None, "pair": set(zip(val["src"], val["dst"])), "probe": set(val["src"]),
-                 "target": set(val["dst"])}[row["regime"]]
-        narrow = hosts is not None and len(hosts) < MIN_VAL_HOSTS
-        assert ("warning" in cal) == narrow, (row["regime"], cal)
-        if narrow:
-            flagged.append(f"{row['regime']}: recalibration: val_{row['regime']} holds {len(hosts)}")
+        fitted = json.loads(open(cal["fitted"]).read())
+        assert fitted["context_policy"] == row["prompt"]["context_policy"]
+        if held:
+            assert row["calibrated_on"] == "val_pair+val_probe+val_target"
+            assert cal["fitted"].endswith("calibration_held_out.json")
+            assert fitted["fitted_on"] == [str(p.resolve()) for p in
+                                           (regimes_split / "val_pair", regimes_split / "val_probe",
+                                            regimes_split / "val_target")]
+            assert set(cal["held_out"]) == {"pair", "probe", "target"}
+            val = load_split(regime_val_dirs(regimes_split)[row["regime"]])
+            assert cal["held_out"][row["regime"]]["count"] == len(
+                {"pair": set(zip(val["src"], val["dst"])), "probe": set(val["src"]), "target": set(val["dst"])}
+                [row["regime"]])
+        else:
+            assert row["calibrated_on"] == "val" and cal["fitted"].endswith("/calibration.json")
+    # one pooled map: its packets are every held-out val set's (each asked once, 40 at most)
+    held_cal = rep["calibrations"]["pair"]
+    assert held_cal == rep["calibrations"]["probe"] == rep["calibrations"]["target"]
+    assert 40 < held_cal["packets"] <= 120
     assert rep["choice"]["pair"]["chosen_on"] == "val"
     # every val set (time's val/ and each held-out regime's) is disjoint from every test set
     vals, tests = regime_val_dirs(regimes_split), regime_test_dirs(regimes_split)
@@ -151,8 +160,59 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
         assert v and not v & test_packets, p
     shown = runner.invoke(app, ["inspect", str(out)])
     assert shown.exit_code == 0 and "pair 4" in shown.output and "both 4+4" in shown.output
+    assert "(val_pair+val_probe+val_target)" in shown.output
+
+
+def test_own_recalibration_fits_one_map_per_held_out_regime(tiny_run, regimes_split, tmp_path):
+    """--recalibration own: each held-out regime's map on its own val set, and a map fitted on
+    few held-out hosts says so (the table prints it)."""
+    from pingctl.artifacts.table import load_split, regime_val_dirs
+
+    out = tmp_path / "own"
+    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "40",
+                            "--context", "4", "--recalibration", "own", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    flagged = []
+    for row in rep["table"]:
+        regime = row["regime"]
+        cal = rep["calibrations"][regime]
+        if regime == "time":
+            assert row["calibrated_on"] == "val" and "warning" not in cal
+            continue
+        assert row["calibrated_on"] == f"val_{regime}" and cal["fitted"].endswith(f"calibration_{regime}.json")
+        assert json.loads(open(cal["fitted"]).read())["fitted_on"] == str((regimes_split / f"val_{regime}").resolve())
+        val = load_split(regime_val_dirs(regimes_split)[regime])
+        hosts = {"pair": set(zip(val["src"], val["dst"])), "probe": set(val["src"]), "target": set(val["dst"])}[regime]
+        narrow = len(hosts) < MIN_VAL_HOSTS
+        assert ("warning" in cal) == narrow, (regime, cal)
+        if narrow:
+            flagged.append(f"{regime}: recalibration: val_{regime} holds {len(hosts)}")
+    assert not (out / "calibration_held_out.json").exists()
+    shown = runner.invoke(app, ["inspect", str(out)])
+    assert shown.exit_code == 0
     for line in flagged:
         assert line in shown.output, (line, shown.output)
+    r = runner.invoke(app, ["eval", str(tiny_run), "--train", str(regimes_split / "train"), "--test",
+                            str(regimes_split / "test_pair"), "--recalibration", "own", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--recalibration" in r.output
+
+
+def test_map_groups_pool_the_held_out_regimes_only_where_they_share_prompts(tmp_path):
+    both = {"context_policy": "both", "context_measurements": 16, "context_per_pair": 1, "context_dst": 16}
+    pair = {"context_policy": "pair", "context_measurements": 16, "context_per_pair": 0}
+    prompts = {"time": pair, "pair": both, "probe": both, "target": both}
+    vals = {"time": tmp_path / "val", **{r: tmp_path / f"val_{r}" for r in ("pair", "probe", "target")}}
+    assert map_groups(vals, prompts, "pooled") == [["time"], ["pair", "probe", "target"]]
+    assert map_groups(vals, prompts, "own") == [["time"], ["pair"], ["probe"], ["target"]]
+    # prompts of another shape in one held-out regime: a map per prompt shape
+    assert map_groups(vals, {**prompts, "target": {**both, "context_dst": 4}}, "pooled") == \
+        [["time"], ["pair"], ["probe"], ["target"]]
+    # a split without per-regime val sets: regimes asked alike on val/ share a map, either way
+    old = {r: tmp_path / "val" for r in vals}
+    for how in ("pooled", "own"):
+        assert map_groups(old, prompts, how) == [["time"], ["pair", "probe", "target"]]
+        assert map_groups(old, {r: both for r in vals}, how) == [["time", "pair", "probe", "target"]]
 
 
 def test_eval_regimes_refuses_other_inputs(tiny_run, time_split, tmp_path):
@@ -163,3 +223,24 @@ def test_eval_regimes_refuses_other_inputs(tiny_run, time_split, tmp_path):
     r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(time_split), "-o", str(tmp_path / "x")])
     assert r.exit_code == 1 and "--strategy regimes" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_map_says_what_its_val_sets_hold_out_and_flags_few():
+    def split(pairs):
+        return {"src": np.array([a for a, _ in pairs]), "dst": np.array([b for _, b in pairs])}
+
+    wide = split([(f"s{i}", f"d{i % 3}") for i in range(12)])
+    one_dst = split([(f"s{i}", "d0") for i in range(12)])
+    info = {"fitted": "m.json", "fitted_on": "val_pair+val_target"}
+    describe_val(info, {"pair": wide, "target": one_dst})
+    assert info["held_out"] == {"pair": {"what": "pairs", "count": 12}, "target": {"what": "destinations", "count": 1}}
+    assert "warning" not in info  # 13 held-out units in all
+    info = {"fitted": "m.json", "fitted_on": "val_probe+val_target"}
+    describe_val(info, {"probe": split([("s0", "d0"), ("s1", "d0")]), "target": one_dst})
+    assert info["warning"].startswith("val_probe+val_target hold 2 probes, 1 destination in all")
+    info = {"fitted": "m.json", "fitted_on": "val_target"}
+    describe_val(info, {"target": one_dst})
+    assert info["warning"].startswith("val_target holds 1 destination:")
+    info = {"fitted": "m.json", "fitted_on": "val"}
+    describe_val(info, {"time": wide})  # the time regime holds nothing out
+    assert "held_out" not in info and "warning" not in info

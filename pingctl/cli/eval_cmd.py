@@ -52,6 +52,10 @@ def evaluate(
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int | None, typer.Option(
         min=0, help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
+    recalibration: Annotated[str | None, typer.Option(
+        help="--regimes: the held-out regimes' recalibration map: pooled (one map fitted on their val sets "
+             "together: a val set holds few of the hosts its regime holds out) or own (one per regime, on its "
+             "own val set). [default: eval.recalibration, pooled]")] = None,
     calibration: Annotated[Path | None, typer.Option(
         help="A calibration.json that an eval of this run on other packets (the val split) wrote: adds "
              "model_calibrated, the model's distributions recalibrated so their quantiles cover as "
@@ -87,7 +91,7 @@ def evaluate(
         context_policy = "fair"  # each regime the prompt with its baseline's information
     cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
                                 "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair,
-                                "eval.context_dst": context_dst}).eval
+                                "eval.context_dst": context_dst, "eval.recalibration": recalibration}).eval
     for key, value, most in (("queries", cfg.queries, MAX_QUERIES), ("context", cfg.context, MAX_CONTEXT)):
         if value > most:  # the options are bounded by Typer; a --set or --config value here
             raise UsageError(f"eval.{key} {value:,} is beyond the bound of {most:,} (see --{key} in "
@@ -96,6 +100,9 @@ def evaluate(
     if context_dst is not None and context_policy not in ("both", "fair"):
         raise UsageError(f"--context-dst is the destination side of --context-policy both (this eval: {context_policy})")
     context_per_pair, context_dst = cfg.context_per_pair, cfg.context_dst
+    if recalibration is not None and regimes is None:
+        raise UsageError("--recalibration chooses the held-out regimes' maps of --regimes; without it, fit a map "
+                         "with an eval on val and give it as --calibration")
     if regimes is not None:
         if train is not None or test is not None or calibration is not None:
             raise UsageError("--regimes takes the train, val and test sets from the regimes split; "
@@ -105,7 +112,7 @@ def evaluate(
         with step_progress("eval") as report_progress:
             result = evaluate_regimes(run, regimes, out, truth, queries, context, seed, steps, policy=context_policy,
                                       per_pair=context_per_pair, hardware=hardware, context_dst=context_dst,
-                                      progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                                      recalibration=cfg.recalibration, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
         if as_json:
             emit(dict(result), True)
             return
@@ -263,7 +270,7 @@ def print_regimes(result: dict, path) -> None:
         return ", ".join(f"{r['regime']} {f(r)}" for r in done)
 
     console.print("packets (pairs): " + each(lambda r: f"{r['packets']} ({r['pairs']})"), highlight=False, soft_wrap=True)
-    console.print("model's 90% interval covers, raw → recalibrated on its regime's val set: "
+    console.print("model's 90% interval covers, raw → recalibrated (the map's val sets): "
                   + each(lambda r: f"{_pct(r.get('cov90'))} → {_pct(r.get('cov90_calibrated'))}"
                                    + (f" ({r['calibrated_on']})" if r.get("calibrated_on") else ""))
                   + ("" if cal.get("fitted") else f" (no map: {cal.get('reason')})"), highlight=False, soft_wrap=True)

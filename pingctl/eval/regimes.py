@@ -5,9 +5,10 @@ has the same information as the model's prompt (docs/eval.md, "The regimes table
 The baselines are fitted once on SPLITDIR/train; on each regime's test set every one of them
 predicts the same seeded subset of packets the model answers, beside the predictors that read
 the model's own prompts (`prompt_median`, `vivaldi_refit`, `embedding_refit`:
-report.add_prompt_baselines). The model's distributions are recalibrated with a map fitted on
-the regime's own val set (`model_calibrated`: SPLITDIR/val for the time regime, val_<regime>
-for the held-out ones where the split has them), asked with the regime's own prompts. Which
+report.add_prompt_baselines). The model's distributions are recalibrated (`model_calibrated`)
+with a map fitted on val packets asked with the regime's own prompts: SPLITDIR/val for the time
+regime; for the held-out ones, where the split has val_<regime> sets, all of them together
+(`pooled`, the default) or each its own (`own`): map_groups. Which
 baseline a regime is judged against is fixed before any test packet is looked at (eval.registry; the
 pair regime's between Vivaldi and the embedding by their error on its val set). Under the
 `fair` context policy each regime gets the prompt with its baseline's information
@@ -26,7 +27,7 @@ from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import REGIMES, load_split, load_split_if_any, regime_test_dirs, regime_val_dirs, take
 from pingctl.atomic import write_json
 from pingctl.context import FAIR, FAIR_POLICIES
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, UsageError
 from pingctl.eval import metrics as M
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import prediction_columns, summary_rows
@@ -46,22 +47,48 @@ CHOSEN_ON_VAL = ("pair",)
 
 
 MIN_VAL_HOSTS = 5  # held-out hosts (or pairs) below which a regime's recalibration map is flagged
+RECALIBRATIONS = ("pooled", "own")
+HELD_OUT_MAP = "calibration_held_out.json"
+# what each held-out regime holds out, counted in its val set
+_HELD_OUT_UNITS = {"pair": ("pairs", lambda v: set(zip(v["src"], v["dst"]))),
+                   "probe": ("probes", lambda v: set(v["src"])), "target": ("destinations", lambda v: set(v["dst"]))}
+
+
+def held_out_units(val: dict, regime: str) -> tuple[str, int] | None:
+    """What `regime` holds out and how many of them `val` holds (None for the time regime,
+    whose val set holds the test's own pairs)."""
+    if regime not in _HELD_OUT_UNITS:
+        return None
+    what, distinct = _HELD_OUT_UNITS[regime]
+    return what, len(distinct(val))
 
 
 def narrow_val(val: dict, regime: str) -> str | None:
     """Why a held-out regime's val set is too narrow for a map that must transfer to other held-out
     hosts: fewer than MIN_VAL_HOSTS of the kind the regime holds out (None: wide enough, or the
-    time regime, whose val set holds the test's own pairs)."""
-    kinds = {"pair": ("pairs", lambda: set(zip(val["src"], val["dst"]))), "probe": ("probes", lambda: set(val["src"])),
-             "target": ("destinations", lambda: set(val["dst"]))}
-    if regime not in kinds:
+    time regime)."""
+    if (units := held_out_units(val, regime)) is None or units[1] >= MIN_VAL_HOSTS:
         return None
-    what, distinct = kinds[regime]
-    n = len(distinct())
-    if n >= MIN_VAL_HOSTS:
-        return None
-    return (f"holds {n} {what if n != 1 else what[:-1]}: a map fitted on so few may not transfer to the "
+    what, n = units
+    return (f"holds {_count(n, what)}: a map fitted on so few may not transfer to the "
             f"test's other {what} (compare the raw coverage)")
+
+
+def map_groups(val_dirs: dict, prompts: dict, recalibration: str) -> list[list[str]]:
+    """Which regimes share one recalibration map, in REGIMES order. `own`: the regimes asked on
+    the same val set with the same prompts. `pooled` (the default): besides, the held-out regimes
+    that have val sets of their own and the same prompts share one map fitted on all of them. A
+    val set holds few of the hosts its regime holds out (a split's 5% of 30 destinations is 1 or
+    2), and their quirks do not transfer to the test's other hosts; what the held-out regimes
+    share, an unseen end, does (docs/eval.md, "One recalibration map for the held-out regimes")."""
+    own_vals = [r for r in REGIMES if r != "time" and val_dirs[r] != val_dirs["time"]]
+    pool = (recalibration == "pooled" and len(own_vals) > 1
+            and all(prompts[r] == prompts[own_vals[0]] for r in own_vals))
+    groups: dict = {}
+    for r in REGIMES:
+        key = "held_out" if pool and r in own_vals else (val_dirs[r], prompts[r]["context_policy"])
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
 
 
 def best_candidates(regime: str, policy: str) -> tuple[str, ...]:
@@ -165,16 +192,19 @@ def _crps_below_all(report: dict, baselines: list[str]) -> bool | None:
 def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None = None, queries: int = 300,
                      context: int = 16, seed: int = 0, step: int | list[int] | None = None,
                      vivaldi_cycles: int = 1000, policy: str = "probe", per_pair: int | None = None,
-                     hardware: str | None = None, context_dst: int | None = None,
+                     hardware: str | None = None, context_dst: int | None = None, recalibration: str = "pooled",
                      progress=lambda _step, _done=0, _total=None: None) -> dict:
     """The model and every baseline on `queries` packets of each regime's test set of
     `split_dir`; writes OUT/report.json (mode "regimes": the table and one full report per
     regime), OUT/predictions.parquet (every packet of every regime) and the recalibration maps,
-    each fitted on its regime's val set with that regime's prompts (OUT/calibration.json for
-    the time regime's val/, OUT/calibration_<regime>.json where a held-out regime has its own
-    val_<regime>/). Options as `eval.run.evaluate`; `policy` may also be `fair`
-    (FAIR_POLICIES: each regime the prompt with its baseline's information)."""
+    fitted on val sets asked with each regime's prompts (OUT/calibration.json for the time
+    regime's val/; `recalibration` pooled: OUT/calibration_held_out.json on the held-out
+    regimes' val_<regime>/ sets together, own: OUT/calibration_<regime>.json on each: map_groups).
+    Options as `eval.run.evaluate`; `policy` may also be `fair` (FAIR_POLICIES: each regime the
+    prompt with its baseline's information)."""
     policies = regime_policies(policy)
+    if recalibration not in RECALIBRATIONS:
+        raise UsageError(f"--recalibration {recalibration!r}: expected one of {', '.join(RECALIBRATIONS)}")
     for pol in dict.fromkeys(policies.values()):
         check_options(pol, hardware, per_pair, queries, context, context_dst, seed)
     out, split_dir = Path(out), Path(split_dir)
@@ -216,8 +246,8 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
                        progress=lambda done, total: progress(f"model predictions ({what})", done, total))
 
     # each regime's val set (val/ for time, val_<regime>/ for the others where the split has
-    # them): its recalibration map, asked with the regime's own prompts, and the pair regime's
-    # choice of baseline
+    # them), asked with the regime's own prompts: the recalibration maps (map_groups) and the
+    # pair regime's choice of baseline
     loaded: dict = {}
 
     def val_split(path: Path) -> dict | None:
@@ -226,33 +256,40 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         return loaded[path]
 
     out.mkdir(parents=True, exist_ok=True)
-    cals: dict = {}
-    for regime in REGIMES:
-        vpath, pr = val_dirs[regime], prompts[regime]
-        key = (vpath, pr["context_policy"])
-        if key in cals:
-            continue
-        val = val_split(vpath)
-        if val is None or not len(val["rtt"]):
-            cals[key] = (None, {"fitted": None, "reason": f"no val split {vpath}", "fitted_on": None})
-            continue
-        name = "calibration.json" if not cals else f"calibration_{regime}.json"
-        vpred = ask(val, _sample(len(val["rtt"]), queries, seed), None, f"{vpath.name} for {regime}", pr)
-        info = fit_calibration(vpred["pit"], out, {
-            "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(vpath.resolve()),
-            "seed": seed, **pr}, name=name)
-        info["fitted_on"] = vpath.name if info.get("fitted") else None
-        if info.get("fitted") and (narrow := narrow_val(val, regime)):
-            info["warning"] = f"{vpath.name} {narrow}"
-        cals[key] = (CAL.load(Path(info["fitted"])) if info.get("fitted") else None, info)
-    calibrations = {r: cals[(val_dirs[r], prompts[r]["context_policy"])][1] for r in REGIMES}
+    pits: dict = {}  # (val path, policy) -> the PITs of its packets under that policy's prompts
+    calibrations: dict = {}
+    maps: dict = {}
+    for group in map_groups(val_dirs, prompts, recalibration):
+        keys = list(dict.fromkeys((val_dirs[r], prompts[r]["context_policy"]) for r in group))
+        regime_of = {(val_dirs[r], prompts[r]["context_policy"]): r for r in reversed(group)}
+        present = [k for k in keys if (v := val_split(k[0])) is not None and len(v["rtt"])]
+        for k in present:
+            if k not in pits:
+                r = regime_of[k]
+                pits[k] = ask(val_split(k[0]), _sample(len(val_split(k[0])["rtt"]), queries, seed), None,
+                              f"{k[0].name} for {r}", prompts[r])["pit"]
+        if not present:
+            info, cal = {"fitted": None, "reason": f"no val split {keys[0][0]}", "fitted_on": None}, None
+        else:
+            pooled = len(present) > 1
+            name = ("calibration.json" if not calibrations else HELD_OUT_MAP if pooled
+                    else f"calibration_{group[0]}.json")
+            paths = [str(k[0].resolve()) for k in present]
+            info = fit_calibration(np.concatenate([pits[k] for k in present]), out, {
+                "run": str(Path(run).resolve()), "steps": list(model.steps),
+                "fitted_on": paths if pooled else paths[0], "seed": seed, **prompts[group[0]]}, name=name)
+            info["fitted_on"] = "+".join(k[0].name for k in present) if info.get("fitted") else None
+            describe_val(info, {regime_of[k]: val_split(k[0]) for k in present})
+            cal = CAL.load(Path(info["fitted"])) if info.get("fitted") else None
+        for r in group:
+            calibrations[r], maps[r] = info, cal
     calibration = calibrations["time"]
     choice = choose_on_val(fitted, {r: val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)
     regimes, table, packets, preds = {}, [], [], []
     for regime in REGIMES:
         path = tests[regime]
         pr = prompts[regime]
-        cal = cals[(val_dirs[regime], pr["context_policy"])][0]
+        cal = maps[regime]
         test = load_split(path)
         if not len(test["rtt"]):
             table.append({"regime": regime, "packets": 0, "best": choice[regime]["best"], "verdict": None,
@@ -311,6 +348,27 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(report_path(out), result)
     return result
+
+
+def describe_val(info: dict, vals: dict) -> None:
+    """What a map's val packets hold out (`held_out`: per regime, its kind and count) and, where
+    that is few, a warning the table prints."""
+    units = {r: u for r, v in vals.items() if (u := held_out_units(v, r)) is not None}
+    if not info.get("fitted") or not units:
+        return
+    info["held_out"] = {r: {"what": what, "count": n} for r, (what, n) in units.items()}
+    if len(vals) == 1:
+        (r, v), = vals.items()
+        if narrow := narrow_val(v, r):
+            info["warning"] = f"{info['fitted_on']} {narrow}"
+    elif sum(n for _, n in units.values()) < MIN_VAL_HOSTS:
+        held = ", ".join(_count(n, what) for what, n in units.values())
+        info["warning"] = (f"{info['fitted_on']} hold {held} in all: a map fitted on so few may not transfer to "
+                           "the test's other hosts (compare the raw coverage)")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what if n != 1 else what[:-1]}"
 
 
 def prompt_stats(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray]) -> dict:

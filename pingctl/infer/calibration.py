@@ -167,9 +167,16 @@ def check_fits(cal: Calibration, run: Path, steps, prompt: dict | None = None, s
         if cal.meta.get(k) != prompt[k]:
             raise UsageError(f"{where} was fitted with {k} {cal.meta.get(k)!r}, this eval uses {prompt[k]!r}: "
                              "a map corrects the errors of one prompt shape; fit one with these options")
-    if scored is not None and Path(cal.meta.get("fitted_on", "")).resolve() == Path(scored).resolve():
+    if scored is not None and any(Path(p).resolve() == Path(scored).resolve() for p in fitted_on(cal)):
         raise UsageError(f"{where} was fitted on {scored}, the split being evaluated: its coverage there "
                          "would be calibrated by construction; fit it on the val split")
+
+
+def fitted_on(cal: Calibration) -> list[str]:
+    """The split(s) a map was fitted on: one path, or several for a map pooled over the held-out
+    regimes' val sets (`eval --regimes`)."""
+    f = cal.meta.get("fitted_on")
+    return [] if not f else [str(p) for p in f] if isinstance(f, list) else [str(f)]
 
 
 def for_model(model_dir: Path, steps, calibration=None) -> Calibration | None:
