@@ -208,9 +208,35 @@ def test_one_encode_per_element_gives_the_rows_of_two():
                 rng = np.random.default_rng(s)
                 want = concat_rows(pack_sequences(rec, rng, n_plain, 256, mode_p, "compact", shaping, lengths),
                                    pack_triangulation(rec, rng, n_tri, 256, mode_p, "compact", tri, lookup,
-                                                      shaping.result_last, lengths.base))
+                                                      shaping.result_last, lengths))
                 got = pack_element(rec, np.random.default_rng(s), n_plain, n_tri, 256, mode_p, "compact", shaping, tri,
                                    lookup, lengths)
                 for field in ("tokens", "segment", "position", "modes", "measurements"):
                     assert np.array_equal(getattr(got, field), getattr(want, field))
                 assert (got.segment > 0).sum() > 0
+
+
+def _even_in_time_reference(t: np.ndarray, k: int) -> np.ndarray:
+    """`_even_in_time` as first written: np.linspace, clip and union1d."""
+    if k >= len(t):
+        return np.arange(len(t))
+    idx = np.searchsorted(t, np.linspace(t[0], t[-1], k), side="left").clip(0, len(t) - 1)
+    idx = idx[np.concatenate([[True], idx[1:] != idx[:-1]])]
+    if len(idx) < k:
+        free = np.ones(len(t), bool)
+        free[idx] = False
+        rest = np.flatnonzero(free)
+        idx = np.union1d(idx, rest[np.linspace(0, len(rest) - 1, k - len(idx)).astype(np.int64)])
+    return idx
+
+
+@given(st.integers(0, 2**31), st.integers(1, 400), st.integers(1, 400))
+@settings(max_examples=300, deadline=None)
+def test_even_in_time_is_its_reference(seed, n, k):
+    """The even subsample (its own linspace, a sort for the union) picks exactly what np.linspace
+    and np.union1d pick, bursts at one second included."""
+    from pingctl.loader.sequences import _even_in_time
+
+    rng = np.random.default_rng(seed)
+    t = 1_600_000_000 + np.cumsum(rng.choice([0, 0, 0, 1, 7, 900, 2**33], n))
+    assert np.array_equal(_even_in_time(t, k), _even_in_time_reference(t, k))

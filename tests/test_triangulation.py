@@ -17,7 +17,7 @@ from pingctl.config import LoaderConfig
 from pingctl.context import context_indices, context_pool, recent_others
 from pingctl.errors import PingctlError
 from pingctl.loader.pipeline import make_dataset
-from pingctl.loader.sequences import FULL, NONE, PARTIAL, base_lengths
+from pingctl.loader.sequences import FULL, NONE, PARTIAL, RecordLengths
 from pingctl.loader.triangulation import Triangulation, choose_triangulation, pack_triangulation
 from pingctl.records.layout import ProbeRecord
 from pingctl.tokenizer import decode, validate
@@ -130,9 +130,9 @@ def _world(seed: int, n: int = 400):
     probes = {s: _record(f"src:{s}", rows[rows[:, 0] == s], addr) for s in range(5) if (rows[:, 0] == s).any()}
     dsts = {d: _record(f"dst:{d}", rows[rows[:, 1] == d], addr) for d in range(5, 10) if (rows[:, 1] == d).any()}
 
-    def lookup(a, v6, t):
-        rec = dsts.get(int(a[3]))
-        return (rec, base_lengths(rec, "compact")) if rec is not None and rec.time_s[0] < t else None
+    def lookup(key, t):  # key: the address's 16 bytes and its family
+        rec = dsts.get(key[3])
+        return (rec, RecordLengths(rec, "compact", prefix=False)) if rec is not None and rec.time_s[0] < t else None
 
     return probes, lookup
 

@@ -60,13 +60,13 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
         p = choose_contexts(rec, rng, n_plain, cfg.seq_len, mode_p, scheme, cfg.max_per_pair, cfg.pair_history_share,
                             cfg.pair_history_k, lengths=lengths)
         t3 = time.perf_counter()
-        enc = tokenize(rec, rng, p, scheme, cfg.result_last)
+        enc = tokenize(rec, rng, p, scheme, cfg.result_last, lengths)
         t4 = time.perf_counter()
         out = pack(p, enc, n_plain, cfg.seq_len)
         t5 = time.perf_counter()
         if n_tri:
             out = concat_rows(out, pack_triangulation(rec, rng, n_tri, cfg.seq_len, mode_p, scheme, tri,
-                                                      destinations.lookup(), cfg.result_last, lengths.base))
+                                                      destinations.lookup(), cfg.result_last, lengths))
         t6 = time.perf_counter()
         to_features({"tokens": out.tokens, "segment": out.segment, "position": out.position,
                      "modes": out.modes, "measurements": out.measurements})

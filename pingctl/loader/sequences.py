@@ -10,21 +10,25 @@ Cost model: a record is read and decoded once per process (`record_cache`) and y
 many rows. Choosing contexts is a short loop over contexts (never over measurements); most
 take their lengths from the record's prefix sums (`RecordLengths`) with no array call beyond
 their draws, the rest take the general path (`_fit`), which gives the same contexts from the
-same draws. Then one gather and one `encode` call cover every context of every row, the
-encoder's own offsets are checked against the lengths used for packing, and each row is a
-slice of the token stream.
+same draws. Then one encode covers every context of every row: a gather from the record's
+`BlockTables` (the tokens of its address and result blocks, kept with it in the record
+cache), `encode`'s tokens exactly; the encoder's offsets are checked against the lengths
+used for packing, and each row is a slice of the token stream.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from pingctl.context import first_k_per_key
 from pingctl.records.layout import ProbeRecord, to_measurements
-from pingctl.tokenizer import blocks, encode
+from pingctl.tokenizer import Encoded, Measurements, blocks, encode
 from pingctl.tokenizer.compact import ABS, DELTA1, DELTA4, TIME_LEN
+from pingctl.tokenizer.gather import BlockTables, block_tables, encode_gathered
 from pingctl.tokenizer.layout import field_order, permutations
 
 FULL, PARTIAL, NONE = 0, 1, 2
@@ -34,6 +38,7 @@ FILL_RETRIES = 4  # fresh windows tried when the next context's first measuremen
 # compact: MeasurementStart + Src(1+4|16) + Dst(1+4|16) + RttStart+2 | Failed
 _FULL_V4, _FULL_V6 = 45, 69  # the full scheme always carries every block
 RTT_BLOCK = {"compact": "result", "full": "rtt"}
+_ABS_LEN, _DELTA1_LEN, _DELTA4_LEN = (int(TIME_LEN[k]) for k in (ABS, DELTA1, DELTA4))
 
 
 @dataclass(frozen=True)
@@ -91,34 +96,60 @@ def time_lengths(t: np.ndarray, has_time: np.ndarray, context: np.ndarray | None
     if idx.size == 0:
         return out
     tt = t[idx]
-    d = np.diff(tt)
+    d = tt[1:] - tt[:-1]
     lens = np.empty(idx.size, np.int64)
-    lens[0] = TIME_LEN[ABS]
-    lens[1:] = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, TIME_LEN[DELTA1], TIME_LEN[DELTA4]), TIME_LEN[ABS])
+    lens[0] = _ABS_LEN
+    lens[1:] = np.where((d >= 0) & (d < 2**32), np.where(d <= 255, _DELTA1_LEN, _DELTA4_LEN), _ABS_LEN)
     if context is not None:
         c = context[idx]
-        lens[1:][c[1:] != c[:-1]] = TIME_LEN[ABS]
+        lens[1:][c[1:] != c[:-1]] = _ABS_LEN
     out[idx] = lens
     return out
 
 
-def _window(n: int, rng: np.random.Generator) -> tuple[int, int]:
-    length = int(np.exp(rng.uniform(0.0, np.log(n + 1))))
+def _window(n: int, rng: np.random.Generator, log_n1: float | None = None) -> tuple[int, int]:
+    """A window's start and length (log-uniform in 1..n). `log_n1`: np.log(n + 1), when the
+    caller keeps it; `log_n1 * rng.random()` is the draw `rng.uniform(0.0, log_n1)` makes
+    (low + (high - low) * one double), without its argument handling."""
+    if log_n1 is None:
+        log_n1 = float(np.log(n + 1))
+    length = int(np.exp(log_n1 * rng.random()))
     length = min(max(length, 1), n)
     return int(rng.integers(0, n - length + 1)), length
+
+
+def _linspace(a, b, k: int) -> np.ndarray:
+    """`np.linspace(a, b, k)` of two integers, k >= 2: the same arithmetic (float64 delta,
+    step = delta / (k - 1), arange * step + a, the last set to b), without its generality."""
+    delta = float(b) - float(a)
+    y = np.arange(k, dtype=np.float64)
+    step = delta / (k - 1)
+    if step == 0:  # linspace's order of operations for a zero step
+        y /= k - 1
+        y *= delta
+    else:
+        y *= step
+    y += float(a)
+    y[-1] = float(b)
+    return y
 
 
 def _even_in_time(t: np.ndarray, k: int) -> np.ndarray:
     """k positions into sorted times `t`, spread evenly over the time span."""
     if k >= len(t):
         return np.arange(len(t))
-    idx = np.searchsorted(t, np.linspace(t[0], t[-1], k), side="left").clip(0, len(t) - 1)
+    grid = _linspace(t[0], t[-1], k) if k >= 2 else np.linspace(t[0], t[-1], k)
+    idx = np.minimum(np.searchsorted(t, grid, side="left"), len(t) - 1)  # >= 0 already: the clip's upper half
     idx = idx[np.concatenate([[True], idx[1:] != idx[:-1]])]  # sorted: unique without a sort
     if len(idx) < k:  # bursts at one timestamp collapse: top up evenly by rank
         free = np.ones(len(t), bool)
         free[idx] = False
         rest = np.flatnonzero(free)
-        idx = np.union1d(idx, rest[np.linspace(0, len(rest) - 1, k - len(idx)).astype(np.int64)])
+        m = k - len(idx)
+        at = (_linspace(0, len(rest) - 1, m) if m >= 2 else np.linspace(0, len(rest) - 1, m)).astype(np.int64)
+        # m <= len(rest), so the steps are >= 1 and the picks distinct, and none is in idx: the
+        # union is a sort
+        idx = np.sort(np.concatenate([idx, rest[at]]))
     return idx
 
 
@@ -158,9 +189,11 @@ def pack_sequences(
 ) -> PackedSequences:
     """`n_rows` rows of `seq_len` tokens, each packed with contexts from `rec` (`lengths`: its
     RecordLengths, when a cache holds them)."""
+    if lengths is None:
+        lengths = RecordLengths(rec, scheme)
     plan = choose_contexts(rec, rng, n_rows, seq_len, mode_p, scheme, shaping.max_per_pair, shaping.pair_share,
                            shaping.pair_k, lengths=lengths)
-    return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last), n_rows, seq_len)
+    return pack(plan, tokenize(rec, rng, plan, scheme, shaping.result_last, lengths), n_rows, seq_len)
 
 
 def _first_per_pair(rec: ProbeRecord, idx: np.ndarray, k: int) -> np.ndarray:
@@ -181,7 +214,8 @@ class RecordLengths:
     """Token arithmetic of one record, computed once per record (`record_cache` keeps it with
     the record): tokens per measurement without timestamps, and prefix sums from which any
     contiguous window's length, and the longest prefix of it that fits, come in O(1) instead
-    of a pass over the window.
+    of a pass over the window; and (compact) the record's `BlockTables`, the tokens of the
+    blocks no context changes, from which its contexts are encoded by a gather.
 
     `h[i]` = tokens of the first i measurements without timestamps + the delta timestamp tokens
     between consecutive ones among them (what the *full* mode adds after the first, absolute
@@ -190,6 +224,10 @@ class RecordLengths:
     def __init__(self, rec: ProbeRecord, scheme: str, prefix: bool = True):
         self.base = base_lengths(rec, scheme)
         self.compact = scheme == "compact"
+        self.memo: dict = {}  # what other modules derive once per record (triangulation's address keys)
+        self.tables: BlockTables | None = block_tables(
+            rec.src_addr, rec.src_v6, rec.dst_addr, rec.dst_v6, rec.src_idx, rec.dst_idx, rec.rtt_ms,
+            rec.time_s) if self.compact else None
         self.abs_len = int(TIME_LEN[ABS]) if self.compact else 0
         if not prefix:  # a destination record: its contexts are not windows, `base` is all they read
             self.cum = self.deltas = self.h = np.zeros(0, np.int64)
@@ -206,7 +244,8 @@ class RecordLengths:
 
     @property
     def nbytes(self) -> int:
-        return self.base.nbytes + self.cum.nbytes + self.deltas.nbytes + self.h.nbytes
+        tables = 0 if self.tables is None else self.tables.nbytes
+        return self.base.nbytes + self.cum.nbytes + self.deltas.nbytes + self.h.nbytes + tables
 
     def window(self, start: int, length: int) -> int:
         """Tokens of positions [start, start + length) without timestamps."""
@@ -226,9 +265,10 @@ def mode_cdf(mode_p: np.ndarray) -> np.ndarray:
     return cdf / cdf[-1]
 
 
-def draw_mode(cdf: np.ndarray, rng: np.random.Generator) -> int:
-    """`rng.choice(3, p=mode_p)` with the same draw (one uniform), at a fraction of its cost."""
-    return int(cdf.searchsorted(rng.random(), side="right"))
+def draw_mode(cdf: list[float], rng: np.random.Generator) -> int:
+    """`rng.choice(3, p=mode_p)` with the same draw (one uniform), at a fraction of its cost
+    (`cdf`: `mode_cdf` as a list; bisect_right is searchsorted's side="right")."""
+    return bisect_right(cdf, rng.random())
 
 
 def choose_contexts(
@@ -240,9 +280,10 @@ def choose_contexts(
     path (`_fit`); the fast paths give the same contexts from the same draws (tested)."""
     if lengths is None:
         lengths = RecordLengths(rec, scheme)
-    cdf = mode_cdf(mode_p)
+    cdf = mode_cdf(mode_p).tolist()
     floor = min_measurement_tokens(scheme)
     plan = Plan([], [], [], [], np.zeros((n_rows, 3), np.int32))
+    log_n1 = float(np.log(rec.n + 1))
     for r in range(n_rows):
         room = seq_len
         misses = 0
@@ -252,7 +293,7 @@ def choose_contexts(
                 break
             # A miss re-draws only the window: re-drawing the mode too would favour the
             # timestamp-free mode in the last, tight slot of every row.
-            got = _context(rec, lengths, rng, mode, room, max_per_pair, pair_share, pair_k, fast)
+            got = _context(rec, lengths, rng, mode, room, max_per_pair, pair_share, pair_k, fast, log_n1)
             if got is None:
                 misses += 1
                 continue
@@ -269,7 +310,7 @@ def choose_contexts(
 
 
 def _context(rec: ProbeRecord, lengths: RecordLengths, rng: np.random.Generator, mode: int, room: int,
-             max_per_pair: int, pair_share: float, pair_k: int, fast: bool):
+             max_per_pair: int, pair_share: float, pair_k: int, fast: bool, log_n1: float | None = None):
     """One context fitted to `room` tokens: (record positions in context order, has_time,
     tokens), or None when not even its first measurement fits.
 
@@ -281,7 +322,7 @@ def _context(rec: ProbeRecord, lengths: RecordLengths, rng: np.random.Generator,
     if pair_share > 0 and rng.random() < pair_share:
         idx = pair_history(rec, rng, pair_k)
     else:
-        start, n = _window(rec.n, rng)
+        start, n = _window(rec.n, rng, log_n1)
         if max_per_pair:
             idx, start = _first_per_pair(rec, np.arange(start, start + n), max_per_pair), None
     if idx is not None:
@@ -329,20 +370,54 @@ def _fit(rec: ProbeRecord, lengths: RecordLengths, idx: np.ndarray, mode: int, r
     return (idx[:keep], has_time[:keep], int(cs[keep - 1])) if keep else None
 
 
-def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0):
-    """One gather and one encode for every context of the plan (None when empty)."""
+def tokenize(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0,
+             lengths: RecordLengths | None = None):
+    """One encode for every context of the plan (None when empty); `lengths`: the record's
+    RecordLengths, whose tables make the encode a gather."""
     if not plan.idx:
         return None
-    m, order, starts = encode_inputs(rec, rng, plan, scheme, result_last)
-    return encode(m, scheme, order=order, context_starts=starts)
+    where, has_time, order, starts = plan_inputs(rng, plan, scheme, result_last)
+    return encode_items([rec], [lengths], None, where, has_time, order, starts, scheme)
 
 
-def encode_inputs(rec: ProbeRecord, rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0):
-    """What one `encode` takes for the plan's (non-empty) contexts: (measurements, block orders,
-    context starts)."""
+def plan_inputs(rng: np.random.Generator, plan: Plan, scheme: str, result_last: float = 0.0):
+    """What one encode takes for the plan's (non-empty) contexts: (record positions, has_time,
+    block orders, context starts)."""
     sizes = np.array([len(i) for i in plan.idx])
-    m = to_measurements(rec, np.concatenate(plan.idx), np.concatenate(plan.has_time))
-    return m, block_orders(len(m), scheme, rng, result_last), np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    where = np.concatenate(plan.idx)
+    order = block_orders(len(where), scheme, rng, result_last)
+    return where, np.concatenate(plan.has_time), order, np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+
+def encode_items(recs: list, lengths: list, who: np.ndarray | None, where: np.ndarray, has_time: np.ndarray,
+                 order: np.ndarray, starts: np.ndarray, scheme: str) -> Encoded:
+    """The tokens of measurements `recs[who[i]]` at `where[i]` (who None: all of `recs[0]`), as
+    `encode` gives them: gathered from the records' `BlockTables` (compact), else through a
+    `Measurements` batch (the full scheme; input the encoder refuses, which it then names)."""
+    tables = [None if ln is None else ln.tables for ln in lengths]
+    if all(t is not None and t.valid for t in tables):
+        return encode_gathered(tables, who, where, has_time, order, starts)
+    return encode(measurements_of(recs, who, where, has_time), scheme, order=order, context_starts=starts)
+
+
+def measurements_of(recs: list, who: np.ndarray | None, where: np.ndarray, has_time: np.ndarray) -> Measurements:
+    """The `Measurements` of `recs[who[i]]` at `where[i]`: one gather per record, not per context."""
+    if who is None or len(recs) == 1:
+        return to_measurements(recs[0], where, has_time)
+    n = len(where)
+    cols = {"src": np.zeros((n, 16), np.uint8), "src_v6": np.zeros(n, bool),
+            "dst": np.zeros((n, 16), np.uint8), "dst_v6": np.zeros(n, bool), "rtt_ms": np.zeros(n),
+            "time_s": np.zeros(n, np.int64), "size": np.zeros(n, np.int64), "errors": np.zeros(n, np.int64),
+            "msm_id": np.zeros(n, np.int64)}
+    for k, rec in enumerate(recs):
+        at = np.flatnonzero(who == k)
+        pos = where[at]
+        s, d = rec.src_idx[pos], rec.dst_idx[pos]
+        cols["src"][at], cols["src_v6"][at] = rec.src_addr[s], rec.src_v6[s]
+        cols["dst"][at], cols["dst_v6"][at] = rec.dst_addr[d], rec.dst_v6[d]
+        for name in ("rtt_ms", "time_s", "size", "errors", "msm_id"):
+            cols[name][at] = getattr(rec, name)[pos]
+    return Measurements(has_time=has_time, **cols)
 
 
 def block_orders(n: int, scheme: str, rng: np.random.Generator, result_last: float = 0.0) -> np.ndarray:
@@ -353,13 +428,21 @@ def block_orders(n: int, scheme: str, rng: np.random.Generator, result_last: flo
 
 def orders_result_last(n: int, scheme: str, rng: np.random.Generator, share: float) -> np.ndarray:
     """int8[n, k] uniform block orders, a `share` of them redrawn among those ending in the RTT block."""
-    names = blocks(scheme)
-    order = field_order(n, names, rng)
-    perms = permutations(len(names))
-    ending = perms[perms[:, -1] == names.index(RTT_BLOCK[scheme])]
+    order = field_order(n, blocks(scheme), rng)
+    ending = orders_ending_in_rtt(scheme)
     move = rng.random(n) < share
     order[move] = ending[rng.integers(0, len(ending), int(move.sum()))]
     return order
+
+
+@lru_cache(maxsize=None)
+def orders_ending_in_rtt(scheme: str) -> np.ndarray:
+    """int8[k, blocks]: the block orders that put the RTT-carrying block last, in `permutations` order."""
+    names = blocks(scheme)
+    perms = permutations(len(names))
+    ending = perms[perms[:, -1] == names.index(RTT_BLOCK[scheme])]
+    ending.flags.writeable = False  # shared by every call
+    return ending
 
 
 def pack(plan: Plan, enc, n_rows: int, seq_len: int) -> PackedSequences:

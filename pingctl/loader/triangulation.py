@@ -25,25 +25,26 @@ does), so they are drawn and laid out in batches of array work: both sides of ev
 of a batch in one `recent_many` call, one sort to merge them, the modes' orders for all at
 once. Filling the rows is then a loop over candidates on plain integers; a candidate's sides
 are only computed when the room could hold one of their measurements. Decoded destination
-records are cached per process; the measurements are gathered once per record and encoded
-once per element.
+records are cached per process with their tables (`RecordLengths`), so an element's contexts
+are encoded by one gather over the records they read, with its plain rows'.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from pingctl.loader.sequences import (FILL_RETRIES, FULL, MAX_CONTEXTS_PER_ROW, PARTIAL, PackedSequences, Plan,
-                                      RTT_BLOCK, RecordLengths, Shaping, base_lengths, block_orders, choose_contexts,
-                                      encode_inputs, min_measurement_tokens, mode_cdf, pack, time_lengths)
+                                      RecordLengths, Shaping, block_orders, choose_contexts, encode_items,
+                                      measurements_of, min_measurement_tokens, mode_cdf, orders_ending_in_rtt, pack,
+                                      plan_inputs, time_lengths)
 from pingctl.loader.record_cache import CACHE_MB, RecordCache
 from pingctl.records.layout import ProbeRecord
-from pingctl.tokenizer import Measurements, blocks, encode
+from pingctl.tokenizer import Measurements
 from pingctl.tokenizer.compact import ABS, TIME_LEN
-from pingctl.tokenizer.layout import Encoded, permutations
 from pingctl.tokenizer.measurements import parse_addresses
 
 
@@ -69,70 +70,74 @@ class DestinationIndex:
 
         names = list(index)
         addr, v6 = parse_addresses(pa.array(names, pa.string()), "destination index")
-        self._map: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        # plain lists: one query is a bisect on a few integers, cheaper than any array call
+        self._map: dict[bytes, tuple[list[int], list[int]]] = {}
         for a, f, name in zip(addr, v6, names):
             parts = np.asarray(index[name], np.int64).reshape(-1, 2)
-            self._map[_key(a, f)] = (parts[:, 0], parts[:, 1])
+            self._map[address_key(a, f)] = (parts[:, 0].tolist(), parts[:, 1].tolist())
 
     def __len__(self) -> int:
         return len(self._map)
 
-    def record_before(self, addr: np.ndarray, v6: bool, t: int) -> int | None:
-        """The record of this destination that holds its measurements just before `t` (the last
-        one starting before `t`), or None (unknown destination, or nothing before `t`)."""
-        got = self._map.get(_key(addr, v6))
+    def record_before(self, key: bytes, t: int) -> int | None:
+        """The record of the destination with `address_key` `key` that holds its measurements just
+        before `t` (the last one starting before `t`), or None (unknown destination, or nothing
+        before `t`)."""
+        got = self._map.get(key)
         if got is None:
             return None
         ids, t0 = got
-        k = int(np.searchsorted(t0, t, side="left")) - 1
-        return int(ids[k]) if k >= 0 else None
+        k = bisect_left(t0, t) - 1
+        return ids[k] if k >= 0 else None
 
 
-def _key(addr: np.ndarray, v6) -> bytes:
+def address_key(addr: np.ndarray, v6) -> bytes:
+    """An address as a dict key: its 16 bytes and its family."""
     return bytes(np.asarray(addr, np.uint8)) + (b"\1" if v6 else b"\0")
 
 
-def _source_of(drec: ProbeRecord, addr: np.ndarray, v6: bool) -> int:
-    """Index of address (addr, v6) in a record's source table, -1 when absent."""
-    # one comparison per 16-byte address (a void view), not one per byte
-    rows = np.ascontiguousarray(drec.src_addr, np.uint8).view("V16").ravel()
-    hit = np.flatnonzero((rows == np.ascontiguousarray(addr, np.uint8).view("V16")[0]) & (drec.src_v6 == v6))
-    return int(hit[0]) if len(hit) else -1
+def _address_keys(rec: ProbeRecord, lengths: RecordLengths, table: str) -> list[bytes]:
+    """`address_key` of every entry of a record's source or destination table, kept with the
+    record (`RecordLengths.memo`): an element asks for them once per candidate."""
+    got = lengths.memo.get(table)
+    if got is None:
+        addr, v6 = (rec.src_addr, rec.src_v6) if table == "src" else (rec.dst_addr, rec.dst_v6)
+        got = lengths.memo[table] = [address_key(a, f) for a, f in zip(addr, v6)]
+    return got
 
 
-# A destination lookup: (address, v6, query time) -> (its record holding the measurements just
-# before that time, the record's tokens per measurement without timestamps), or None.
-Lookup = Callable[[np.ndarray, bool, int], "tuple[ProbeRecord, np.ndarray] | None"]
+def _source_index(rec: ProbeRecord, lengths: RecordLengths) -> dict[bytes, int]:
+    """`address_key` -> its first index in the record's source table, kept with the record."""
+    got = lengths.memo.get("source_index")
+    if got is None:
+        got = lengths.memo["source_index"] = {}
+        for i, key in enumerate(_address_keys(rec, lengths, "src")):
+            got.setdefault(key, i)
+    return got
+
+
+# A destination lookup: (`address_key` of the destination, query time) -> (its record holding the
+# measurements just before that time, the record's RecordLengths), or None.
+Lookup = Callable[[bytes, int], "tuple[ProbeRecord, RecordLengths] | None"]
 
 
 @dataclass
 class Chosen:
     """The contexts of an element: the plan (lengths, rows, modes, has_time) and where each
     measurement comes from, in context order: `records[who[i]]` at position `where[i]`
-    (records[0] is the element's probe record; every context ends with its query)."""
+    (records[0] is the element's probe record; every context ends with its query; `lengths`:
+    each record's RecordLengths)."""
 
     plan: Plan
     records: list
+    lengths: list
     who: np.ndarray
     where: np.ndarray
     has_time: np.ndarray
 
     def measurements(self) -> Measurements:
         """One gather per record, not per context."""
-        n = len(self.who)
-        cols = {"src": np.zeros((n, 16), np.uint8), "src_v6": np.zeros(n, bool),
-                "dst": np.zeros((n, 16), np.uint8), "dst_v6": np.zeros(n, bool), "rtt_ms": np.zeros(n),
-                "time_s": np.zeros(n, np.int64), "size": np.zeros(n, np.int64), "errors": np.zeros(n, np.int64),
-                "msm_id": np.zeros(n, np.int64)}
-        for k, rec in enumerate(self.records):
-            at = np.flatnonzero(self.who == k)
-            pos = self.where[at]
-            s, d = rec.src_idx[pos], rec.dst_idx[pos]
-            cols["src"][at], cols["src_v6"][at] = rec.src_addr[s], rec.src_v6[s]
-            cols["dst"][at], cols["dst_v6"][at] = rec.dst_addr[d], rec.dst_v6[d]
-            for name in ("rtt_ms", "time_s", "size", "errors", "msm_id"):
-                cols[name][at] = getattr(rec, name)[pos]
-        return Measurements(has_time=self.has_time, **cols)
+        return measurements_of(self.records, self.who, self.where, self.has_time)
 
 
 def recent_many(times: list, others: list, which: np.ndarray, t_query: np.ndarray, exclude: np.ndarray,
@@ -147,10 +152,11 @@ def recent_many(times: list, others: list, which: np.ndarray, t_query: np.ndarra
     reads the same width, widened for the queries it did not yet settle. Only the reads are
     per history; the rule runs once over all queries."""
     m = len(t_query)
-    bounds = np.searchsorted(which, np.arange(len(times) + 1))
+    bounds = np.searchsorted(which, np.arange(len(times) + 1)).tolist()
     hi = np.zeros(m, np.int64)
-    for h in np.flatnonzero(np.diff(bounds)).tolist():
-        hi[bounds[h] : bounds[h + 1]] = np.searchsorted(times[h], t_query[bounds[h] : bounds[h + 1]], side="left")
+    for h, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if a < b:
+            hi[a:b] = times[h].searchsorted(t_query[a:b], side="left")
     most = k if not per_pair or n_other is None else np.minimum(k, per_pair * n_other)
     rows, cols = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     todo = np.flatnonzero((k > 0) & (hi > 0))
@@ -158,9 +164,10 @@ def recent_many(times: list, others: list, which: np.ndarray, t_query: np.ndarra
     while len(todo):
         pos = hi[todo, None] - width + np.arange(width)  # [queries, width], the suffix before each query
         o = np.empty(pos.shape, np.int64)
-        at = np.searchsorted(which[todo], np.arange(len(times) + 1))
-        for h in np.flatnonzero(np.diff(at)).tolist():
-            o[at[h] : at[h + 1]] = others[h][np.maximum(pos[at[h] : at[h + 1]], 0)]
+        at = np.searchsorted(which[todo], np.arange(len(times) + 1)).tolist()
+        for h, (a, b) in enumerate(zip(at[:-1], at[1:])):
+            if a < b:
+                o[a:b] = others[h][np.maximum(pos[a:b], 0)]
         keep = (pos >= 0) & (o != exclude[todo, None])
         if per_pair == 1:  # the common cap, without a sort: the last column of each (query, other end)
             n_val = int(o.max(initial=0)) + 1
@@ -266,40 +273,38 @@ class _Candidates:
 
 
 class _Records:
-    """The records an element's candidates read, each with its base lengths: the probe's first,
-    then destination records as candidates find them; and their source tables' answers."""
+    """The records an element's candidates read, each with its RecordLengths: the probe's first,
+    then destination records as candidates find them."""
 
-    def __init__(self, rec: ProbeRecord, base: np.ndarray):
-        self.items: list[tuple[ProbeRecord, np.ndarray]] = [(rec, base)]
+    def __init__(self, rec: ProbeRecord, lengths: RecordLengths):
+        self.items: list[tuple[ProbeRecord, RecordLengths]] = [(rec, lengths)]
         self._at: dict[int, int] = {}
-        self._sources: dict = {}
 
-    def add(self, got: tuple[ProbeRecord, np.ndarray]) -> int:
+    def add(self, got: tuple[ProbeRecord, RecordLengths]) -> int:
         if id(got[0]) not in self._at:
             self._at[id(got[0])] = len(self.items)
             self.items.append(got)
         return self._at[id(got[0])]
 
-    def source(self, r: int, addr: np.ndarray, v6: bool) -> int:
-        """Index of the address in record r's source table (-1: absent)."""
-        key = (r, _key(addr, v6))
-        if key not in self._sources:
-            self._sources[key] = _source_of(self.items[r][0], addr, v6)
-        return self._sources[key]
+    def source(self, r: int, key: bytes) -> int:
+        """Index of the address with `address_key` `key` in record r's source table (-1: absent)."""
+        return _source_index(*self.items[r]).get(key, -1)
 
 
 def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndarray, scheme: str,
           tri: Triangulation, destination: Lookup, records: _Records) -> _Candidates:
     """The sides of candidates `sel` of `qs`, and each laid out."""
-    base = records.items[0][1]
+    base = records.items[0][1].base
     m = len(sel)
     q = qs.q[sel]
     t_q, src_i, dst_i = rec.time_s[q], rec.src_idx[q], rec.dst_idx[q]
     k_src, k_dst = qs.k_src[sel], qs.k_dst[sel]
     # per candidate with a destination side: its destination record (joining `records`)
     drec_of = np.zeros(m, np.int64)
-    for c in np.flatnonzero(k_dst).tolist():
-        got = destination(rec.dst_addr[dst_i[c]], bool(rec.dst_v6[dst_i[c]]), int(t_q[c]))
+    dst_keys = _address_keys(rec, records.items[0][1], "dst")
+    wanted = np.flatnonzero(k_dst)
+    for c, j, t in zip(wanted.tolist(), dst_i[wanted].tolist(), t_q[wanted].tolist()):
+        got = destination(dst_keys[j], t)
         if got is not None:
             drec_of[c] = records.add(got)
     # both sides in one pass: the source side on the probe's history, the destination side on
@@ -307,8 +312,9 @@ def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndar
     # many other ends a side can find
     d = np.flatnonzero(drec_of)
     d = d[np.argsort(drec_of[d], kind="stable")]
-    other = np.array([records.source(r, rec.src_addr[s], bool(rec.src_v6[s]))
-                      for r, s in zip(drec_of[d].tolist(), src_i[d].tolist())], np.int64)
+    src_keys = _address_keys(rec, records.items[0][1], "src")
+    other = np.array([records.source(r, src_keys[s]) for r, s in zip(drec_of[d].tolist(), src_i[d].tolist())],
+                     np.int64)
     which = np.concatenate([np.zeros(m, np.int64), drec_of[d]])
     recs = [r for r, _ in records.items]
     pos, count = recent_many(
@@ -318,10 +324,11 @@ def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndar
                                       [len(recs[r].src_addr) for r in drec_of[d].tolist()] - (other >= 0)]))
     who = np.repeat(which, count)
     t, b = np.empty(len(pos), np.int64), np.empty(len(pos), np.int64)
-    at = np.searchsorted(who, np.arange(len(recs) + 1))
-    for r in np.flatnonzero(np.diff(at)).tolist():
-        t[at[r] : at[r + 1]] = recs[r].time_s[pos[at[r] : at[r + 1]]]
-        b[at[r] : at[r + 1]] = records.items[r][1][pos[at[r] : at[r + 1]]]
+    at = np.searchsorted(who, np.arange(len(recs) + 1)).tolist()
+    for r, (lo, hi) in enumerate(zip(at[:-1], at[1:])):
+        if lo < hi:
+            t[lo:hi] = recs[r].time_s[pos[lo:hi]]
+            b[lo:hi] = records.items[r][1].base[pos[lo:hi]]
     parts = [(np.repeat(np.concatenate([np.arange(m), d]), count), who, pos, t, b)]
     parts.append((np.arange(m), np.zeros(m, np.int64), q, t_q, base[q]))  # the queries, after every side
     cand, who, where, t, b = (np.concatenate(col) for col in zip(*parts))
@@ -374,21 +381,21 @@ HEAD_PER_ROW = 6  # candidates laid out up front for each row: a row holds ~3 wh
 
 def choose_triangulation(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    tri: Triangulation, destination: Lookup, base: np.ndarray | None = None,
+    tri: Triangulation, destination: Lookup, lengths: RecordLengths | None = None,
 ) -> Chosen:
     """Triangulation contexts for `n_rows` rows of `seq_len` tokens, queries drawn from `rec`
-    (`base`: its `base_lengths`, when a cache holds them). Filling the rows is a loop over
+    (`lengths`: its RecordLengths, when a cache holds them). Filling the rows is a loop over
     candidates on plain integers; the array work comes in batches: every row starts with
     candidates of its own, laid out together, and goes on with a shared stream whose sides
     are computed when a room needs them. Candidates are i.i.d., so which row draws which
     changes no row's law."""
     floor = min_measurement_tokens(scheme)
-    records = _Records(rec, base_lengths(rec, scheme) if base is None else base)
+    records = _Records(rec, RecordLengths(rec, scheme, prefix=False) if lengths is None else lengths)
     cdf = mode_cdf(mode_p)
     plan = Plan([], [], [], [], np.zeros((n_rows, 3), np.int32))
     kept: list[tuple] = []  # (_Candidates or _Queries, first item, end item) per context
     k = HEAD_PER_ROW
-    head = _queries(rec, records.items[0][1], rng, k * n_rows, cdf, scheme, tri)
+    head = _queries(rec, records.items[0][1].base, rng, k * n_rows, cdf, scheme, tri)
     cands = _draw(rec, rng, head, np.arange(k * n_rows), scheme, tri, destination, records)
     head.sides.update((i, (cands, i)) for i in range(k * n_rows))
     tail, c = None, 0
@@ -402,7 +409,7 @@ def choose_triangulation(
                 qs, j = head, r * k + i
             else:
                 if tail is None or c == len(tail.q):
-                    tail, c = _queries(rec, records.items[0][1], rng, 8 * (n_rows - r), cdf, scheme, tri), 0
+                    tail, c = _queries(rec, records.items[0][1].base, rng, 8 * (n_rows - r), cdf, scheme, tri), 0
                 qs, j = tail, c
                 c += 1
             got = _fit(rec, rng, qs, j, room, scheme, tri, destination, records)
@@ -436,40 +443,46 @@ def _fit(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, c: int, room:
 def _chosen(plan: Plan, kept: list, records: _Records) -> Chosen:
     """The kept contexts' items, gathered from where they were laid out, and the records they use."""
     if not kept:
-        return Chosen(plan, [records.items[0][0]], *(np.zeros(0, dt) for dt in (np.int64, np.int64, bool)))
+        return Chosen(plan, [records.items[0][0]], [records.items[0][1]],
+                      *(np.zeros(0, dt) for dt in (np.int64, np.int64, bool)))
     who, where, has_time = (np.concatenate([getattr(src, col)[a:e] for src, a, e in kept])
                             for col in ("who", "where", "has_time"))
-    used, who = np.unique(who, return_inverse=True)  # records[0], the probe's, holds every query
+    # the records used, renumbered in order (np.unique's answer; record ids are few and small):
+    # records[0], the probe's, holds every query
+    present = np.bincount(who, minlength=len(records.items)) > 0
+    used, who = np.flatnonzero(present), (np.cumsum(present) - 1)[who]
     ends = np.cumsum([e - a for _, a, e in kept])
     starts = np.concatenate([[0], ends[:-1]])
     plan.idx.extend(where[a:e] for a, e in zip(starts, ends))
     plan.has_time.extend(has_time[a:e] for a, e in zip(starts, ends))
-    return Chosen(plan, [records.items[u][0] for u in used.tolist()], who, where, has_time)
+    used = used.tolist()
+    return Chosen(plan, [records.items[u][0] for u in used], [records.items[u][1] for u in used], who, where,
+                  has_time)
 
 
 def pack_triangulation(
     rec: ProbeRecord, rng: np.random.Generator, n_rows: int, seq_len: int, mode_p: np.ndarray, scheme: str,
-    tri: Triangulation, destination: Lookup, result_last: float = 0.0, base: np.ndarray | None = None,
+    tri: Triangulation, destination: Lookup, result_last: float = 0.0, lengths: RecordLengths | None = None,
 ) -> PackedSequences:
     """`n_rows` rows of `seq_len` tokens packed with triangulation contexts of queries from `rec`."""
-    chosen = choose_triangulation(rec, rng, n_rows, seq_len, mode_p, scheme, tri, destination, base)
+    chosen = choose_triangulation(rec, rng, n_rows, seq_len, mode_p, scheme, tri, destination, lengths)
     if not chosen.plan.idx:
         return pack(chosen.plan, None, n_rows, seq_len)
-    m, order, starts = triangulation_inputs(chosen, rng, scheme, result_last)
-    return pack(chosen.plan, encode(m, scheme, order=order, context_starts=starts), n_rows, seq_len)
+    order, starts = triangulation_inputs(chosen, rng, scheme, result_last)
+    enc = encode_items(chosen.records, chosen.lengths, chosen.who, chosen.where, chosen.has_time, order, starts,
+                       scheme)
+    return pack(chosen.plan, enc, n_rows, seq_len)
 
 
 def triangulation_inputs(chosen: Chosen, rng: np.random.Generator, scheme: str, result_last: float = 0.0):
-    """What one `encode` takes for the (non-empty) contexts: (measurements, block orders with
-    every query's RTT block last, context starts)."""
+    """What one encode takes for the (non-empty) contexts besides their measurements: (block
+    orders with every query's RTT block last, context starts)."""
     sizes = np.array([len(i) for i in chosen.plan.idx])
     order = block_orders(int(sizes.sum()), scheme, rng, result_last)
-    names = blocks(scheme)
-    perms = permutations(len(names))
-    ending = perms[perms[:, -1] == names.index(RTT_BLOCK[scheme])]
+    ending = orders_ending_in_rtt(scheme)
     last = np.cumsum(sizes) - 1  # every query is the last measurement of its context
     order[last] = ending[rng.integers(0, len(ending), len(last))]
-    return chosen.measurements(), order, np.concatenate([[0], last[:-1] + 1])
+    return order, np.concatenate([[0], last[:-1] + 1])
 
 
 def pack_element(
@@ -482,23 +495,26 @@ def pack_element(
     `pack_triangulation`."""
     plan = choose_contexts(rec, rng, n_plain, seq_len, mode_p, scheme, shaping.max_per_pair, shaping.pair_share,
                            shaping.pair_k, lengths=lengths)
-    parts = [encode_inputs(rec, rng, plan, scheme, shaping.result_last)] if plan.idx else []
-    chosen = choose_triangulation(rec, rng, n_tri, seq_len, mode_p, scheme, tri, destination, lengths.base)
-    if chosen.plan.idx:
-        parts.append(triangulation_inputs(chosen, rng, scheme, shaping.result_last))
-    if not parts:
+    plain = plan_inputs(rng, plan, scheme, shaping.result_last) if plan.idx else None
+    chosen = choose_triangulation(rec, rng, n_tri, seq_len, mode_p, scheme, tri, destination, lengths)
+    if plain is None and not chosen.plan.idx:
         return concat_rows(pack(plan, None, n_plain, seq_len), pack(chosen.plan, None, n_tri, seq_len))
-    n = len(parts[0][0]) if plan.idx else 0  # measurements of the plain rows, first in the stream
-    enc = encode(Measurements.concat(p[0] for p in parts), scheme, order=np.concatenate([p[1] for p in parts]),
-                 context_starts=np.concatenate([parts[0][2]] + [p[2] + n for p in parts[1:]]))
-    return concat_rows(pack(plan, _slice(enc, 0, n) if plan.idx else None, n_plain, seq_len),
-                       pack(chosen.plan, _slice(enc, n, len(enc)) if chosen.plan.idx else None, n_tri, seq_len))
-
-
-def _slice(enc: Encoded, i: int, j: int) -> Encoded:
-    """Measurements i..j-1 of an encoded stream, as a stream of their own."""
-    o = enc.offsets
-    return Encoded(enc.scheme, enc.tokens[o[i] : o[j]], o[i : j + 1] - o[i], enc.order[i:j])
+    # the plain rows' measurements first in the stream, all of the probe's record (chosen.records[0])
+    where, has_time, order, starts = plain or (np.zeros(0, np.int64), np.zeros(0, bool), None, np.zeros(0, np.int64))
+    n = len(where)
+    if chosen.plan.idx:
+        tri_order, tri_starts = triangulation_inputs(chosen, rng, scheme, shaping.result_last)
+        who = np.concatenate([np.zeros(n, np.int64), chosen.who])
+        where, has_time = np.concatenate([where, chosen.where]), np.concatenate([has_time, chosen.has_time])
+        order = tri_order if order is None else np.concatenate([order, tri_order])
+        starts = np.concatenate([starts, tri_starts + n])
+        enc = encode_items(chosen.records, chosen.lengths, who, where, has_time, order, starts, scheme)
+    else:
+        enc = encode_items([rec], [lengths], None, where, has_time, order, starts, scheme)
+    # one plan for all the rows, the triangulation rows after the plain ones: one pack
+    rows = Plan(plan.idx + chosen.plan.idx, plan.has_time + chosen.plan.has_time, plan.length + chosen.plan.length,
+                plan.row + [r + n_plain for r in chosen.plan.row], np.concatenate([plan.modes, chosen.plan.modes]))
+    return pack(rows, enc, n_plain + n_tri, seq_len)
 
 
 def concat_rows(a: PackedSequences, b: PackedSequences) -> PackedSequences:
@@ -517,16 +533,11 @@ class DestinationReader:
         self.index = index
         self.records = RecordCache(reader, scheme, cache_mb, prefix=False)
 
-    def record(self, rid: int) -> tuple[ProbeRecord, np.ndarray]:
-        """Record `rid` and its tokens per measurement without timestamps."""
-        rec, lengths = self.records.get(rid)
-        return rec, lengths.base
-
     def lookup(self) -> Lookup:
-        """destination(address, v6, t): its record holding the measurements just before t."""
+        """destination(address key, t): its record holding the measurements just before t."""
 
-        def destination(addr: np.ndarray, v6: bool, t: int):
-            rid = self.index.record_before(addr, v6, t)
-            return None if rid is None else self.record(rid)
+        def destination(key: bytes, t: int):
+            rid = self.index.record_before(key, t)
+            return None if rid is None else self.records.get(rid)
 
         return destination

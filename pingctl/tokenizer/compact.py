@@ -32,13 +32,18 @@ def time_kinds(m: Measurements, context_starts=None) -> tuple[np.ndarray, np.nda
     4 bytes below 2**32 s. A negative delta or one >= 2**32 s falls back to absolute
     (which also restarts the delta chain), so any input order encodes losslessly.
     """
-    n = len(m)
+    return time_kinds_of(m.time_s, m.has_time, context_starts)
+
+
+def time_kinds_of(time_s: np.ndarray, has_time: np.ndarray, context_starts=None) -> tuple[np.ndarray, np.ndarray]:
+    """`time_kinds` of the columns themselves (what `gather.encode_gathered` has, no `Measurements`)."""
+    n = len(time_s)
     kind = np.zeros(n, np.int8)
     delta = np.zeros(n, np.int64)
-    idx = np.flatnonzero(m.has_time)
+    idx = np.flatnonzero(has_time)
     if idx.size == 0:
         return kind, delta
-    t = m.time_s[idx]
+    t = time_s[idx]
     first = np.ones(idx.size, bool)
     ctx = layout.context_ids(n, context_starts)
     if ctx is not None:
