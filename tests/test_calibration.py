@@ -118,6 +118,15 @@ def test_a_map_is_refused_for_another_run_step_prompt_or_its_own_packets(tmp_pat
     CAL.check_fits(pooled, tmp_path / "run", [59], scored=tmp_path / "test_probe")
     with pytest.raises(UsageError, match="the split being evaluated"):
         CAL.check_fits(pooled, tmp_path / "run", [59], scored=tmp_path / "val_probe")
+    # ... and says which splits it was fitted on, in `inspect` and in `sample --pairs`' label
+    from pingctl.cli.sample_pairs import calibration_label
+
+    CAL.save(pooled, tmp_path / "pooled.json")
+    shown = runner.invoke(app, ["inspect", str(tmp_path / "pooled.json"), "--json"])
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["fitted_on"] == CAL.fitted_on(pooled)
+    assert runner.invoke(app, ["inspect", str(tmp_path / "pooled.json")]).exit_code == 0
+    assert f"packets of {tmp_path / 'val_pair'} + {tmp_path / 'val_probe'}," in calibration_label(
+        CAL.load(tmp_path / "pooled.json"))
     assert CAL.prompt_mismatch(cal, has_context=True) is None
     assert "has no --context" in CAL.prompt_mismatch(cal, has_context=False)
     bare = CAL.fit(np.linspace(0, 1, 50), {**meta, "context_policy": "none"})
