@@ -112,7 +112,8 @@ def evaluate(
         with step_progress("eval") as report_progress:
             result = evaluate_regimes(run, regimes, out, truth, queries, context, seed, steps, policy=context_policy,
                                       per_pair=context_per_pair, hardware=hardware, context_dst=context_dst,
-                                      recalibration=cfg.recalibration, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                                      recalibration=cfg.recalibration,
+                                      progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
         if as_json:
             emit(dict(result), True)
             return

@@ -281,8 +281,9 @@ def _print_predictions(r: dict) -> None:
 
 def _print_calibration(r: dict) -> None:
     cov = r["raw_coverage"]
-    rows = [("run", r.get("run")), ("step(s)", r.get("steps")), ("fitted on", " + ".join(r["fitted_on"]) if isinstance(r.get("fitted_on"), list)
-                                                           else r.get("fitted_on")),
+    on = r.get("fitted_on")  # a map pooled over several val sets lists them
+    rows = [("run", r.get("run")), ("step(s)", r.get("steps")),
+            ("fitted on", " + ".join(on) if isinstance(on, list) else on),
             ("successful packets", r.get("packets")), ("context policy", r.get("context_policy")),
             ("context measurements", r.get("context_measurements")), ("per pair", r.get("context_per_pair")),
             ("raw model: central 50% covered", f"{cov['cov50']:.1%}"),

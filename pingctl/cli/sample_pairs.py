@@ -14,8 +14,8 @@ TIMES_HINT = 1000  # distinct timed questions from which a note says that each t
 
 def calibration_label(cal) -> str:
     """Which map recalibrated the quantiles: its file, and the packets and prompt it was fitted on."""
-    m, on = cal.meta, cal.meta.get("fitted_on")
-    return (f"{cal.path} (fitted on {m.get('packets')} packets of {' + '.join(on) if isinstance(on, list) else on}, "
+    m = cal.meta
+    return (f"{cal.path} (fitted on {m.get('packets')} packets of {cal.fitted_on_text()}, "
             f"context policy {m.get('context_policy')})")
 
 

@@ -260,26 +260,26 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     calibrations: dict = {}
     maps: dict = {}
     for group in map_groups(val_dirs, prompts, recalibration):
-        keys = list(dict.fromkeys((val_dirs[r], prompts[r]["context_policy"]) for r in group))
-        regime_of = {(val_dirs[r], prompts[r]["context_policy"]): r for r in reversed(group)}
-        present = [k for k in keys if (v := val_split(k[0])) is not None and len(v["rtt"])]
-        for k in present:
-            if k not in pits:
-                r = regime_of[k]
-                pits[k] = ask(val_split(k[0]), _sample(len(val_split(k[0])["rtt"]), queries, seed), None,
-                              f"{k[0].name} for {r}", prompts[r])["pit"]
+        asked: dict = {}  # (val path, policy) -> the first regime of the group asked that way
+        for r in group:
+            asked.setdefault((val_dirs[r], prompts[r]["context_policy"]), r)
+        present = {k: r for k, r in asked.items() if (v := val_split(k[0])) is not None and len(v["rtt"])}
+        for (path, policy), r in present.items():
+            if (path, policy) not in pits:
+                val = val_split(path)
+                pits[path, policy] = ask(val, _sample(len(val["rtt"]), queries, seed), None, f"{path.name} for {r}",
+                                         prompts[r])["pit"]
         if not present:
-            info, cal = {"fitted": None, "reason": f"no val split {keys[0][0]}", "fitted_on": None}, None
+            info, cal = {"fitted": None, "reason": f"no val split {next(iter(asked))[0]}", "fitted_on": None}, None
         else:
-            pooled = len(present) > 1
-            name = ("calibration.json" if not calibrations else HELD_OUT_MAP if pooled
+            paths = [str(path.resolve()) for path, _ in present]
+            name = ("calibration.json" if not calibrations else HELD_OUT_MAP if len(paths) > 1
                     else f"calibration_{group[0]}.json")
-            paths = [str(k[0].resolve()) for k in present]
             info = fit_calibration(np.concatenate([pits[k] for k in present]), out, {
                 "run": str(Path(run).resolve()), "steps": list(model.steps),
-                "fitted_on": paths if pooled else paths[0], "seed": seed, **prompts[group[0]]}, name=name)
-            info["fitted_on"] = "+".join(k[0].name for k in present) if info.get("fitted") else None
-            describe_val(info, {regime_of[k]: val_split(k[0]) for k in present})
+                "fitted_on": paths if len(paths) > 1 else paths[0], "seed": seed, **prompts[group[0]]}, name=name)
+            info["fitted_on"] = "+".join(path.name for path, _ in present) if info.get("fitted") else None
+            describe_val(info, {r: val_split(path) for (path, _), r in present.items()})
             cal = CAL.load(Path(info["fitted"])) if info.get("fitted") else None
         for r in group:
             calibrations[r], maps[r] = info, cal

@@ -58,6 +58,10 @@ class Calibration:
         probs = np.diff(cdf, prepend=0.0).clip(min=0.0)
         return RttDistribution(d.p_fail, d.codes, d.values_ms, probs / probs.sum())
 
+    def fitted_on_text(self) -> str:
+        """The split(s) it was fitted on, for a reader: several joined by " + "."""
+        return " + ".join(fitted_on(self))
+
     def to_json(self) -> dict:
         return {"kind": KIND, "levels": GRID.tolist(), "knots": self.knots.tolist(), **self.meta}
 
