@@ -191,7 +191,11 @@ class LoaderConfig(Section):
     workers: int = Field(-1, ge=-1, description="Grain worker processes (-1 = automatic: 0 on <= 2 cores)")
     seed: int = Field(0, ge=0, description="shuffle and augmentation seed")
     eval_seed: int = Field(1234, ge=0, description="fixed seed of the deterministic (shuffled) eval iterator")
-    read_threads: int = Field(1, ge=0, description="Grain read threads per process (0 = none; >1 only adds GIL contention)")
+    read_threads: int = Field(
+        -1, ge=-1,
+        description="Grain read threads per process (-1 = automatic: 0 in worker processes, 1 without workers; "
+                    ">1 only adds GIL contention)",
+    )
     read_prefetch: int = Field(4, ge=0, description="elements prefetched per process")
     shuffle_window: int = Field(1024, ge=1, description="rows mixed by the window shuffle (rows of many probes per batch)")
     rows_per_element: int = Field(

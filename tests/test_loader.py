@@ -1,13 +1,16 @@
 import json
+import os
 import pickle
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from pingctl.config import LoaderConfig
+from pingctl.loader import pipeline
 from pingctl.loader.pipeline import FEATURES, make_dataset
 from pingctl.tokenizer import decode, validate
 
@@ -145,14 +148,48 @@ def test_sharding_splits_elements(synth_rows):
     assert not np.array_equal(s0, s1)
 
 
-def test_worker_processes_give_the_same_batches(synth_rows):
-    a = _batches(synth_rows / "rows", 2)
-    it = iter(make_dataset(synth_rows / "rows", _cfg(workers=1), with_stats=True))
+@pytest.mark.parametrize("with_stats", [True, False])
+def test_worker_processes_give_the_same_batches(synth_rows, with_stats):
+    # a worker hands the features over as one block in shared memory, the statistics pickled
+    rows = synth_rows / "rows"
+    it = iter(make_dataset(rows, _cfg(), with_stats=with_stats))
+    a = [next(it) for _ in range(2)]
+    it = iter(make_dataset(rows, _cfg(workers=1), with_stats=with_stats))
     try:
         b = [next(it) for _ in range(2)]
     finally:
         it.close()
-    assert all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, b))
+    assert set(b[0]) == set(FEATURES) | ({"stat_modes", "stat_measurements"} if with_stats else set())
+    assert all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+    assert all(b[0][k].dtype == np.int32 and b[0][k].shape == (4, SEQ) for k in FEATURES)
+
+
+def test_read_threads_automatic_is_none_in_workers_and_one_without():
+    assert pipeline.read_threads(_cfg(), workers=2) == 0
+    assert pipeline.read_threads(_cfg(), workers=0) == 1
+    assert pipeline.read_threads(_cfg(read_threads=3), workers=2) == 3  # an explicit value is kept
+    assert pipeline.read_threads(_cfg(read_threads=0), workers=0) == 0
+    with pytest.raises(ValueError):
+        _cfg(read_threads=-2)
+
+
+def test_bench_cpu_seconds_count_child_processes():
+    from pingctl.loader.bench import _descendants, cpu_seconds
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\nprint(1, flush=True)\ntime.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)\n" + burn], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.pid in _descendants(os.getpid())
+        before, own = cpu_seconds([child.pid]), time.process_time()
+        assert child.stdout.readline().strip() == "1"  # it has burnt its 0.5 CPU seconds
+        spent = cpu_seconds([child.pid]) - before
+        own = time.process_time() - own
+        assert spent - own >= 0.45  # the child's CPU, not only this process's
+        assert cpu_seconds([]) == pytest.approx(time.process_time(), abs=0.05)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _row_sources(batches) -> list[tuple]:

@@ -42,6 +42,12 @@ from pingctl.tokenizer.spec import fields, get_spec, token_fields
 
 FEATURES = ("inputs", "inputs_position", "inputs_segmentation", "targets", "targets_position", "targets_segmentation")
 TOKENS_PER_MEASUREMENT_GUESS = 16  # compact IPv4 with a delta timestamp
+# A worker hands each array of a batch to the trainer in a shared-memory segment of its own, whose
+# making (create, register with the resource tracker, map, unlink) cost more than the loader's work
+# on a batch of 8 x 1024: the six features travel as one block (one segment), the few bytes of
+# statistics pickled. Large arrays must not be pickled: a worker that Grain stops while its queue
+# feeds one into a full pipe waits out Grain's 25 s join timeout (docs/loader.md, "Workers").
+MIN_SHM_BYTES = 4096
 
 
 def element_plan(manifest: dict, seq_len: int, min_per_record: int, rows_per_element: int) -> np.ndarray:
@@ -167,30 +173,39 @@ def _worker_dies_with(parent: int, _index: int, _count: int) -> None:
     die_with_parent(parent, pdeathsig=False)
 
 
-def to_features(batch: dict) -> dict:
-    """Stacked rows -> the six int32 [batch, seq_len] arrays the MaxText train step takes."""
+def to_features(batch: dict, with_stats: bool = True) -> dict:
+    """Stacked rows -> the six int32 [batch, seq_len] arrays the MaxText train step takes: views
+    of one block (`feature_block`), which a worker hands over whole."""
+    out = dict(zip(FEATURES, feature_block(batch)))
+    if with_stats:  # side statistics for benches and logs; MaxText ignores keys it does not know
+        out.update(_stats(batch))
+    return out
+
+
+def feature_block(batch: dict) -> np.ndarray:
+    """int32 [6, batch, seq_len]: the features in `FEATURES` order."""
     tokens, seg, pos = batch["tokens"], batch["segment"], batch["position"]
-    targets = np.zeros_like(tokens)
+    block = np.empty((len(FEATURES), *tokens.shape), np.int32)
+    inputs, inputs_pos, inputs_seg, targets, targets_pos, targets_seg = block
+    inputs[:] = tokens
+    inputs_pos[:] = pos
+    inputs_seg[:] = seg
     targets[:, :-1] = tokens[:, 1:]
+    targets[:, -1] = 0
+    targets_pos[:] = pos
     # A target counts only when the next token is in the same segment (never padding,
     # never the first token of the next context).
-    tseg = np.zeros_like(seg)
     same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
     if "loss" in batch:  # loader.loss_keep: a target counts only if its token was kept
         same &= batch["loss"][:, 1:]
-    tseg[:, :-1] = np.where(same, seg[:, :-1], 0)
-    out = {
-        "inputs": tokens.astype(np.int32),
-        "inputs_position": pos.astype(np.int32),
-        "inputs_segmentation": seg.astype(np.int32),
-        "targets": targets.astype(np.int32),
-        "targets_position": pos.astype(np.int32),
-        "targets_segmentation": tseg.astype(np.int32),
-    }
-    # Side statistics for benches and logs; MaxText ignores keys it does not know.
-    out["stat_modes"] = batch["modes"].reshape(-1, 3).sum(axis=0).astype(np.int32)
-    out["stat_measurements"] = np.int32(batch["measurements"].sum())
-    return out
+    np.multiply(seg[:, :-1], same, out=targets_seg[:, :-1], casting="unsafe")
+    targets_seg[:, -1] = 0
+    return block
+
+
+def _stats(batch: dict) -> dict:
+    return {"stat_modes": batch["modes"].reshape(-1, 3).sum(axis=0).astype(np.int32),
+            "stat_measurements": np.int32(batch["measurements"].sum())}
 
 
 def make_dataset(
@@ -231,20 +246,33 @@ def make_dataset(
         ds = ds.seed(cfg.eval_seed).shuffle()
     if shard_count > 1:
         ds = ds[shard_index::shard_count]
-    it = grain.experimental.FlatMapIterDataset(ds.random_map(make_rows).to_iter_dataset(_read_options(cfg)), split_rows)
+    workers = auto_workers(cfg.workers)
+    it = grain.experimental.FlatMapIterDataset(ds.random_map(make_rows).to_iter_dataset(_read_options(cfg, workers)),
+                                               split_rows)
     if train and cfg.shuffle_window > 1:
         it = grain.experimental.WindowShuffleIterDataset(it, window_size=cfg.shuffle_window, seed=cfg.seed)
     bsz = batch_size or cfg.batch_size
     it = it.batch(bsz, drop_remainder=train)
     if not train:  # the step is compiled for one batch shape: pad the last eval batch
         it = it.map(lambda b: _pad_batch(b, bsz))
-    it = it.map(to_features if with_stats else _maxtext_only)
-    workers = auto_workers(cfg.workers)
     if workers > 0:
         _absl_flags_ready()
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
-                            worker_init_fn=functools.partial(_worker_dies_with, os.getpid()))
-    return it
+        it = grain.experimental.WithOptionsIterDataset(it.map(functools.partial(_one_block, with_stats=with_stats)),
+                                                       grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
+        return it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
+                              worker_init_fn=functools.partial(_worker_dies_with, os.getpid())).map(_from_block)
+    return it.map(functools.partial(to_features, with_stats=with_stats))
+
+
+def _one_block(batch: dict, with_stats: bool) -> dict:
+    """What a worker hands over: the features in one block (one shared-memory segment)."""
+    return {"features": feature_block(batch), **(_stats(batch) if with_stats else {})}
+
+
+def _from_block(batch: dict) -> dict:
+    """`_one_block` undone: each feature a view of the block."""
+    block = batch.pop("features")
+    return {**dict(zip(FEATURES, block)), **batch}
 
 
 def _absl_flags_ready() -> None:
@@ -265,11 +293,6 @@ def _pad_batch(batch: dict, size: int) -> dict:
     return {k: np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
 
 
-def _maxtext_only(batch: dict) -> dict:
-    feats = to_features(batch)
-    return {k: feats[k] for k in FEATURES}
-
-
 def _configure_grain(cfg: LoaderConfig) -> None:
     import grain
 
@@ -285,9 +308,19 @@ def epoch_rows(rows_dir: Path | str, cfg: LoaderConfig) -> int:
     return int(element_plan(manifest, cfg.seq_len, cfg.contexts_per_record, cfg.rows_per_element)[:, 1].sum())
 
 
-def _read_options(cfg: LoaderConfig):
+def read_threads(cfg: LoaderConfig, workers: int) -> int:
+    """Grain read threads per process. Elements are NumPy-heavy Python: more than one thread
+    only fights over the GIL (16, Grain's default, measured ~7x slower); parallelism comes from
+    workers. Automatic (-1): none in a worker process, whose one job is making batches, so a
+    thread has nothing to overlap with and its handoffs (a future per element, the GIL back and
+    forth) only cost CPU; one without workers, where it overlaps element work with the train
+    step, which releases the GIL."""
+    if cfg.read_threads >= 0:
+        return cfg.read_threads
+    return 0 if workers > 0 else 1
+
+
+def _read_options(cfg: LoaderConfig, workers: int):
     import grain
 
-    # Elements are NumPy-heavy Python: more than one thread per process only fights over the
-    # GIL (16 threads, Grain's default, measured ~7x slower). Parallelism comes from workers.
-    return grain.ReadOptions(num_threads=cfg.read_threads, prefetch_buffer_size=cfg.read_prefetch)
+    return grain.ReadOptions(num_threads=read_threads(cfg, workers), prefetch_buffer_size=cfg.read_prefetch)
