@@ -218,7 +218,8 @@ class LoaderConfig(Section):
     triangulation_share: float = Field(
         0.0, ge=0.0, le=1.0,
         description="share of rows packed with triangulation contexts (a query's source side, its destination "
-        "side, the query last; needs rows built with `build-rows --by both`); the rest as before",
+        "side, the query last; needs rows built with `build-rows --by both`), drawn per element: all of its "
+        "rows or none; the rest as before",
     )
     triangulation_k_src: int = Field(
         16, ge=0, le=1024, description="triangulation contexts: at most this many measurements of the query's "

@@ -18,7 +18,7 @@ from pingctl.context import context_indices, context_pool, recent_others
 from pingctl.errors import PingctlError
 from pingctl.loader.pipeline import make_dataset
 from pingctl.loader.sequences import FULL, NONE, PARTIAL, RecordLengths
-from pingctl.loader.triangulation import Triangulation, choose_triangulation, pack_triangulation
+from pingctl.loader.triangulation import Triangulation, choose_triangulation, pack_triangulation, triangulation_rows
 from pingctl.records.layout import ProbeRecord
 from pingctl.tokenizer import decode, validate
 from tests.conftest import build_once, make_table, shared_root
@@ -253,6 +253,20 @@ def _cfg(**kw):
     base = dict(seq_len=SEQ, batch_size=4, workers=0, shuffle_window=32, triangulation_share=0.5)
     base.update(kw)
     return LoaderConfig(**base)
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.9])
+def test_an_element_s_rows_are_all_triangulation_or_none_at_the_share(share):
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 5, 4000)
+    got = np.array([triangulation_rows(rng, int(n), share) for n in sizes])
+    assert ((got == 0) | (got == sizes)).all()  # all or none, per element
+    assert 0 < (got == 0).sum() < len(sizes)
+    sd = np.sqrt(share * (1 - share) * (sizes**2).sum()) / sizes.sum()
+    assert abs(got.sum() / sizes.sum() - share) < 4 * sd  # the share of rows
+    before = np.random.default_rng(5)
+    after = np.random.default_rng(5)
+    assert triangulation_rows(after, 4, 0.0) == 0 and after.random() == before.random()  # nothing drawn at 0
 
 
 def test_share_zero_gives_the_plain_rows_and_a_share_adds_triangulation(both_rows):

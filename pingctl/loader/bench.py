@@ -16,7 +16,7 @@ from pingctl.artifacts.records import read_manifest
 from pingctl.config import LoaderConfig, SynthConfig
 from pingctl.loader.pipeline import element_plan, make_dataset, to_features, triangulation
 from pingctl.loader.sequences import RecordLengths, choose_contexts, pack, tokenize
-from pingctl.loader.triangulation import concat_rows, pack_triangulation
+from pingctl.loader.triangulation import concat_rows, pack_triangulation, triangulation_rows
 from pingctl.records.build import build_rows
 from pingctl.records.layout import decode
 from pingctl.synth.generate import generate
@@ -55,7 +55,7 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
         rec = decode(raw)
         lengths = RecordLengths(rec, scheme)  # read, decode and lengths: once per record in the pipeline's cache
         t2 = time.perf_counter()
-        n_tri = int((rng.random(int(n_rows)) < tri.share).sum()) if tri.share > 0 else 0
+        n_tri = triangulation_rows(rng, int(n_rows), tri.share)
         n_plain = int(n_rows) - n_tri
         p = choose_contexts(rec, rng, n_plain, cfg.seq_len, mode_p, scheme, cfg.max_per_pair, cfg.pair_history_share,
                             cfg.pair_history_k, lengths=lengths)

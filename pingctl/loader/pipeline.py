@@ -16,8 +16,8 @@ element keep every stretch of steps mixed. The eval pass is shuffled with its ow
 seed, so MaxText's first `eval_steps` batches sample many records, not the first few.
 Grain derives every element's RNG from the seed, the epoch and the element index, so the
 pipeline is deterministic and its iterator state (Grain checkpointing) restores the exact
-data position. With `loader.triangulation_share`, a share of each element's rows are packed
-with triangulation contexts (`triangulation.py`), which read destination records at random
+data position. With `loader.triangulation_share`, that share of the elements have all their rows
+packed with triangulation contexts (`triangulation.py`), which read destination records at random
 from inside the element's map, with the same RNG: the plan, the state and the determinism
 stay Grain's.
 """
@@ -36,7 +36,7 @@ from pingctl.errors import PingctlError
 from pingctl.loader.record_cache import RecordCache
 from pingctl.loader.sequences import pack_sequences, Shaping
 from pingctl.loader.triangulation import (DestinationIndex, DestinationReader, NO_TRIANGULATION, Triangulation,
-                                          pack_element)
+                                          pack_element, triangulation_rows)
 from pingctl.processes import die_with_parent
 from pingctl.tokenizer.spec import fields, get_spec, token_fields
 
@@ -112,8 +112,7 @@ def _transforms(
         def random_map(self, element, rng: np.random.Generator):
             record_id, n_rows = int(element[0]), int(element[1])
             rec, lengths = self.records.get(record_id)
-            # drawn only when on, so rows without triangulation stay exactly as they were
-            n_tri = int((rng.random(n_rows) < tri.share).sum()) if tri.share > 0 else 0
+            n_tri = triangulation_rows(rng, n_rows, tri.share)
             if n_tri:
                 seqs = pack_element(rec, rng, n_rows - n_tri, n_tri, seq_len, mode_p, scheme, shaping, tri,
                                     destinations.lookup(), lengths)

@@ -485,6 +485,19 @@ def triangulation_inputs(chosen: Chosen, rng: np.random.Generator, scheme: str, 
     return order, np.concatenate([[0], last[:-1] + 1])
 
 
+def triangulation_rows(rng: np.random.Generator, n_rows: int, share: float) -> int:
+    """How many of an element's `n_rows` rows are triangulation rows: all of them with
+    probability `share`, else none. The share of rows is `share` as with a draw per row, and the
+    window shuffle mixes elements' rows into batches as before, but an element pays the fixed
+    cost of triangulation (choosing and laying out candidates, reading destination records:
+    more than a plain row's work) for all its rows at once, not for the one or two a draw per
+    row gave it (docs/loader.md). Nothing is drawn at share 0, so those rows are bit for bit
+    the plain rows."""
+    if share <= 0:
+        return 0
+    return n_rows if rng.random() < share else 0
+
+
 def pack_element(
     rec: ProbeRecord, rng: np.random.Generator, n_plain: int, n_tri: int, seq_len: int, mode_p: np.ndarray,
     scheme: str, shaping: Shaping, tri: Triangulation, destination: Lookup, lengths: RecordLengths,
