@@ -135,6 +135,20 @@ def test_pit_of_a_calibrated_forecast_is_uniform():
     assert M.pit_histogram(1 - np.exp(-x / 6.0))["ks"] > 0.1  # too wide a forecast
 
 
+def test_pit_ks_against_what_a_calibrated_model_shows_with_as_many_packets():
+    # one packet: D = max(u, 1 - u), so P(D <= d) = 2d - 1 on [0.5, 1]
+    h = M.pit_histogram([0.2])
+    assert h["ks"] == pytest.approx(0.8) and h["ks_p"] == pytest.approx(0.4) and h["ks_95"] == pytest.approx(0.975)
+    rng = np.random.default_rng(4)
+    runs = [M.pit_histogram(rng.random(200)) for _ in range(400)]  # calibrated: uniform PITs
+    inside = np.mean([r["ks"] <= r["ks_95"] for r in runs])
+    assert 0.91 < inside < 0.99
+    assert 0.42 < np.mean([r["ks_p"] for r in runs]) < 0.58  # p of a calibrated model: uniform
+    wide = M.pit_histogram(0.5 + 0.5 * (rng.random(200) - 0.5))  # too wide a forecast, PITs bunched
+    assert wide["ks"] > wide["ks_95"] and wide["ks_p"] < 1e-6
+    assert M.pit_histogram([])["ks_p"] is None
+
+
 def test_coverage_by_hand_dict_and_array():
     actual = np.array([10.0, 20.0, 30.0, 40.0, -1.0])
     q = {

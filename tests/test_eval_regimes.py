@@ -77,6 +77,14 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
         emb = np.array(d["embedding_crps"])[sel]
         np.testing.assert_allclose(emb[ok], np.abs(np.array(d["embedding_median"])[sel][ok] - a[ok]))
         assert row["cov90"] is not None and row["cov90_calibrated"] is not None
+        # PIT KS beside what a calibrated model shows with as many packets
+        pit = np.array(d["model_pit"])[sel]
+        pit = np.sort(pit[np.isfinite(pit)])
+        n = len(pit)
+        k = np.arange(1, n + 1)
+        assert row["pit_ks"] == pytest.approx(max(np.max(k / n - pit), np.max(pit - (k - 1) / n)))
+        assert 0 <= row["pit_ks_p"] <= 1 and 0 <= row["pit_ks_p_calibrated"] <= 1
+        assert (row["pit_ks_p"] < 0.05) == (row["pit_ks"] > row["pit_ks_95"])
         # median and mean CRPS; proper scores of P(failure) for every predictor that gives one
         assert row["model_median_crps_ms"] == pytest.approx(np.median(crps[ok]))
         fails = row["failure"]
@@ -100,6 +108,7 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
         assert f"{100 * row['model_median_rel_err']:.1f}%" in lines[i]
         assert lines[i + 1].startswith("probe 4 ")  # the prompt each row used, under its name
     assert "median CRPS ms, model vs best classical" in shown.output and "Brier" in shown.output
+    assert "PIT KS, raw → recalibrated" in shown.output
 
 
 def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split, tmp_path):

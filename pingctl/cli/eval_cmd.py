@@ -199,6 +199,12 @@ def scores_table(report: dict):
     return t
 
 
+def _ks(ks, p) -> str:
+    if ks is None:
+        return "-"
+    return f"{ks:.3f}" + ("" if p is None else f" (p {p:.2f})" if p >= 0.01 else " (p < 0.01)")
+
+
 def _score(v) -> str:
     return "-" if v is None else f"{v:.4f}"
 
@@ -275,6 +281,11 @@ def print_regimes(result: dict, path) -> None:
                   + each(lambda r: f"{_pct(r.get('cov90'))} → {_pct(r.get('cov90_calibrated'))}"
                                    + (f" ({r['calibrated_on']})" if r.get("calibrated_on") else ""))
                   + ("" if cal.get("fitted") else f" (no map: {cal.get('reason')})"), highlight=False, soft_wrap=True)
+    console.print("model's PIT KS, raw → recalibrated (p: chance of a KS this far for a calibrated model with "
+                  "as many independent packets): "
+                  + each(lambda r: f"{_ks(r.get('pit_ks'), r.get('pit_ks_p'))} → "
+                                   f"{_ks(r.get('pit_ks_calibrated'), r.get('pit_ks_p_calibrated'))}"),
+                  highlight=False, soft_wrap=True)
     for regime, info in (result.get("calibrations") or {}).items():
         if info.get("warning"):
             console.print(f"{regime}: recalibration: {info['warning']}", style="yellow", highlight=False,

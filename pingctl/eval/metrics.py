@@ -133,6 +133,10 @@ def pit_histogram(pit, bins: int = 10, mask=None) -> dict:
     A calibrated predictor gives a flat histogram. Scores: `ks`, the Kolmogorov-Smirnov
     distance sup|F_PIT(u) − u| (0 = uniform), and `tv`, the total-variation distance of the
     bin shares from 1/bins (0 = flat, → 1 when all mass is in one bin). `density` = share × bins.
+    What `ks` means depends on n: a calibrated predictor's n PITs, were the packets independent,
+    are `ks_95` or less from uniform 95% of the time, and at least `ks` with chance `ks_p` (the
+    Kolmogorov distribution of n; packets that share a host share its errors, so the true
+    spread is wider and these are bounds from below).
     """
     u = _f(pit)
     u = u[_mask(len(u), mask) & np.isfinite(u)]
@@ -140,13 +144,15 @@ def pit_histogram(pit, bins: int = 10, mask=None) -> dict:
     n = len(u)
     if n == 0:
         return {"n": 0, "bins": bins, "edges": edges.tolist(), "counts": [0] * bins, "density": [None] * bins,
-                "ks": None, "tv": None}
+                "ks": None, "ks_p": None, "ks_95": None, "tv": None}
     u = np.clip(u, 0.0, 1.0)
     counts = np.histogram(u, bins=edges)[0]
     share = counts / n
     s = np.sort(u)
     k = np.arange(1, n + 1)
     ks = max(np.max(k / n - s), np.max(s - (k - 1) / n))
+    from scipy.stats import kstwo
+
     return {
         "n": int(n),
         "bins": int(bins),
@@ -154,6 +160,8 @@ def pit_histogram(pit, bins: int = 10, mask=None) -> dict:
         "counts": counts.astype(int).tolist(),
         "density": (share * bins).tolist(),
         "ks": _num(ks),
+        "ks_p": _num(kstwo.sf(ks, n)),
+        "ks_95": _num(kstwo.ppf(0.95, n)),
         "tv": _num(0.5 * np.abs(share - 1.0 / bins).sum()),
     }
 

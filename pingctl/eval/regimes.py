@@ -147,6 +147,8 @@ def regime_row(regime: str, report: dict, best: str, seed: int = 0) -> dict:
             return ((e.get("crps") or {}).get("all") or {}).get("mean_crps_ms" if key == "crps" else "median_crps_ms")
         if key in ("cov50", "cov90"):
             return (((e.get("calibration") or {}).get("coverage")) or {}).get(key)
+        if key in ("ks", "ks_p", "ks_95"):
+            return (((e.get("calibration") or {}).get("pit")) or {}).get(key)
         if key in ("auc", "brier", "log_score"):
             return (e.get("failure") or {}).get(key)
         return e["slices"]["all"].get(key) if e else None
@@ -169,6 +171,11 @@ def regime_row(regime: str, report: dict, best: str, seed: int = 0) -> dict:
         "crps_below_every_baseline": _crps_below_all(report, baselines),
         "cov50": fig("model", "cov50"), "cov90": fig("model", "cov90"),
         "cov50_calibrated": fig("model_calibrated", "cov50"), "cov90_calibrated": fig("model_calibrated", "cov90"),
+        # PIT KS distance, and the chance of one at least as far from a calibrated model with these
+        # many independent packets (metrics.pit_histogram)
+        "pit_ks": fig("model", "ks"), "pit_ks_p": fig("model", "ks_p"),
+        "pit_ks_calibrated": fig("model_calibrated", "ks"), "pit_ks_p_calibrated": fig("model_calibrated", "ks_p"),
+        "pit_ks_95": fig("model", "ks_95"),
         "model_fail_auc": fig("model", "auc"),
         # every predictor that gives P(failure): proper scores beside the AUC
         "failure": {n: {k: fig(n, k) for k in ("brier", "log_score", "auc")}
