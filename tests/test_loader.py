@@ -377,3 +377,8 @@ def test_bench_loader_times_the_configured_shaping(synth_rows, tmp_path):
     assert rep["config"]["seq_len"] == 256 and rep["table"][0]["tokens_per_s"] > 0
     bad = CliRunner().invoke(app, [*args, "--set", "loader.max_per_pair=-1"])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
+    # with a worker, the CPU per token counts the worker's: a rate per core, not the trainer's alone
+    w = CliRunner().invoke(app, [*args[:4], "1", *args[5:]])
+    assert w.exit_code == 0, w.output
+    row = json.loads(w.stdout)["table"][0]
+    assert row["case"] == "1 worker" and 0 < row["tokens_per_cpu_s"] < 3 * row["tokens_per_s"]

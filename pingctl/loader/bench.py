@@ -125,7 +125,8 @@ def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) ->
         used = total = 0
         modes = np.zeros(3)
         workers = _descendants(os.getpid()) if cfg.workers else []
-        t0, c0 = time.perf_counter(), cpu_seconds(workers)
+        # workers asked for but none found (no /proc children lists): no per-core figure
+        t0, c0 = time.perf_counter(), None if cfg.workers and not workers else cpu_seconds(workers)
         for _ in range(batches):
             b = next(it)
             used += int((b["inputs_segmentation"] > 0).sum())
