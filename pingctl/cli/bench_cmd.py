@@ -206,6 +206,9 @@ def bench_loader(
     batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Batch size.")] = 8,
     batches: Annotated[int, typer.Option(
         min=50, max=MAX_BATCHES, help="Batches timed per case (after warm-up; fewer would time the prefetch buffer).")] = 600,
+    warmup: Annotated[int, typer.Option(
+        min=1, max=MAX_BATCHES, help="Batches before timing; raise it (e.g. 800) to time the steady state, every record "
+        "decoded and cached, where a long run spends its time.")] = 10,
     scheme: Annotated[str, typer.Option(help="compact | full.")] = "compact",
     config: ConfigOpt = None,
     overrides: SetOpt = None,
@@ -229,7 +232,7 @@ def bench_loader(
     if scheme not in ("compact", "full"):
         raise UsageError(f"--scheme {scheme!r}: compact or full")
     _check_out(out)
-    result = run(rows, counts, seq_len, batch_size, batches, scheme, loader=loader)
+    result = run(rows, counts, seq_len, batch_size, batches, scheme, loader=loader, warmup=warmup)
     report(result, as_json, out)
 
 

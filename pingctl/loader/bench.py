@@ -117,10 +117,10 @@ def cpu_seconds(pids: list[int]) -> float | None:
     return total
 
 
-def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) -> dict:
+def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int, warmup: int = 10) -> dict:
     it = iter(make_dataset(rows_dir, cfg, scheme, with_stats=True))
     try:
-        for _ in range(10):  # warm-up: worker start, first window fill
+        for _ in range(warmup):  # worker start, first window fill (and, when long, the record caches)
             next(it)
         used = total = 0
         modes = np.zeros(3)
@@ -151,7 +151,7 @@ def _end_to_end(rows_dir: Path, cfg: LoaderConfig, scheme: str, batches: int) ->
 
 def bench_loader(
     rows_dir: Path | None, workers: list[int], seq_len: int, batch_size: int, batches: int, scheme: str,
-    synth_rows: int = 2_000_000, loader: LoaderConfig | None = None,
+    synth_rows: int = 2_000_000, loader: LoaderConfig | None = None, warmup: int = 10,
 ) -> dict:
     """`loader`: the other loader settings (e.g. shaping) of the timed cases; default the defaults."""
     base = (loader or LoaderConfig()).model_copy(update={"seq_len": seq_len, "batch_size": batch_size, "workers": 0})
@@ -164,7 +164,7 @@ def bench_loader(
         cases = [(w, s) for w in workers for s in ((share, 0.0) if share > 0 else (0.0,))]
         for w, s in cases:
             cfg = base.model_copy(update={"workers": w, "triangulation_share": s})
-            r = _end_to_end(rows, cfg, scheme, batches)
+            r = _end_to_end(rows, cfg, scheme, batches, warmup)
             cores_used = max(1, w)
             label = f"{w} worker{'s' if w != 1 else ''}"
             if share > 0:
@@ -194,6 +194,7 @@ def bench_loader(
         "stages": stage_rows,
         "stage_tokens_per_s_one_core": int(stages["tokens_per_s"]),
         "config": {"seq_len": seq_len, "batch_size": batch_size, "scheme": scheme, "batches": batches,
+                   "warmup": warmup,
                    "result_last": base.result_last, "max_per_pair": base.max_per_pair,
                    "triangulation_share": share, "triangulation_k_src": base.triangulation_k_src,
                    "triangulation_k_dst": base.triangulation_k_dst,
