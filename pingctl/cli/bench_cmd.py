@@ -219,6 +219,7 @@ def bench_loader(
 
     tokens_per_cpu_s divides by the CPU seconds of this process and its workers (Linux): the
     rate per core, steadier than wall-clock rates where other jobs share the cores.
+
     Other loader settings come from --config/--set (e.g. --set loader.max_per_pair=1). With
     --set loader.triangulation_share=0.5 every case is timed with triangulation on and, right
     after, off (synthetic rows are then built with --by both).
