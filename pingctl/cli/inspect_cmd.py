@@ -281,9 +281,7 @@ def _print_predictions(r: dict) -> None:
 
 def _print_calibration(r: dict) -> None:
     cov = r["raw_coverage"]
-    on = r.get("fitted_on")  # a map pooled over several val sets lists them
-    rows = [("run", r.get("run")), ("step(s)", r.get("steps")),
-            ("fitted on", " + ".join(on) if isinstance(on, list) else on),
+    rows = [("run", r.get("run")), ("step(s)", r.get("steps")), ("fitted on", r.get("fitted_on_text")),
             ("successful packets", r.get("packets")), ("context policy", r.get("context_policy")),
             ("context measurements", r.get("context_measurements")), ("per pair", r.get("context_per_pair")),
             ("raw model: central 50% covered", f"{cov['cov50']:.1%}"),

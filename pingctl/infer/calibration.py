@@ -135,7 +135,7 @@ def describe(cal: Calibration) -> dict:
     """What `pingctl inspect` shows: what the map was fitted for, how the raw model covered
     those packets, and where each calibrated quantile is read from the model."""
     q = np.array([0.05, 0.25, 0.5, 0.75, 0.95])
-    return {"kind": "calibration", "path": cal.path, **cal.meta,
+    return {"kind": "calibration", "path": cal.path, **cal.meta, "fitted_on_text": cal.fitted_on_text() or None,
             "raw_coverage": {"cov50": float(cal.level(0.75) - cal.level(0.25)),
                              "cov90": float(cal.level(0.95) - cal.level(0.05)),
                              "below_median": float(cal.level(0.5))},

@@ -45,8 +45,9 @@ TOKENS_PER_MEASUREMENT_GUESS = 16  # compact IPv4 with a delta timestamp
 # Grain hands each array a worker yields to the trainer in a shared-memory segment of its own,
 # whose making (create, register with the resource tracker, map, unlink) cost ~1 ms a batch, 40%
 # of the loader's own work on a batch of 8 x 1024: the six features travel as one block (one
-# segment), the few bytes of statistics pickled. Large arrays must not be pickled: a worker that Grain stops while its queue
-# feeds one into a full pipe waits out Grain's 25 s join timeout (docs/loader.md, "Workers").
+# segment), the few bytes of statistics pickled. Large arrays must not be pickled: a worker that
+# Grain stops while its queue feeds one into a full pipe waits out Grain's 25 s join timeout
+# (docs/loader.md, "Workers").
 MIN_SHM_BYTES = 4096
 
 
