@@ -193,10 +193,10 @@ class LoaderConfig(Section):
     eval_seed: int = Field(1234, ge=0, description="fixed seed of the deterministic (shuffled) eval iterator")
     read_threads: int = Field(
         -1, ge=-1,
-        description="Grain read threads per process (-1 = automatic: 0 in worker processes, 1 without workers; "
-                    ">1 only adds GIL contention)",
+        description="Grain read threads per process (-1 = automatic: 0; JAX's asynchronous dispatch already overlaps "
+                    "batch making with the step, and a thread only adds GIL handoffs; >1 only adds GIL contention)",
     )
-    read_prefetch: int = Field(4, ge=0, description="elements prefetched per process")
+    read_prefetch: int = Field(4, ge=0, description="elements prefetched per process by its read threads (none without them)")
     shuffle_window: int = Field(1024, ge=1, description="rows mixed by the window shuffle (rows of many probes per batch)")
     rows_per_element: int = Field(
         4, ge=1, le=64,

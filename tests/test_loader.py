@@ -172,9 +172,10 @@ def test_worker_processes_give_the_same_batches(synth_rows, with_stats):
     assert all(b[0][k].dtype == np.int32 and b[0][k].shape == (4, SEQ) for k in FEATURES)
 
 
-def test_read_threads_automatic_is_none_in_workers_and_one_without():
+def test_read_threads_automatic_is_none_with_and_without_workers():
     assert pipeline.read_threads(_cfg(), workers=2) == 0
-    assert pipeline.read_threads(_cfg(), workers=0) == 1
+    assert pipeline.read_threads(_cfg(), workers=0) == 0
+    assert pipeline.read_threads(_cfg(read_threads=1), workers=0) == 1
     assert pipeline.read_threads(_cfg(read_threads=3), workers=2) == 3  # an explicit value is kept
     assert pipeline.read_threads(_cfg(read_threads=0), workers=0) == 0
     with pytest.raises(ValueError):

@@ -1,14 +1,15 @@
 """The Grain pipeline: probe rows -> packed MaxText batches.
 
-    elements (record, rows) -> seed/shuffle/repeat (per-epoch reseeding) -> shard by
-    process -> random_map(PackSequences) -> to_iter_dataset -> flat_map(rows)
-    -> window shuffle (train) -> batch -> MaxText features -> mp_prefetch (workers)
+    element indices into the plan (record, rows) -> seed/shuffle/repeat (per-epoch
+    reseeding) -> shard by process -> random_map(PackSequences) -> to_iter_dataset
+    -> flat_map(rows) -> window shuffle (train) -> batch into the MaxText features
+    -> mp_prefetch (workers)
 
 An element packs up to `loader.rows_per_element` full rows from one record, read and
 decoded once per process (`record_cache`: a record can be 8 MB, and every epoch visits it
 many times). A record gets about one row per `seq_len` tokens of its history per epoch, at
 least `contexts_per_record`, split over several elements when long. The window shuffle is a
-block shuffle (Grain fills a window, then emits it shuffled), so the steps spanning one
+block shuffle (`shuffle.py`: it fills a window, then emits it shuffled), so the steps spanning one
 window see only `shuffle_window / rows_per_element` records: with 32 rows per element
 and batch 8 that was 32 probes for 128 consecutive steps, and the model fitted each
 group of probes in turn and forgot the last (eval loss 2.9 vs train 1.4). Few rows per
@@ -99,7 +100,7 @@ def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | No
 
 
 def _transforms(
-    files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep, shaping,
+    plan: np.ndarray, files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep, shaping,
     tri: Triangulation = NO_TRIANGULATION, destinations: DestinationReader | None = None,
 ):
     import grain
@@ -109,9 +110,10 @@ def _transforms(
     class PackSequences(grain.transforms.RandomMap):
         def __init__(self):
             self.records = RecordCache(_RecordReader(files), scheme)
+            self.plan = plan.tolist()
 
-        def random_map(self, element, rng: np.random.Generator):
-            record_id, n_rows = int(element[0]), int(element[1])
+        def random_map(self, element: int, rng: np.random.Generator):
+            record_id, n_rows = self.plan[element]
             rec, lengths = self.records.get(record_id)
             n_tri = triangulation_rows(rng, n_rows, tri.share)
             if n_tri:
@@ -173,39 +175,34 @@ def _worker_dies_with(parent: int, _index: int, _count: int) -> None:
     die_with_parent(parent, pdeathsig=False)
 
 
-def to_features(batch: dict, with_stats: bool = True) -> dict:
-    """Stacked rows -> the six int32 [batch, seq_len] arrays the MaxText train step takes: views
-    of one block (`feature_block`), which a worker hands over whole."""
-    out = dict(zip(FEATURES, feature_block(batch)))
-    if with_stats:  # side statistics for benches and logs; MaxText ignores keys it does not know
-        out.update(_stats(batch))
-    return out
-
-
-def feature_block(batch: dict) -> np.ndarray:
-    """int32 [6, batch, seq_len]: the features in `FEATURES` order."""
-    tokens, seg, pos = batch["tokens"], batch["segment"], batch["position"]
-    block = np.empty((len(FEATURES), *tokens.shape), np.int32)
+def batch_features(rows: list[dict], size: int, with_stats: bool = False, one_block: bool = False) -> dict:
+    """Rows -> the six int32 [size, seq_len] arrays the MaxText train step takes, written
+    straight into one int32 [6, size, seq_len] block (`FEATURES` order; rows past `len(rows)`
+    are padding: segment 0, no loss, no attention). Each feature is a view of the block; with
+    `one_block` the block itself travels (a worker hands it over as one shared-memory segment,
+    `_from_block` takes the views in the trainer's process)."""
+    n = len(rows)
+    block = (np.empty if n == size else np.zeros)((len(FEATURES), size, len(rows[0]["tokens"])), np.int32)
     inputs, inputs_pos, inputs_seg, targets, targets_pos, targets_seg = block
-    inputs[:] = tokens
-    inputs_pos[:] = pos
-    inputs_seg[:] = seg
-    targets[:, :-1] = tokens[:, 1:]
+    for i, row in enumerate(rows):
+        inputs[i] = row["tokens"]
+        inputs_pos[i] = row["position"]
+        inputs_seg[i] = row["segment"]
+    targets[:, :-1] = inputs[:, 1:]
     targets[:, -1] = 0
-    targets_pos[:] = pos
+    targets_pos[:] = inputs_pos
     # A target counts only when the next token is in the same segment (never padding,
     # never the first token of the next context).
-    same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
-    if "loss" in batch:  # loader.loss_keep: a target counts only if its token was kept
-        same &= batch["loss"][:, 1:]
-    np.multiply(seg[:, :-1], same, out=targets_seg[:, :-1], casting="unsafe")
+    same = (inputs_seg[:, 1:] == inputs_seg[:, :-1]) & (inputs_seg[:, :-1] > 0)
+    if "loss" in rows[0]:  # loader.loss_keep: a target counts only if its token was kept
+        same[:n] &= np.stack([row["loss"][1:] for row in rows])
+    np.multiply(inputs_seg[:, :-1], same, out=targets_seg[:, :-1], casting="unsafe")
     targets_seg[:, -1] = 0
-    return block
-
-
-def _stats(batch: dict) -> dict:
-    return {"stat_modes": batch["modes"].reshape(-1, 3).sum(axis=0).astype(np.int32),
-            "stat_measurements": np.int32(batch["measurements"].sum())}
+    out = {"features": block} if one_block else dict(zip(FEATURES, block))
+    if with_stats:  # side statistics for benches and logs; MaxText ignores keys it does not know
+        out["stat_modes"] = np.sum([row["modes"] for row in rows], axis=0, dtype=np.int32)
+        out["stat_measurements"] = np.int32(sum(int(row["measurements"]) for row in rows))
+    return out
 
 
 def make_dataset(
@@ -237,9 +234,11 @@ def make_dataset(
     # Shaping changes which rows exist, so train and eval share it (the gap stays comparable).
     shaping = Shaping(cfg.result_last, cfg.max_per_pair, cfg.pair_history_share, cfg.pair_history_k)
     tri, destinations = triangulation(rows_dir, manifest, cfg, scheme)  # train and eval alike, as shaping
-    make_rows, split_rows = _transforms(files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping,
+    make_rows, split_rows = _transforms(plan, files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping,
                                         tri, destinations)
-    ds = grain.MapDataset.source(plan)
+    # The elements are indices into the plan: a range source costs Grain no per-read accounting
+    # (a source of the plan itself records each read's bytes and latency, ~3% of the loader).
+    ds = grain.MapDataset.range(len(plan))
     if train:
         ds = ds.seed(cfg.seed).shuffle().repeat(num_epochs)
     else:
@@ -250,27 +249,23 @@ def make_dataset(
     it = grain.experimental.FlatMapIterDataset(ds.random_map(make_rows).to_iter_dataset(_read_options(cfg, workers)),
                                                split_rows)
     if train and cfg.shuffle_window > 1:
-        it = grain.experimental.WindowShuffleIterDataset(it, window_size=cfg.shuffle_window, seed=cfg.seed)
+        from pingctl.loader.shuffle import WindowShuffle  # imports Grain
+
+        it = WindowShuffle(it, window_size=cfg.shuffle_window, seed=cfg.seed)
     bsz = batch_size or cfg.batch_size
-    it = it.batch(bsz, drop_remainder=train)
-    if not train:  # the step is compiled for one batch shape: pad the last eval batch
-        it = it.map(lambda b: _pad_batch(b, bsz))
+    # The step is compiled for one batch shape: the last eval batch is padded (train drops it).
+    to_batch = functools.partial(batch_features, size=bsz, with_stats=with_stats, one_block=workers > 0)
+    it = it.batch(bsz, drop_remainder=train, batch_fn=to_batch)
     if workers > 0:
         _absl_flags_ready()
-        it = grain.experimental.WithOptionsIterDataset(it.map(functools.partial(_one_block, with_stats=with_stats)),
-                                                       grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
+        it = grain.experimental.WithOptionsIterDataset(it, grain.experimental.DatasetOptions(min_shm_size=MIN_SHM_BYTES))
         return it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
                               worker_init_fn=functools.partial(_worker_dies_with, os.getpid())).map(_from_block)
-    return it.map(functools.partial(to_features, with_stats=with_stats))
-
-
-def _one_block(batch: dict, with_stats: bool) -> dict:
-    """What a worker hands over: the features in one block (one shared-memory segment)."""
-    return {"features": feature_block(batch), **(_stats(batch) if with_stats else {})}
+    return it
 
 
 def _from_block(batch: dict) -> dict:
-    """`_one_block` undone: each feature a view of the block."""
+    """A worker's one block (`batch_features(one_block=True)`) as the six feature views."""
     block = batch.pop("features")
     return {**dict(zip(FEATURES, block)), **batch}
 
@@ -283,14 +278,6 @@ def _absl_flags_ready() -> None:
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-
-
-def _pad_batch(batch: dict, size: int) -> dict:
-    """Fill a short batch with empty rows (segment 0 everywhere: no loss, no attention)."""
-    n = len(batch["tokens"])
-    if n == size:
-        return batch
-    return {k: np.concatenate([v, np.zeros((size - n, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
 
 
 def _configure_grain(cfg: LoaderConfig) -> None:
@@ -311,13 +298,14 @@ def epoch_rows(rows_dir: Path | str, cfg: LoaderConfig) -> int:
 def read_threads(cfg: LoaderConfig, workers: int) -> int:
     """Grain read threads per process. Elements are NumPy-heavy Python: more than one thread
     only fights over the GIL (16, Grain's default, measured ~7x slower); parallelism comes from
-    workers. Automatic (-1): none in a worker process, whose one job is making batches, so a
-    thread has nothing to overlap with and its handoffs (a future per element, the GIL back and
-    forth) only cost CPU; one without workers, where it overlaps element work with the train
-    step, which releases the GIL."""
+    workers. Automatic (-1): none. A worker's one job is making batches, so a thread there has
+    nothing to overlap with. Without workers the host's batch making already overlaps the
+    step: JAX dispatches a step without waiting for it, and MaxText's loop reads a step's
+    metrics only after dispatching the next one. A thread beside the consumer only adds GIL
+    handoffs (~100x the context switches, ~1.4x the CPU per token, docs/benchmarks.md)."""
     if cfg.read_threads >= 0:
         return cfg.read_threads
-    return 0 if workers > 0 else 1
+    return 0
 
 
 def _read_options(cfg: LoaderConfig, workers: int):
