@@ -25,13 +25,14 @@ def test_inspect_describes_a_run_and_its_state(tiny_run, tmp_path):
     assert d["checkpoints"] == summary["checkpoints"] and d["uncommitted_checkpoints"] == []
     assert d["parameters"] == summary["parameters"] and d["preset"] == summary["preset"]
     assert d["train_loss_last"] is not None and d["train_loss_window"] == min(20, steps)
+    assert d["input_wait_s"] == summary["input_wait_s"] > 0  # read from the worker's file, summary or not
     # an interrupted save: the step directory is there, its commit marker is not
     last = d["checkpoints"][-1]
     (run / "maxtext" / "checkpoints" / str(last) / "commit_success.txt").unlink()
     (run / "summary.json").unlink()
     d2 = json.loads(runner.invoke(app, ["inspect", str(run), "--json"]).stdout)
     assert d2["checkpoints"] == d["checkpoints"][:-1] and d2["uncommitted_checkpoints"] == [last]
-    assert not d2["complete"]
+    assert not d2["complete"] and d2["input_wait_s"] == d["input_wait_s"]
     text = runner.invoke(app, ["inspect", str(run)], terminal_width=200)
     assert text.exit_code == 0 and "incomplete" in text.output and f"uncommitted, ignored: {last}" in text.output
     bad = runner.invoke(app, ["inspect", str(run), "--sample", "3"])

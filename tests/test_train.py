@@ -170,6 +170,9 @@ def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
     for name in ("config.yaml", "maxtext.yml", "train.log", "metrics.jsonl", "summary.json"):
         assert (done / name).exists(), name
     assert 'attention: "dot_product"' in (done / "maxtext.yml").read_text()  # what `auto` renders
+    waited = json.loads((done / "input_wait.json").read_text())
+    assert waited["calls"] == 50  # one batch per train step (the eval batches are not counted)
+    assert 0 < s["input_wait_s"] == pytest.approx(waited["steady_mean_s"]) and 0 < s["input_wait_share"] < 1
     assert "pingctl: train.attention=auto -> dot_product (1 cpu device(s))" in (done / "train.log").read_text()
     run = tmp_path / "run"  # a moved run directory resumes where it is now
     shutil.copytree(done, run)
@@ -178,6 +181,7 @@ def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     s2 = json.loads(second.stdout)
     assert s2["resumed_from_checkpoint"] == 49 and s2["first_step_this_run"] == 50 and s2["last_step"] == 59
+    assert json.loads((run / "input_wait.json").read_text())["calls"] == 10  # this invocation's steps only
     rendered = (run / "maxtext.yml").read_text()
     assert f'base_output_directory: "{run}"' in rendered and str(done) not in rendered
     loss = {r["step"]: r["loss"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
@@ -299,6 +303,51 @@ def test_throughput_leaves_out_both_warm_up_steps():
     assert M.throughput(recs[:2])[1] == pytest.approx(2.7)
     assert M.throughput(recs[:1])[1] == pytest.approx(3.7)
     assert M.throughput([]) == (0.0, None)
+
+
+def test_input_waits_are_summed_and_described_after_warm_up(tmp_path):
+    from pingctl.artifacts.run import input_wait_summary
+    from pingctl.train.worker import InputWaits, WAIT_WRITE_EVERY, _then, _timed
+
+    got = input_wait_summary([5.0, 1.0, 0.1, 0.3, 0.2, 0.4], warmup=2)
+    assert got["calls"] == 6 and got["warmup"] == 2 and got["seconds_total"] == pytest.approx(7.0)
+    assert got["steady_mean_s"] == pytest.approx(0.25) and got["steady_median_s"] == pytest.approx(0.25)
+    assert got["steady_max_s"] == pytest.approx(0.4) and got["steady_p90_s"] == pytest.approx(0.37)
+    assert input_wait_summary([2.0], warmup=2)["steady_mean_s"] == pytest.approx(2.0)  # what there is
+
+    path = tmp_path / "input_wait.json"
+    path.write_text("{}")  # an earlier invocation's
+    waits = InputWaits(tmp_path, warmup=2)
+    assert not path.exists()
+
+    class Batches:  # stands in for MaxText's iterator: each batch takes 10 ms to come
+        def __init__(self):
+            self.n = 0
+
+        def __next__(self):
+            time.sleep(0.01)
+            self.n += 1
+            return self.n
+
+    it = _timed(Batches, waits)()
+    assert [next(it) for _ in range(4)] == [1, 2, 3, 4]  # the batches themselves, untouched
+    assert not path.exists()
+    next(it)  # the fifth: written after the first few, to be seen early
+    assert json.loads(path.read_text())["calls"] == 5
+    for _ in range(WAIT_WRITE_EVERY - 5 - 1):
+        next(it)
+    assert json.loads(path.read_text())["calls"] == 5
+    next(it)
+    seen = json.loads(path.read_text())
+    assert seen["calls"] == WAIT_WRITE_EVERY and 0.01 <= seen["steady_median_s"] < 0.1
+
+    def loop(argv):
+        next(it)
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        _then(loop, waits.write)([])
+    assert json.loads(path.read_text())["calls"] == WAIT_WRITE_EVERY + 1  # written however the loop ends
 
 
 def test_generalization_gap_compares_the_last_eval_with_the_steps_before_it():

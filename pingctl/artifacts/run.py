@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from pingctl.artifacts import export
-from pingctl.atomic import atomic_file
+from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
 
@@ -28,6 +28,7 @@ METRICS = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
 SUMMARY = "summary.json"
 STOPPED = "stopped.json"  # the worker writes it when train.max_minutes ended the run
+INPUT_WAIT = "input_wait.json"  # the worker writes it: how long its train steps waited for their batches
 MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
 COMMITTED = "commit_success.txt"  # Orbax's marker of a checkpoint written whole
 LIGHT_CACHE = ".light"  # the light engine's weights, converted from the checkpoints (pingctl.infer.light_weights)
@@ -209,3 +210,30 @@ def read_summary(run: Path | str) -> dict:
 
 def has_summary(run: Path | str) -> bool:
     return (Path(run) / SUMMARY).exists()
+
+
+def input_wait_summary(waits: Sequence[float], warmup: int) -> dict:
+    """What INPUT_WAIT holds: the seconds the train steps of one invocation waited for their
+    batches, summed, and described after the first `warmup` (the first batch waits for the
+    pipeline and its workers to start, as the first steps wait for compilation)."""
+    import numpy as np
+
+    steady = np.asarray(waits[warmup:] if len(waits) > warmup else waits[1:] or waits, float)
+    described = {"mean": steady.mean, "median": lambda: np.median(steady), "p90": lambda: np.quantile(steady, 0.9),
+                 "max": steady.max}
+    return {"calls": len(waits), "warmup": min(warmup, len(waits)), "seconds_total": float(sum(waits)),
+            **{f"steady_{k}_s": float(f()) if steady.size else None for k, f in described.items()}}
+
+
+def write_input_wait(run: Path | str, waits: Sequence[float], warmup: int) -> None:
+    write_json(Path(run) / INPUT_WAIT, input_wait_summary(waits, warmup))
+
+
+def read_input_wait(run: Path | str) -> dict | None:
+    """The worker's INPUT_WAIT of the run's last invocation, or None (none written yet)."""
+    path = Path(run) / INPUT_WAIT
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def clear_input_wait(run: Path | str) -> None:
+    (Path(run) / INPUT_WAIT).unlink(missing_ok=True)

@@ -247,17 +247,19 @@ def bench_train(
     seq_len: Annotated[int, typer.Option(min=32, max=MAX_SEQ_LEN, help="Sequence length.")] = 1024,
     batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH, help="Global batch size.")] = 8,
     hardware: Annotated[str, typer.Option(help="cpu | gpu.")] = "cpu",
+    set_: SetOpt = None,
     as_json: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
-    """Training throughput per model preset: tokens/s, step time, model TFLOP/s, MFU on GPU.
+    """Training throughput per model preset: tokens/s, step time, model TFLOP/s, MFU on GPU, and
+    how long a step waited for its batch (near the whole step, the input side sets the pace).
 
-    Example: pingctl bench train --presets tiny,small,base --steps 20 --hardware gpu
+    Example: pingctl bench train ROWS --presets mini --hardware gpu --set loader.triangulation_share=0.5
     """
     from pingctl.train.bench import bench_train as run
 
     _check_out(out)
-    report(run(rows, presets.split(","), steps, seq_len, batch_size, hardware), as_json, out)
+    report(run(rows, presets.split(","), steps, seq_len, batch_size, hardware, list(set_ or [])), as_json, out)
 
 
 @app.command("sample")

@@ -209,6 +209,7 @@ def _print_run(r: dict) -> None:
         ("eval loss, best", at(r["eval_loss_best"], r["eval_step_best"])),
         ("eval - train loss (last eval)", r["generalization_gap"]),
         ("step time s", r["step_seconds"]),
+        ("waiting for batches, ms a step", None if r["input_wait_s"] is None else 1e3 * r["input_wait_s"]),
         ("checkpoints", ckpts),
         ("temp checkpoint dirs", ", ".join(f"{t['name']} ({t['bytes'] / 1e6:,.1f} MB, a save in progress or cut short)" for t in r["temp_checkpoint_dirs"]) or "-"),
         ("loss curve", r["loss_png"]),

@@ -129,6 +129,7 @@ def _report(s: dict, as_json: bool) -> None:
         ("eval - train loss (last eval)", f(s.get("generalization_gap"), ".3f")),
         ("tokens/s per device", f(s["tokens_per_s_per_device"], ",.0f")),
         ("step time s", f(s["step_seconds"])),
+        ("waiting for batches", _input_wait(s)),
         ("checkpoints", ", ".join(map(str, s["checkpoints"])) or "-"),
         ("stopped early", _stopped(s.get("stopped_early"))),
         ("loss curve", s["loss_png"]),
@@ -139,6 +140,13 @@ def _report(s: dict, as_json: bool) -> None:
     if not as_json:
         for w in s.get("warnings", []):
             say(w, "", err=True, label="warning: ")
+
+
+def _input_wait(s: dict) -> str:
+    wait, share = s.get("input_wait_s"), s.get("input_wait_share")
+    if wait is None:
+        return "-"
+    return f"{wait * 1e3:.1f} ms a step" + (f" ({share:.1%} of the step)" if share is not None else "")
 
 
 def _stopped(info: dict | None) -> str:

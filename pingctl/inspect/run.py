@@ -62,6 +62,8 @@ def describe_run(run: Path) -> dict:
         "eval_step_best": best["step"] if best else None,
         "generalization_gap": M.generalization_gap(records),
         "step_seconds": (summary or {}).get("step_seconds"),
+        # the worker's, rewritten while it trains: a run still going shows it too
+        "input_wait_s": (R.read_input_wait(run) or {}).get("steady_mean_s"),
         "checkpoints": committed,
         "uncommitted_checkpoints": [s for s in present if s not in committed],
         # STEP.orbax-checkpoint-tmp directories: a save in progress, or one a full disk or a kill cut short

@@ -22,7 +22,10 @@ def _device_peak() -> tuple[str, float | None]:
     return kind, peak
 
 
-def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int, batch_size: int, hardware: str) -> dict:
+def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int, batch_size: int, hardware: str,
+                overrides: list[str] = ()) -> dict:
+    """Each preset trained `steps` steps on `rows` (`overrides`: more `--set KEY=VALUE` for
+    `pingctl train`, e.g. loader settings), from its summary."""
     bad = [p for p in presets if p not in PRESETS]
     if bad:
         raise PingctlError(f"unknown preset(s) {bad}; choose from {sorted(PRESETS)}")
@@ -37,6 +40,7 @@ def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int,
                 "train", str(rows), "--run-dir", f"{d}/{preset}", "--preset", preset, "--steps", str(steps),
                 "--hardware", hardware, "--set", f"loader.seq_len={seq_len}", "--set", f"loader.batch_size={batch_size}",
                 "--set", "train.eval_interval=-1", "--set", f"train.checkpoint_period={steps + 1}",
+                *(arg for kv in overrides for arg in ("--set", kv)),
             ])
             tps = s["tokens_per_s_per_device"]
             row = {
@@ -45,6 +49,8 @@ def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int,
                 "step_s": round(s["step_seconds"], 4),
                 "tokens_per_s": int(tps),
                 "model_tflops": round(6 * s["parameters"] * tps / 1e12, 3),
+                "input_wait_ms": None if s.get("input_wait_s") is None else round(1e3 * s["input_wait_s"], 2),
+                "input_wait_pct": None if s.get("input_wait_share") is None else round(100 * s["input_wait_share"], 1),
                 "wall_s": round(elapsed, 1),
             }
             table.append(row)
@@ -55,10 +61,13 @@ def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int,
         "name": "train",
         "table": table,
         "device": kind,
-        "config": {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "hardware": hardware},
+        "config": {"steps": steps, "seq_len": seq_len, "batch_size": batch_size, "hardware": hardware,
+                   "overrides": list(overrides)},
         "notes": [
             "tokens/s: time-weighted over all steps but the first two (compilation, warm-up); "
             "model TFLOP/s = 6 x parameters x tokens/s; MFU against dense bf16 peak on GPUs",
             "wall_s includes imports, compilation and checkpoint writing",
+            "input_wait: how long a step (after the first two) waited for its batch, and its share of the step: "
+            "near 100% the input side sets the pace, not the device",
         ],
     }

@@ -23,7 +23,7 @@ from typing import Callable
 
 from pingctl.artifacts.records import check_files, read_manifest
 from pingctl.artifacts.run import (CONFIG, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps,
-                                  has_run_traces, read_config_doc, tensorboard_dir, write_config)
+                                  has_run_traces, read_config_doc, read_input_wait, tensorboard_dir, write_config)
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
@@ -255,6 +255,13 @@ def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser,
                 time.sleep(0.2)
 
 
+def input_wait(run: Path, step_s: float | None) -> dict:
+    """How long this invocation's train steps waited for their batches (the worker's INPUT_WAIT),
+    after warm-up: seconds per step, and the share of the step that is."""
+    wait = (read_input_wait(run) or {}).get("steady_mean_s")
+    return {"input_wait_s": wait, "input_wait_share": wait / step_s if wait is not None and step_s else None}
+
+
 def summarize(cfg: Config, run: Path, records: list[dict], resumed_from, elapsed: float) -> dict:
     # the step range, first/final losses and throughput describe this invocation: the steps after
     # the checkpoint it resumed from; `records` is the whole run's history, earlier invocations too
@@ -289,6 +296,7 @@ def summarize(cfg: Config, run: Path, records: list[dict], resumed_from, elapsed
         "warnings": warnings,
         "tokens_per_s_per_device": tps,
         "step_seconds": step_s,
+        **input_wait(run, step_s),
         "model_flops_per_token": 6 * n_params,
         "checkpoints": checkpoint_steps(run),
         "tensorboard": str(tensorboard_dir(run)),

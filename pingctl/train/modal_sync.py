@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Callable
 
 from pingctl.artifacts.records import destination_rows, read_manifest
-from pingctl.artifacts.run import (COMMITTED, CONFIG, LIGHT_CACHE, LOG, LOSS_PLOT, MAXTEXT_RUN_NAME, MAXTEXT_YML,
-                                   METRICS, STOPPED, SUMMARY, checkpoint_steps, checkpoints_dir, read_config,
-                                   read_config_doc, write_config)
+from pingctl.artifacts.run import (COMMITTED, CONFIG, INPUT_WAIT, LIGHT_CACHE, LOG, LOSS_PLOT, MAXTEXT_RUN_NAME,
+                                   MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps, checkpoints_dir,
+                                   read_config, read_config_doc, write_config)
 from pingctl.atomic import MANIFEST, atomic_dir, atomic_file, write_json
 from pingctl.config import Config, TrainConfig
 from pingctl.errors import PingctlError, UsageError
@@ -289,7 +289,7 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
     for fname in (CONFIG, MAXTEXT_YML):
         if fname in files:
             fetch(fname, staging / fname)
-    for fname in (LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED):
+    for fname in (LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, INPUT_WAIT):
         if fname in files:
             fetch(fname, run / fname, if_changed=fname == LOG)
         else:
@@ -349,7 +349,7 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
 
 
 # with what was derived here from the pulled checkpoints (the light engine's cache)
-PULLED = (CONFIG, MAXTEXT_YML, LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, MAXTEXT_RUN_NAME, LIGHT_CACHE)
+PULLED = (CONFIG, MAXTEXT_YML, LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, INPUT_WAIT, MAXTEXT_RUN_NAME, LIGHT_CACHE)
 
 
 def clear_pulled(run: Path) -> list[str]:

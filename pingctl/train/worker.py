@@ -15,10 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from pingctl.artifacts.run import CONFIG, MAXTEXT_YML, STOPPED, checkpoint_steps
+from pingctl.artifacts.run import (CONFIG, MAXTEXT_YML, STOPPED, checkpoint_steps, clear_input_wait,
+                                  write_input_wait)
 from pingctl.atomic import write_json
 from pingctl.config import load_config
 from pingctl.loader.pipeline import make_dataset
+from pingctl.train.metrics import WARMUP_STEPS
 from pingctl.train.render import attention_kernel
 from pingctl.processes import die_with_parent
 from pingctl.train.xla import jax_env
@@ -114,7 +116,62 @@ def _time_bounded(base: type, run: Path, deadline: float, minutes: float) -> typ
     return TimeBounded
 
 
-def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, config, mesh, process_indices):
+WAIT_WRITE_EVERY = 50  # train steps between rewrites of INPUT_WAIT (also after the first few, and at the end)
+
+
+class InputWaits:
+    """How long each train step waited for its batch (`_timed`), kept in RUN/INPUT_WAIT: rewritten
+    every WAIT_WRITE_EVERY steps and when MaxText's loop returns, so a killed run keeps most."""
+
+    def __init__(self, run: Path, warmup: int = WARMUP_STEPS):
+        self.run, self.warmup = run, warmup
+        self.waits: list[float] = []
+        clear_input_wait(run)  # an earlier invocation's
+
+    def add(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if len(self.waits) % WAIT_WRITE_EVERY == 0 or len(self.waits) == self.warmup + 3:
+            self.write()
+
+    def write(self) -> None:
+        if self.waits:
+            write_input_wait(self.run, self.waits, self.warmup)
+
+
+def _timed(base: type, waits: InputWaits) -> type:
+    """A MaxText data iterator that records how long each train step waited for its batch.
+
+    MaxText's step time includes fetching the batch and handing it to the devices (the wait
+    counts both). With workers the wait is the pipeline falling behind (the batch was not
+    ready); without them it is the host making the batch, which overlaps the device's step
+    while dispatch is asynchronous. Either way, a wait near the whole step means the input
+    side, not the device, sets the pace."""
+
+    class Timed(base):
+        def __next__(self):
+            t0 = time.perf_counter()
+            try:
+                return super().__next__()
+            finally:
+                waits.add(time.perf_counter() - t0)
+
+    return Timed
+
+
+def _then(main, after):
+    """`main(argv)`, then `after()` however it ends (absl's `app.run` exits the process after)."""
+
+    def run(argv):
+        try:
+            return main(argv)
+        finally:
+            after()
+
+    return run
+
+
+def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, waits: InputWaits | None, config, mesh,
+              process_indices):
     import jax
     from maxtext.input_pipeline.multihost_dataloading import MultiHostDataLoadIterator
 
@@ -127,6 +184,8 @@ def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, config
         batch_size=int(total) // shard_count,
     )
     cls = _time_bounded(MultiHostDataLoadIterator, *bound) if train and bound else MultiHostDataLoadIterator
+    if waits is not None:
+        cls = _timed(cls, waits)
     # MaxText's exit-time cleanup asserts the iterator has a parent: end with a trivial map.
     return cls(ds.map(lambda batch: batch), mesh)
 
@@ -185,10 +244,14 @@ def main(run_dir: str) -> None:
     from maxtext.input_pipeline import input_pipeline_interface as ipi
     from maxtext.trainers.pre_train import train
 
+    import jax
+
     scheme = cfg.tokenizer.scheme
-    ipi.make_grain_train_iterator = functools.partial(_iterator, cfg.train.train_rows, cfg.loader, scheme, True, bound)
+    waits = InputWaits(run) if jax.process_index() == 0 else None  # one host's waits
+    ipi.make_grain_train_iterator = functools.partial(_iterator, cfg.train.train_rows, cfg.loader, scheme, True, bound,
+                                                     waits)
     eval_rows = cfg.train.eval_rows or cfg.train.train_rows
-    ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None)
+    ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None, None)
     _tensorboard_written_every_step()
 
     if cfg.loader.batch_size % devices:
@@ -202,7 +265,7 @@ def main(run_dir: str) -> None:
         kernel = attention_kernel("auto", platform, devices)
         print(f"pingctl: train.attention=auto -> {kernel} ({devices} {platform} device(s))", flush=True)
         argv.append(f"attention={kernel}")
-    app.run(train.main, argv=argv)
+    app.run(_then(train.main, waits.write) if waits else train.main, argv=argv)
 
 
 if __name__ == "__main__":
