@@ -9,8 +9,8 @@ An element packs up to `loader.rows_per_element` full rows from one record, read
 decoded once per process (`record_cache`: a record can be 8 MB, and every epoch visits it
 many times). A record gets about one row per `seq_len` tokens of its history per epoch, at
 least `contexts_per_record`, split over several elements when long. The window shuffle is a
-block shuffle (`shuffle.py`: it fills a window, then emits it shuffled), so the steps spanning one
-window see only `shuffle_window / rows_per_element` records: with 32 rows per element
+block shuffle (`shuffle.py`: it fills a window, then emits it shuffled), so the steps
+spanning one window see only `shuffle_window / rows_per_element` records: with 32 rows per element
 and batch 8 that was 32 probes for 128 consecutive steps, and the model fitted each
 group of probes in turn and forgot the last (eval loss 2.9 vs train 1.4). Few rows per
 element keep every stretch of steps mixed. The eval pass is shuffled with its own fixed
@@ -100,8 +100,8 @@ def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | No
 
 
 def _transforms(
-    plan: np.ndarray, files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep, shaping,
-    tri: Triangulation = NO_TRIANGULATION, destinations: DestinationReader | None = None,
+    plan: np.ndarray, files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep,
+    shaping, tri: Triangulation = NO_TRIANGULATION, destinations: DestinationReader | None = None,
 ):
     import grain
 
@@ -234,8 +234,8 @@ def make_dataset(
     # Shaping changes which rows exist, so train and eval share it (the gap stays comparable).
     shaping = Shaping(cfg.result_last, cfg.max_per_pair, cfg.pair_history_share, cfg.pair_history_k)
     tri, destinations = triangulation(rows_dir, manifest, cfg, scheme)  # train and eval alike, as shaping
-    make_rows, split_rows = _transforms(plan, files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep, shaping,
-                                        tri, destinations)
+    make_rows, split_rows = _transforms(plan, files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep,
+                                        shaping, tri, destinations)
     # The elements are indices into the plan: a range source costs Grain no per-read accounting
     # (a source of the plan itself records each read's bytes and latency, ~3% of the loader).
     ds = grain.MapDataset.range(len(plan))

@@ -240,11 +240,10 @@ def main(run_dir: str) -> None:
     jax_env(cfg.train.hardware)
     devices, platform = _job_devices()  # before MaxText's imports, in case one touches a backend
 
+    import jax
     from absl import app
     from maxtext.input_pipeline import input_pipeline_interface as ipi
     from maxtext.trainers.pre_train import train
-
-    import jax
 
     scheme = cfg.tokenizer.scheme
     waits = InputWaits(run) if jax.process_index() == 0 else None  # one host's waits
