@@ -237,8 +237,18 @@ class LoaderConfig(Section):
         "the shape of eval's `pair` prompts")
     pair_history_k: int = Field(
         16, ge=1, le=1024, description="pair-history contexts: at most this many of the pair's earlier measurements")
-    debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries")
-    visualize_dir: str | None = Field(None, description="write Grain's pipeline visualization here")
+    debug: bool = Field(False, description="Grain debug mode: periodic per-stage execution summaries in the log")
+    visualize: bool = Field(False, description="log Grain's pipeline graph once, with each stage's output spec")
+    visualize_dir: str | None = Field(
+        None, description="unsupported: Grain cannot write the graph to a file; use visualize (kept for old configs)")
+
+    @field_validator("visualize_dir")
+    @classmethod
+    def _no_graph_file(cls, v: str | None) -> str | None:
+        if v:  # Grain 0.2.18 raises NotImplementedError at the first batch: refuse it before a run starts
+            raise ValueError("Grain cannot write the pipeline graph to a file; set loader.visualize=true to have it "
+                             "logged (a training run's train.log)")
+        return v
 
     @field_validator("loss_keep")
     @classmethod

@@ -104,6 +104,8 @@ def test_non_utf8_config_and_non_finite_values_are_config_errors(tmp_path):
     ("eval.seed=true", "a boolean"),  # pydantic made it seed 1
     ("data.synth.rows=on", "a boolean"),  # YAML 1.1: on = true
     ("eval.context=yes", "a boolean"),
+    # Grain raised NotImplementedError at a run's first batch
+    ("loader.visualize_dir=/tmp/graph", "cannot write the pipeline graph to a file; set loader.visualize=true"),
 ])
 def test_check_catches_what_a_run_would_refuse(override, needle):
     # `config check` said "valid" for these; the run then failed on them

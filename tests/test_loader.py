@@ -182,6 +182,23 @@ def test_read_threads_automatic_is_none_with_and_without_workers():
         _cfg(read_threads=-2)
 
 
+def test_visualize_has_grain_log_the_pipeline_graph(synth_rows, caplog):
+    import logging
+
+    import grain
+
+    key = "py_dataset_visualization_output_dir"
+    before = grain.config.get_or_default(key)
+    caplog.set_level(logging.INFO, logger="absl")
+    try:
+        it = iter(make_dataset(synth_rows / "rows", _cfg(visualize=True)))
+        assert grain.config.get_or_default(key) == ""  # Grain's setting for "log it", the one it supports
+        assert next(it)["inputs"].shape == (4, SEQ)
+    finally:
+        grain.config.update(key, before)
+    assert "Grain Dataset graph" in caplog.text and "RandomMapMapDataset(transform=PackSequences)" in caplog.text
+
+
 def test_bench_cpu_seconds_count_child_processes():
     from pingctl.loader.bench import _descendants, cpu_seconds
 

@@ -283,11 +283,12 @@ def _absl_flags_ready() -> None:
 def _configure_grain(cfg: LoaderConfig) -> None:
     import grain
 
+    if cfg.debug or cfg.visualize:
+        _absl_flags_ready()  # Grain reads its settings as absl flags: unparsed, it reads the defaults
     if cfg.debug:
         grain.config.update("py_debug_mode", True)
-    if cfg.visualize_dir:
-        Path(cfg.visualize_dir).mkdir(parents=True, exist_ok=True)
-        grain.config.update("py_dataset_visualization_output_dir", str(cfg.visualize_dir))
+    if cfg.visualize:  # an empty directory is Grain's "log it" (a file is not supported)
+        grain.config.update("py_dataset_visualization_output_dir", "")
 
 
 def epoch_rows(rows_dir: Path | str, cfg: LoaderConfig) -> int:
