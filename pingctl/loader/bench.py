@@ -14,7 +14,7 @@ import numpy as np
 
 from pingctl.artifacts.records import read_manifest
 from pingctl.config import LoaderConfig, SynthConfig
-from pingctl.loader.pipeline import batch_features, element_plan, make_dataset, triangulation
+from pingctl.loader.pipeline import batch_features, element_plan, element_rows, make_dataset, triangulation
 from pingctl.loader.sequences import RecordLengths, choose_contexts, pack, tokenize
 from pingctl.loader.triangulation import concat_rows, pack_triangulation, triangulation_rows
 from pingctl.records.build import build_rows
@@ -68,8 +68,8 @@ def _stage_times(rows_dir: Path, cfg: LoaderConfig, scheme: str, elements: int) 
             out = concat_rows(out, pack_triangulation(rec, rng, n_tri, cfg.seq_len, mode_p, scheme, tri,
                                                       destinations.lookup(), cfg.result_last, lengths))
         t6 = time.perf_counter()
-        batch_features([{"tokens": out.tokens[i], "segment": out.segment[i], "position": out.position[i],
-                         "modes": out.modes[i], "measurements": out.measurements[i]} for i in range(len(out.tokens))],
+        batch_features(element_rows({"tokens": out.tokens, "segment": out.segment, "position": out.position,
+                                     "modes": out.modes, "measurements": out.measurements}),
                        len(out.tokens), with_stats=True)
         t7 = time.perf_counter()
         for k, a, b in (("read", t0, t1), ("decode", t1, t2), ("sample", t2, t3), ("tokenize", t3, t4),

@@ -136,7 +136,7 @@ def _transforms(
         max_fan_out = rows_per_element
 
         def flat_map(self, element):
-            return [{k: v[i] for k, v in element.items()} for i in range(len(element["tokens"]))]
+            return element_rows(element)
 
     return PackSequences(), SplitSequences()
 
@@ -173,6 +173,11 @@ def _worker_dies_with(parent: int, _index: int, _count: int) -> None:
     # Grain starts its workers from threads of its own, whose end would fire PR_SET_PDEATHSIG
     # early: the workers watch the parent's pid instead.
     die_with_parent(parent, pdeathsig=False)
+
+
+def element_rows(element: dict) -> list[dict]:
+    """An element's stacked rows (`PackSequences`' arrays) as one dict per row, views of them."""
+    return [{k: v[i] for k, v in element.items()} for i in range(len(element["tokens"]))]
 
 
 def batch_features(rows: list[dict], size: int, with_stats: bool = False, one_block: bool = False) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from pingctl.benchutil import run_measured
@@ -23,7 +24,7 @@ def _device_peak() -> tuple[str, float | None]:
 
 
 def bench_train(rows: Path | None, presets: list[str], steps: int, seq_len: int, batch_size: int, hardware: str,
-                overrides: list[str] = ()) -> dict:
+                overrides: Sequence[str] = ()) -> dict:
     """Each preset trained `steps` steps on `rows` (`overrides`: more `--set KEY=VALUE` for
     `pingctl train`, e.g. loader settings), from its summary."""
     bad = [p for p in presets if p not in PRESETS]
