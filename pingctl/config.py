@@ -230,6 +230,13 @@ class LoaderConfig(Section):
     triangulation_per_pair: int = Field(
         1, ge=0, description="triangulation contexts: at most this many measurements of one pair per side, the "
         "most recent (0 = no cap)")
+    hints_file: str | None = Field(
+        None, description="triangulation contexts: a hints file (`pingctl hints`): the least-squares embedding's "
+        "cross-fitted RTT estimate for the query pair, given as a measurement of the pair without a timestamp just "
+        "before the query (docs/loader.md, \"Hints\"); answers then carry the estimate fitted on all of train")
+    hint_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of triangulation contexts given a hint (with loader.hints_file); "
+        "the rest are trained without, as prompts without an estimate are asked")
     pair_history_share: float = Field(
         0.0, ge=0.0, le=1.0,
         description="share of plain contexts that are one pair's history instead of a window of the probe: the "
@@ -264,6 +271,13 @@ class LoaderConfig(Section):
         if any(w < 0 for w in v) or sum(v) <= 0:
             raise ValueError("weights must be non-negative and not all zero")
         return v
+
+    @model_validator(mode="after")
+    def _hints_need_triangulation(self):
+        if self.hints_file and self.triangulation_share <= 0:
+            raise ValueError("loader.hints_file puts the embedding's estimate into triangulation contexts, which "
+                             "loader.triangulation_share 0 leaves out: set it above 0 (e.g. 0.5)")
+        return self
 
     @model_validator(mode="after")
     def _triangulation_has_a_side(self):

@@ -35,6 +35,7 @@ PAIR_SHARE="${PINGCTL_REGIMES_PAIR_SHARE:-0.25}" # loader.pair_history_share: th
 K="${PINGCTL_REGIMES_K:-16}"                    # context measurements a side
 QUERIES="${PINGCTL_REGIMES_QUERIES:-1000}"
 HARDWARE="${PINGCTL_REGIMES_HARDWARE:-cpu}"
+HINTS="${PINGCTL_REGIMES_HINTS:-1}"             # triangulation contexts carry the embedding's estimate (pingctl hints); 0: off
 PERIOD="${PINGCTL_REGIMES_PERIOD:-$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))}"  # checkpoint and eval interval
 
 step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
@@ -74,6 +75,14 @@ for world in $WORLDS; do
       $PINGCTL build-rows "$W/splits/$split" -o "$W/rows/$split" --by both
     fi
   done
+  hint_args=()
+  if [ "$HINTS" = 1 ]; then
+    if [ ! -f "$W/hints.npz" ]; then
+      step "$world: pingctl hints (the embedding's cross-fitted estimates, for the triangulation contexts)"
+      $PINGCTL hints "$W/splits/train" -o "$W/hints.npz"
+    fi
+    hint_args=(--set loader.hints_file="$W/hints.npz")
+  fi
   if ! trained "$W/train"; then
     step "$world: pingctl train $PRESET, $STEPS steps, triangulation share $SHARE, $K a side"
     $PINGCTL train "$W/rows/train" --eval "$W/rows/val" --preset "$PRESET" --steps "$STEPS" \
@@ -84,7 +93,7 @@ for world in $WORLDS; do
       --set loader.triangulation_share="$SHARE" --set loader.triangulation_k_src="$K" \
       --set loader.triangulation_k_dst="$K" --set loader.pair_history_share="$PAIR_SHARE" \
       --set loader.pair_history_k="$K" \
-      --set "model.overrides={adam_weight_decay: 1.0}"
+      --set "model.overrides={adam_weight_decay: 1.0}" "${hint_args[@]}"
     trained "$W/train" || echo "note: stopped at the ${MINUTES}-minute bound before step $STEPS;" \
       "the eval below is of the last checkpoint. Run this again to continue training."
   fi

@@ -169,6 +169,27 @@ def test_upload_plan_sends_only_missing_or_changed_row_files(two_splits, tmp_pat
         S.plan_upload(cfg, "r1", vol)
 
 
+def test_a_hints_file_goes_up_beside_the_rows_and_comes_back_local(two_splits, tmp_path):
+    """loader.hints_file: uploaded once beside the rows, named by the container's config, and the
+    pulled run's config names this machine's file again."""
+    train, _ = two_splits
+    hints = tmp_path / "hints.npz"
+    hints.write_bytes(b"hints")  # the plan only hashes it
+    cfg = _cfg(train, None, f"loader.hints_file={hints}", "loader.triangulation_share=0.5")
+    vol = DirVolume(tmp_path / "vol")
+    plan = S.plan_upload(cfg, "r1", vol)
+    assert (hints, "rows/r1/hints.npz") in plan.upload
+    S.apply_upload(plan, vol)
+    assert (vol.root / "rows/r1/hints.npz").read_bytes() == b"hints"
+    assert S.plan_upload(cfg, "r1", vol).upload == []  # unchanged: kept there
+    hints.write_bytes(b"other")
+    assert [v for _, v in S.plan_upload(cfg, "r1", vol).upload] == ["rows/r1/hints.npz"]
+    rc = S.remote_config(cfg, "r1")
+    assert rc.loader.hints_file == "/data/rows/r1/hints.npz"
+    back = S.local_config(rc, tmp_path / "run", {"hints_file": str(hints)})
+    assert back.loader.hints_file == str(hints)
+
+
 def _remote_run(vol: DirVolume, name: str, cfg, steps: list[int]) -> Path:
     """What a container leaves on the volume, as far as the resume checks read it."""
     run = vol.root / S.run_path(name)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,6 +34,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 CARD = "README.md"
 CALIBRATION = "calibration.json"
+HINTS = "hints.npz"  # the run's hints file (artifacts.run.HINTS): what a hinted model's answers carry
 FORMAT = "pingctl.model-export"
 # Raised when a reader of an older version could misread a newer directory (a key changes
 # meaning or a file is added that a load must not ignore); added keys alone keep it.
@@ -259,9 +261,11 @@ def maxtext_yaml(config: dict, output_dir: Path) -> str:
             + yaml.safe_dump(doc, sort_keys=False))
 
 
-def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict | None = None) -> Path:
+def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict | None = None,
+          hints: Path | None = None) -> Path:
     """The whole directory, atomically: a reader never finds config.json without its weights.
-    `tensors`: name -> NumPy array, written in name order (a deterministic file)."""
+    `tensors`: name -> NumPy array, written in name order (a deterministic file). `hints`: the
+    run's hints file, copied."""
     from safetensors.numpy import save_file
 
     out = Path(out)
@@ -275,6 +279,8 @@ def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict |
         os.chmod(tmp / WEIGHTS, 0o666 & ~mask)
         if calibration is not None:
             (tmp / CALIBRATION).write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n")
+        if hints is not None:
+            shutil.copyfile(hints, tmp / HINTS)
         (tmp / CARD).write_text(card)
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
@@ -332,5 +338,5 @@ def check_finite(tensors: dict, source: Path | str, fix: str) -> None:
 def files(export: Path | str) -> list[dict]:
     """[{name, bytes}] of the files an export holds."""
     export = Path(export)
-    return [{"name": n, "bytes": (export / n).stat().st_size} for n in (CONFIG, WEIGHTS, CARD, CALIBRATION)
+    return [{"name": n, "bytes": (export / n).stat().st_size} for n in (CONFIG, WEIGHTS, CARD, CALIBRATION, HINTS)
             if (export / n).is_file()]

@@ -34,9 +34,9 @@ def _root(
 
 
 def _register() -> None:
-    from pingctl.cli import bench_cmd, build_rows_cmd, config_cmd, eval_cmd, export_cmd, fetch_cmd, pull_cmd, sample_cmd, score_cmd, serve_cmd, ingest_cmd, inspect_cmd, shard_cmd, synth_cmd, tokenize_cmd, train_cmd
+    from pingctl.cli import bench_cmd, build_rows_cmd, config_cmd, eval_cmd, export_cmd, fetch_cmd, hints_cmd, pull_cmd, sample_cmd, score_cmd, serve_cmd, ingest_cmd, inspect_cmd, shard_cmd, synth_cmd, tokenize_cmd, train_cmd
 
-    for mod in (fetch_cmd, ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, train_cmd, pull_cmd, sample_cmd, score_cmd, eval_cmd, export_cmd, serve_cmd, inspect_cmd):
+    for mod in (fetch_cmd, ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, hints_cmd, train_cmd, pull_cmd, sample_cmd, score_cmd, eval_cmd, export_cmd, serve_cmd, inspect_cmd):
         mod.register(app)
     app.add_typer(
         config_cmd.app,

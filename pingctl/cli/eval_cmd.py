@@ -56,6 +56,11 @@ def evaluate(
         help="--regimes: the held-out regimes' recalibration map: pooled (one map fitted on their val sets "
              "together: a val set holds few of the hosts its regime holds out) or own (one per regime, on its "
              "own val set). [default: eval.recalibration, pooled]")] = None,
+    hints: Annotated[bool | None, typer.Option(
+        "--hints/--no-hints",
+        help="`both` prompts carry the least-squares embedding's RTT estimate for the pair (fitted on --train; "
+             "an end it never saw placed from the prompt), as a run trained with loader.hints_file learned to read "
+             "it. [default: as the run was trained]")] = None,
     calibration: Annotated[Path | None, typer.Option(
         help="A calibration.json that an eval of this run on other packets (the val split) wrote: adds "
              "model_calibrated, the model's distributions recalibrated so their quantiles cover as "
@@ -112,7 +117,7 @@ def evaluate(
         with step_progress("eval") as report_progress:
             result = evaluate_regimes(run, regimes, out, truth, queries, context, seed, steps, policy=context_policy,
                                       per_pair=context_per_pair, hardware=hardware, context_dst=context_dst,
-                                      recalibration=cfg.recalibration,
+                                      recalibration=cfg.recalibration, hints=hints,
                                       progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
         if as_json:
             emit(dict(result), True)
@@ -125,7 +130,8 @@ def evaluate(
     with step_progress("eval") as report_progress:
         report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
                           per_pair=context_per_pair, hardware=hardware, calibration=calibration,
-                          context_dst=context_dst, progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+                          context_dst=context_dst, hints=hints,
+                          progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
     if as_json:
         emit(dict(report), True)
         return
@@ -317,7 +323,8 @@ def _prompt(p: dict | None) -> str:
     if not p:
         return "-"
     pol, k = p.get("context_policy", "?"), p.get("context_measurements", "?")
-    return f"{pol} {k}+{p.get('context_dst', k)}" if pol == "both" else f"{pol} {k}"
+    hint = " +hint" if p.get("hint") else ""
+    return f"{pol} {k}+{p.get('context_dst', k)}{hint}" if pol == "both" else f"{pol} {k}"
 
 
 def _crps(v) -> str:

@@ -173,17 +173,22 @@ def _print_distribution(a, label: str, cal, as_json: bool) -> None:
 
 
 def _print_triangulation(result: dict) -> None:
-    """What a `both` prompt holds: its measurements, oldest first, marked by side."""
+    """What a `both` prompt holds: its measurements, oldest first, marked by side, and the hint
+    just before the query where the run was trained with them (`hint_ms`)."""
     dst = result["dst"]
     rows = result["context"]
-    n_src = sum(r["dst"] != dst for r in rows)
+    hinted = result.get("hint_ms") is not None  # the prompt's last measurement is the hint
+    sides = rows[:-1] if hinted else rows
+    n_src = sum(r["dst"] != dst for r in sides)
     console.print(f"prompt context (both, --context-k {result['context_k']}): {n_src} measurement(s) of the probe to "
-                  f"other destinations, {len(rows) - n_src} of {dst} from other sources:", highlight=False)
+                  f"other destinations, {len(sides) - n_src} of {dst} from other sources"
+                  + (f", then the embedding's estimate for the pair, {result['hint_ms']:.1f} ms:" if hinted else ":"),
+                  highlight=False)
     t = grid_table("", ["side", "time", "src", "dst", "rtt_ms"], left=("side", "src", "dst", "time"),
                    whole=("time", "rtt_ms"), listing=True)
-    for r in rows:
-        t.add_row("destination" if r["dst"] == dst else "source", *(_cell(c, r.get(c)) for c in ("time", "src", "dst",
-                                                                                                  "rtt_ms")))
+    for i, r in enumerate(rows):
+        side = "hint" if hinted and i == len(rows) - 1 else "destination" if r["dst"] == dst else "source"
+        t.add_row(side, *(_cell(c, r.get(c)) for c in ("time", "src", "dst", "rtt_ms")))
     console.print(t)
 
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from pingctl.context import codes_in, vocabulary
+from pingctl.coords import DIMS, LR, MIN_RTT_MS, REFIT_STEPS, STEPS, fit_points, place_new
 from pingctl.eval.baselines import GlobalMedian, Groups, column, point_prediction
 from pingctl.eval.vivaldi import NewHosts
-
-_EPS = 1e-6  # smooths ‖x_i − x_j‖ at 0 (normalised units), where its gradient has no direction
 
 
 def pair_medians(a, b, rtt_ms, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -39,58 +38,6 @@ def pair_medians(a, b, rtt_ms, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np
     return g.keys[have] // n, g.keys[have] % n, g.q[0.5][have]
 
 
-class _Grad:
-    """Per-node sums of per-edge terms for edges (a, b): sort once, `reduceat` every step."""
-
-    def __init__(self, a: np.ndarray, b: np.ndarray):
-        ends = np.concatenate([a, b])
-        self.perm = np.argsort(ends, kind="stable")
-        s = ends[self.perm]
-        first = np.ones(len(s), bool)
-        first[1:] = s[1:] != s[:-1]
-        self.nodes, self.starts = s[first], np.flatnonzero(first)
-
-    def sum(self, at_a: np.ndarray, at_b: np.ndarray) -> np.ndarray:
-        return np.add.reduceat(np.concatenate([at_a, at_b])[self.perm], self.starts, axis=0)
-
-
-def fit_points(x, h, a, b, y, free, steps: int, lr: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Adam on the points `x` (n, d) and heights `h` (n,) of the `free` nodes, minimising the
-    mean squared log error of ‖x_a − x_b‖ + h_a + h_b against `y` (log RTT, normalised units);
-    the others stay as they are. Cosine-decayed learning rate. Returns x, h and the final loss."""
-    x, h = x.copy(), h.copy()
-    if not len(a) or steps <= 0:
-        return x, h, float("nan")
-    grad = _Grad(a, b)
-    upd = free[grad.nodes]
-    nodes = grad.nodes[upd]
-    mx, vx = np.zeros((len(nodes), x.shape[1])), np.zeros((len(nodes), x.shape[1]))
-    mh, vh = np.zeros(len(nodes)), np.zeros(len(nodes))
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    scale = 2.0 / len(a)
-    loss = float("nan")
-    for t in range(1, steps + 1):
-        delta = x[a] - x[b]
-        dist = np.sqrt(np.einsum("ij,ij->i", delta, delta) + _EPS * _EPS)
-        pred = dist + h[a] + h[b]
-        r = np.log(pred) - y
-        if t == steps:
-            loss = float(np.mean(r * r))
-        g = scale * r / pred
-        gd = (g / dist)[:, None] * delta
-        gx = grad.sum(gd, -gd)[upd]
-        gh = grad.sum(g, g)[upd]
-        step = lr * 0.5 * (1.0 + np.cos(np.pi * (t - 1) / steps)) + lr * 0.01
-        mx = b1 * mx + (1 - b1) * gx
-        vx = b2 * vx + (1 - b2) * gx * gx
-        mh = b1 * mh + (1 - b1) * gh
-        vh = b2 * vh + (1 - b2) * gh * gh
-        c1, c2 = 1 - b1**t, 1 - b2**t
-        x[nodes] -= step * (mx / c1) / (np.sqrt(vx / c2) + eps)
-        h[nodes] = np.maximum(h[nodes] - step * (mh / c1) / (np.sqrt(vh / c2) + eps), 0.0)
-    return x, h, loss
-
-
 class Embedding:
     """The eval baseline: points and heights fitted to the log of every training pair's
     median RTT (module docstring). Prediction: ‖x_src − x_dst‖ + h_src + h_dst in ms; an
@@ -99,8 +46,8 @@ class Embedding:
     name = "embedding"
     levels = ("embedding", "global")
 
-    def __init__(self, dims: int = 8, steps: int = 2000, lr: float = 0.05, seed: int = 0,
-                 refit_steps: int = 500, min_rtt_ms: float = 0.01):
+    def __init__(self, dims: int = DIMS, steps: int = STEPS, lr: float = LR, seed: int = 0,
+                 refit_steps: int = REFIT_STEPS, min_rtt_ms: float = MIN_RTT_MS):
         self.dims, self.steps, self.lr, self.seed = dims, steps, lr, seed
         self.refit_steps, self.min_rtt_ms = refit_steps, min_rtt_ms
         self.vocab = None
@@ -171,19 +118,7 @@ class Embedding:
         va, vb, med = pair_medians(np.where(ok, new + n, -1), np.where(ok, peer, -1), rtt_ms, n + n_new)
         keep = (va >= n) & (vb < n)
         va, vb, med = va[keep], vb[keep], med[keep]
-        y = self._y(med)
-        rng = np.random.default_rng(self.seed + 1)
-        x = np.vstack([self.x, np.zeros((n_new, self.dims))])
-        h = np.concatenate([self.h, np.zeros(n_new)])
-        if len(va):
-            near = np.lexsort((y, va))  # per new host, its smallest RTT first
-            first = near[np.r_[True, va[near][1:] != va[near][:-1]]]
-            v, p = va[first], vb[first]
-            x[v] = self.x[p] + rng.normal(0.0, 0.01, (len(v), self.dims))
-            h[v] = np.maximum(np.exp(y[first]) - self.h[p], 0.0)
-        free = np.zeros(n + n_new, bool)
-        free[n:] = True
-        x, h, _ = fit_points(x, h, va, vb, y, free, self.refit_steps, self.lr)
+        x, h = place_new(self.x, self.h, va, vb, self._y(med), n_new, self.refit_steps, self.lr, self.seed + 1)
         fitted = np.bincount(va - n, minlength=n_new) > 0 if n_new else np.zeros(0, bool)
         scale = self.scale
         return NewHosts(lambda v, p: scale * (np.linalg.norm(x[v + n] - x[p], axis=1) + h[v + n] + h[p]), fitted, self)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pingctl.artifacts.table import take
 from pingctl.context import context_indices, context_pool
 from pingctl.eval import metrics as M
 from pingctl.infer import queries as Q
@@ -66,18 +67,22 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
 
 def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
             train: dict | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
-            calibration=None, context_dst: int | None = None, progress=lambda done, total: None) -> dict:
+            calibration=None, context_dst: int | None = None, hints=None,
+            progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
     `idx` of `test`; `progress(done, total)` after every `chunk` packets. With a
     `calibration` (pingctl/infer/calibration.py) also the same read from the recalibrated
     distributions, under "calibrated" (no extra model passes: only more refined reads).
     `context_dst`: the destination side of the `both` policy (None: `context`). The prompts'
-    context measurements are returned under "contexts" (indices into "pool")."""
+    context measurements are returned under "contexts" (indices into "pool"). `hints(pool,
+    queries, contexts)`: each packet's RTT estimate (NaN: none), given in its prompt as a hint
+    measurement (a run trained with `loader.hints_file`); returned under "hints"."""
     levels = (0.5, *QS)
     reads = levels if calibration is None else (*levels, *calibration.raw_level(np.array(levels)))
     pool = context_pool(test, train, policy)
     contexts = context_indices(pool, test, idx, context, policy, per_pair, context_dst)
-    ps, fulls = prompts(model, test, idx, pool, contexts)
+    est = None if hints is None else np.asarray(hints(pool, take(test, idx), contexts), np.float64)
+    ps, fulls = prompts(model, test, idx, pool, contexts, est)
     actual = np.asarray(test["rtt"], np.float64)[idx]
     dists: list = [None] * len(ps)
     scores: list[np.ndarray] = [np.zeros(0)] * len(ps)
@@ -101,7 +106,7 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     out = {**_reads(dists, actual), "nll": nll, "context_median": context_median(pool, test, idx, contexts),
            "context_sizes": {"mean": float(n_ctx.mean()) if len(n_ctx) else 0.0,
                              "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0},
-           "contexts": contexts, "pool": pool, "prompts": ps,
+           "contexts": contexts, "pool": pool, "prompts": ps, "hints": est,
            "context_examples": context_examples(pool, test, idx, contexts)}
     if calibration is not None:
         out["calibrated"] = _reads([calibration.apply(d) for d in dists], actual)

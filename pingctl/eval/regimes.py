@@ -29,6 +29,7 @@ from pingctl.atomic import write_json
 from pingctl.context import FAIR, FAIR_POLICIES
 from pingctl.errors import PingctlError, UsageError
 from pingctl.eval import metrics as M
+from pingctl.eval.hints import hinted, prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import prediction_columns, summary_rows
 from pingctl.eval.registry import candidates, fit_baselines
@@ -200,7 +201,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
                      context: int = 16, seed: int = 0, step: int | list[int] | None = None,
                      vivaldi_cycles: int = 1000, policy: str = "probe", per_pair: int | None = None,
                      hardware: str | None = None, context_dst: int | None = None, recalibration: str = "pooled",
-                     progress=lambda _step, _done=0, _total=None: None) -> dict:
+                     hints: bool | None = None, progress=lambda _step, _done=0, _total=None: None) -> dict:
     """The model and every baseline on `queries` packets of each regime's test set of
     `split_dir`; writes OUT/report.json (mode "regimes": the table and one full report per
     regime), OUT/predictions.parquet (every packet of every regime) and the recalibration maps,
@@ -208,7 +209,8 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     regime's val/; `recalibration` pooled: OUT/calibration_held_out.json on the held-out
     regimes' val_<regime>/ sets together, own: OUT/calibration_<regime>.json on each: map_groups).
     Options as `eval.run.evaluate`; `policy` may also be `fair` (FAIR_POLICIES: each regime the
-    prompt with its baseline's information)."""
+    prompt with its baseline's information). `hints`: `both` prompts carry the embedding's
+    estimate (None: as the run was trained, `eval.hints.hinted`)."""
     policies = regime_policies(policy)
     if recalibration not in RECALIBRATIONS:
         raise UsageError(f"--recalibration {recalibration!r}: expected one of {', '.join(RECALIBRATIONS)}")
@@ -239,6 +241,8 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         pr = {"context_policy": pol, "context_measurements": context, "context_per_pair": 0 if pol == "pair" else pp}
         if pol == "both":
             pr["context_dst"] = context if context_dst is None else context_dst
+        if hinted(trained, pol, hints):
+            pr["hint"] = "embedding"
         return pr
 
     prompts = {r: prompt_of(pol) for r, pol in policies.items()}
@@ -250,6 +254,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         progress(f"model predictions ({what})", 0, len(idx))
         return predict(model, split, idx, context=context, train=train, policy=pr["context_policy"],
                        per_pair=pr["context_per_pair"], calibration=cal, context_dst=pr.get("context_dst"),
+                       hints=prompt_hints(trained, fitted, pr["context_policy"], hints),
                        progress=lambda done, total: progress(f"model predictions ({what})", done, total))
 
     # each regime's val set (val/ for time, val_<regime>/ for the others where the split has

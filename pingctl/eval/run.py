@@ -13,6 +13,7 @@ from pingctl.artifacts.table import load_split, take
 from pingctl.atomic import unwritable_reason, write_json
 from pingctl.context import FAIR, check_policy
 from pingctl.errors import PingctlError, UsageError
+from pingctl.eval.hints import hinted, prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import is_plot_name, prediction_columns, summary_rows, write_plots
 from pingctl.eval.report import add_predictor, add_prompt_baselines, baseline_table, compare
@@ -43,7 +44,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
              queries: int = 300, context: int = 16, seed: int = 0, step: int | list[int] | None = None,
              vivaldi_cycles: int = 1000, policy: str = "probe", per_pair: int | None = None,
              hardware: str | None = None, calibration: Path | None = None, context_dst: int | None = None,
-             progress=lambda _step, _done=0, _total=None: None) -> dict:
+             hints: bool | None = None, progress=lambda _step, _done=0, _total=None: None) -> dict:
     """Model and baselines on the same `queries` test packets; writes report.json, plots and
     predictions.parquet (one row per packet, every predictor's figures: artifacts.eval_output).
 
@@ -54,6 +55,8 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     `calibration`: a calibration.json fitted by an eval of the same run on other packets (val);
     adds the predictor model_calibrated. Every eval writes the map fitted on its own packets to
     `out`/calibration.json (pingctl/infer/calibration.py).
+    `hints`: `both` prompts carry the embedding's estimate (None: as the run was trained,
+    `eval.hints.hinted`).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     # before the splits and the model are loaded
     check_options(policy, hardware, per_pair, queries, context, context_dst, seed)
@@ -90,10 +93,14 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     prompt = {"context_policy": policy, "context_measurements": context, "context_per_pair": per_pair}
     if policy == "both":
         prompt["context_dst"] = context if context_dst is None else context_dst
+    if hinted(trained, policy, hints):
+        prompt["hint"] = "embedding"
     if cal is not None:
         CAL.check_fits(cal, run, model.steps, prompt)
     pred = predict(model, test, idx, context=context, train=train, policy=policy, per_pair=per_pair,
-                   calibration=cal, context_dst=prompt.get("context_dst"), progress=lambda done, total: progress("model predictions", done, total))
+                   calibration=cal, context_dst=prompt.get("context_dst"),
+                   hints=prompt_hints(trained, report.ctx.get("fitted") or {}, policy, hints),
+                   progress=lambda done, total: progress("model predictions", done, total))
     model_s = time.perf_counter() - t1
     q = pred["quantiles"]
     add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},

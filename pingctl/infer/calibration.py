@@ -32,7 +32,7 @@ GRID = np.linspace(0.0, 1.0, 101)  # H is stored at these levels: the PIT percen
 MIN_PACKETS = 30  # below this the percentiles are mostly noise
 KIND = "pingctl.rtt-recalibration"
 # what a map is specific to: applied under other values it would correct the wrong error
-PROMPT_KEYS = ("context_policy", "context_measurements", "context_per_pair")
+PROMPT_KEYS = ("context_policy", "context_measurements", "context_per_pair", "hint")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pingctl import __version__
 from pingctl.artifacts import eval_output
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.records import read_manifest
-from pingctl.artifacts.run import (CONFIG, METRICS, RUN_ONLY_KEYS, checkpoint_items, has_summary, model_dir_kind,
+from pingctl.artifacts.run import (CONFIG, HINTS, METRICS, RUN_ONLY_KEYS, checkpoint_items, has_summary, model_dir_kind,
                                    read_config_doc, read_maxtext_doc, read_summary, resolve_steps, run_config)
 from pingctl.atomic import check_replaceable
 from pingctl.errors import PingctlError, UsageError
@@ -96,7 +96,8 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
     }
     progress(f"writing {out}")
     card = model_card(run, config, cfg, report)
-    EX.write(out, config, tensors, card, cal.to_json() if cal is not None else None)
+    hints = run / HINTS if (run / HINTS).is_file() else None
+    EX.write(out, config, tensors, card, cal.to_json() if cal is not None else None, hints)
     files = EX.files(out)
     return {"out": str(out), "run": str(run), "steps": list(steps), "step": steps[-1], "preset": cfg.model.preset,
             "parameters": config["architecture"]["parameters"], "tensors": len(tensors),

@@ -28,6 +28,7 @@ import numpy as np
 from pingctl.artifacts.run import run_config
 from pingctl.context import context_indices, triangulation_indices
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import hints as H
 from pingctl.infer import queries as Q
 from pingctl.schema.times import parse_when
 from pingctl.tokenizer.measurements import event_seconds
@@ -378,8 +379,10 @@ def prompts(model, pairs: Pairs, ctx=None, per_pair: int = 0, prb: np.ndarray | 
         ctxs = contexts(pairs, ctx, distinct, prb=prb)
     out, n_ctx = [], []
     for c, i in zip(ctxs, distinct):
-        tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed)
+        hint = H.hint(model, pairs.src[i], pairs.dst[i], c)[0] if policy == "both" else H.NONE
+        tokens, last_t = Q.context_tokens(model, c, budget - len(hint), per_pair, timed=timed)
         n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
+        tokens = np.concatenate([tokens, hint]) if len(hint) else tokens  # just before the query
         out.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
     return Prompts(pairs, out, n_ctx)
 

@@ -77,6 +77,13 @@ def context_tokens(model, context: Measurements | None, budget: int, per_pair: i
     return enc.tokens, (int(m.time_s[-1]) if timed else None)
 
 
+def hint_tokens(src: str, dst: str, rtt_ms: float) -> np.ndarray:
+    """A hint (`pingctl.loader.hints`): the pair with an RTT estimate as its result, no timestamp;
+    it goes just before the query, whose timestamp still counts from the context's last one."""
+    m = Measurements.from_fields([src], [dst], [float(rtt_ms)], None)
+    return encode(m, "compact", order=("time", "src", "dst", "result")).tokens.astype(np.int32)
+
+
 def query_prefix(src: str, dst: str, time_s: int | None, context: np.ndarray, last_time: int | None) -> np.ndarray:
     """context + MeasurementStart, [timestamp], Src block, Dst block (the result comes next)."""
     has_time = time_s is not None

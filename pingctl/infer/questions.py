@@ -30,6 +30,7 @@ from pingctl.artifacts.run import run_config
 from pingctl.atomic import unwritable_reason
 from pingctl.context import triangulation_indices
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer import hints as H
 from pingctl.infer import queries as Q
 from pingctl.infer.model import trained_with_timestamps, untimed_run
 from pingctl.infer.pairs import AddressError, check_measurable, context_of, probe_of
@@ -442,13 +443,19 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
                     "steps": list(model.steps), "timestamps": model.timestamps, "device": model.device,
                     "engine": getattr(model, "engine", "maxtext")}
     ctx_tokens, last_t = np.zeros(0, np.int32), None
+    hint_tokens, estimate = H.NONE, None
+    if q.context_policy == "both" and isinstance(q, RttQuestion):
+        hint_tokens, estimate = H.hint(model, q.src, q.dst, context)
     if context is not None:
         per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair
         # a `both` context was capped per pair when it was picked (probe_context)
-        ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64,
+        ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64 - len(hint_tokens),
                                               0 if q.context_policy == "both" else per_pair, timed=model.timestamps)
         result["context_per_pair"] = per_pair
         result["context_rows"] = context_read
+    if len(hint_tokens):  # just before the query, as the run was trained
+        ctx_tokens = np.concatenate([ctx_tokens, hint_tokens])
+        result["hint_ms"] = estimate
     result["context_tokens"] = int(len(ctx_tokens))
     if q.context_policy == "both":
         # the prompt's context measurements as the model reads them (src, dst, time, rtt)

@@ -102,10 +102,12 @@ def check_options(context: int = CONTEXT, context_policy: str = "probe", limit: 
 # ----------------------------------------------------------------- prompts (shared with eval)
 
 
-def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray]
-            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray],
+            hints: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(prompt tokens, full tokens with the actual result) per query packet; timestamped as
-    the run was trained (`model.timestamps`)."""
+    the run was trained (`model.timestamps`). `hints`: per packet an RTT estimate (ms; NaN:
+    none) given as a measurement of its pair without a timestamp just before it, as
+    `loader.hints_file` trains them."""
     timed = model.timestamps
     t = np.asarray(test["event_time"], np.int64)
     prompts_, fulls = [], []
@@ -117,7 +119,10 @@ def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.nd
     for k, (i, prev) in enumerate(zip(idx, contexts)):
         at = np.searchsorted(used, prev)
         ctx = held.take(at) if len(prev) else None
-        ctx_tok, last_t = Q.context_tokens(model, ctx, budget, timed=timed)
+        hint = (Q.hint_tokens(str(test["src"][i]), str(test["dst"][i]), hints[k])
+                if hints is not None and np.isfinite(hints[k]) else np.zeros(0, np.int32))
+        ctx_tok, last_t = Q.context_tokens(model, ctx, budget - len(hint), timed=timed)
+        ctx_tok = np.concatenate([ctx_tok, hint]) if len(hint) else ctx_tok
         q = queries.take(np.array([k]))
         ref = Measurements.concat([held.take(at[-1:]), q]) if last_t is not None else q
         enc = encode(ref, "compact", order=ORDER)

@@ -34,6 +34,7 @@ import numpy as np
 from pingctl.artifacts.records import destination_index, destination_rows, read_manifest
 from pingctl.config import LoaderConfig
 from pingctl.errors import PingctlError
+from pingctl.loader.hints import Hints
 from pingctl.loader.record_cache import RecordCache
 from pingctl.loader.sequences import pack_sequences, Shaping
 from pingctl.loader.triangulation import (DestinationIndex, DestinationReader, NO_TRIANGULATION, Triangulation,
@@ -145,8 +146,9 @@ def triangulation(rows_dir: Path, manifest: dict, cfg: LoaderConfig, scheme: str
                   ) -> tuple[Triangulation, DestinationReader | None]:
     """The triangulation settings and the destination records they read (None when off):
     those `build-rows --by both` put beside the probe rows."""
+    hints = Hints.load(cfg.hints_file, cfg.hint_share) if cfg.hints_file and cfg.triangulation_share > 0 else None
     tri = Triangulation(cfg.triangulation_share, cfg.triangulation_k_src, cfg.triangulation_k_dst,
-                        cfg.triangulation_per_pair)
+                        cfg.triangulation_per_pair, hints)
     if tri.share <= 0:
         return NO_TRIANGULATION, None
     if manifest.get("by") == "destination":

@@ -15,6 +15,10 @@ context and timestamps nothing; the query stays last in every mode. Each side's 
 (a probe or a destination with little history) are trained too. A context longer than the
 row's room loses its oldest measurements (never the query).
 
+With hints (`Triangulation.hints`, `loader.hints_file`), a share of the contexts also hold the
+embedding's estimate for (s, d) as a measurement of the pair, untimed, just before the query
+(`pingctl.loader.hints`): the one measurement of the pair a triangulation context holds.
+
 A destination's measurements come from its record that starts last before t (destination
 histories are cut into records of `rows.dst_max_row_mb`); a query just after a cut sees only
 that record's part of the history, a short side at a boundary of tens of thousands of
@@ -41,6 +45,7 @@ from pingctl.loader.sequences import (FILL_RETRIES, FULL, MAX_CONTEXTS_PER_ROW, 
                                       RecordLengths, Shaping, block_orders, choose_contexts, encode_items,
                                       measurements_of, min_measurement_tokens, mode_cdf, orders_ending_in_rtt, pack,
                                       plan_inputs, time_lengths)
+from pingctl.loader.hints import Hints
 from pingctl.loader.record_cache import CACHE_MB, RecordCache
 from pingctl.records.layout import ProbeRecord
 from pingctl.tokenizer import Measurements
@@ -56,6 +61,7 @@ class Triangulation:
     k_src: int = 16
     k_dst: int = 16
     per_pair: int = 1
+    hints: Hints | None = None  # the embedding's estimate as a hint before the query (loader.hints_file)
 
 
 NO_TRIANGULATION = Triangulation()
@@ -330,16 +336,24 @@ def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndar
             t[lo:hi] = recs[r].time_s[pos[lo:hi]]
             b[lo:hi] = records.items[r][1].base[pos[lo:hi]]
     parts = [(np.repeat(np.concatenate([np.arange(m), d]), count), who, pos, t, b)]
+    hint_who = -1
+    if tri.hints is not None and (twin := tri.hints.twin(rec, records.items[0][1], scheme)) is not None:
+        # a hint shares its query's time, so the stable merge below puts it after the sides
+        hc = np.flatnonzero(twin[1].memo["has_hint"][q] & (rng.random(m) < tri.hints.share))
+        if len(hc):
+            hint_who = records.add(twin)
+            parts.append((hc, np.full(len(hc), hint_who), q[hc], t_q[hc], twin[1].base[q[hc]]))
     parts.append((np.arange(m), np.zeros(m, np.int64), q, t_q, base[q]))  # the queries, after every side
     cand, who, where, t, b = (np.concatenate(col) for col in zip(*parts))
-    return _arrange(rng, qs.mode[sel], qs.q_timed[sel], cand, who, where, t, b, scheme)
+    return _arrange(rng, qs.mode[sel], qs.q_timed[sel], cand, who, where, t, b, scheme, hint_who)
 
 
 def _arrange(rng: np.random.Generator, mode: np.ndarray, q_timed: np.ndarray, cand, who, where, t, b,
-             scheme: str) -> _Candidates:
+             scheme: str, hint_who: int = -1) -> _Candidates:
     """Every candidate in context order for its mode (`sequences.arrange`, over all candidates
     at once): both sides merged in time order, the query last; *none* shuffles the sides,
-    *partial* timestamps a random subset (at least one) in time order at random slots."""
+    *partial* timestamps a random subset (at least one) in time order at random slots. A hint
+    (items of record `hint_who`) is never timestamped and always just before its query."""
     m = len(mode)
     by = np.lexsort((t, cand))  # stable: at one time the source side first, as merged
     cand, who, where, t, b = cand[by], who[by], where[by], t[by], b[by]
@@ -347,15 +361,16 @@ def _arrange(rng: np.random.Generator, mode: np.ndarray, q_timed: np.ndarray, ca
     start = np.concatenate([[0], np.cumsum(np.bincount(cand, minlength=m))])
     is_q = np.zeros(n, bool)
     is_q[start[1:] - 1] = True
+    is_hint = who == hint_who
     item_mode = mode[cand]
-    timed = (item_mode == FULL) & ~is_q
-    partial = (item_mode == PARTIAL) & ~is_q
+    timed = (item_mode == FULL) & ~is_q & ~is_hint
+    partial = (item_mode == PARTIAL) & ~is_q & ~is_hint
     timed[partial] = rng.random(int(partial.sum())) < rng.uniform(0.2, 0.8, m)[cand[partial]]
-    sides = start[1:] - start[:-1] - 1
+    sides = start[1:] - start[:-1] - 1 - np.bincount(cand[is_hint], minlength=m)
     lone = np.flatnonzero((mode == PARTIAL) & (sides > 0) & (np.bincount(cand[timed], minlength=m) == 0))
     timed[start[lone] + rng.integers(0, sides[lone])] = True  # at least one timestamp
     # a random slot order (none, partial), then partial's timed slots refilled in time order
-    key = np.where(is_q, 2.0, np.where(item_mode == FULL, 0.0, rng.random(n)))
+    key = np.where(is_q, 2.0, np.where(is_hint, 1.5, np.where(item_mode == FULL, 0.0, rng.random(n))))
     order = np.lexsort((key, cand))
     slot_timed = timed[order]
     order[slot_timed] = np.flatnonzero(timed)

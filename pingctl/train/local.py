@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Callable
 
 from pingctl.artifacts.records import check_files, read_manifest
-from pingctl.artifacts.run import (CONFIG, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps,
+from pingctl.artifacts.run import (CONFIG, HINTS, LOG, LOSS_PLOT, MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps,
                                   has_run_traces, read_config_doc, read_input_wait, tensorboard_dir, write_config)
 from pingctl.atomic import atomic_file, write_json
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
+from pingctl.loader.hints import Hints
 from pingctl.loader.pipeline import check_triangulation, loss_keep_table
 from pingctl.train import metrics as M
 from pingctl.train.render import parameters, render_maxtext
@@ -54,7 +55,11 @@ def absolute_rows(cfg: Config) -> Config:
     t = cfg.train
     update = {"train_rows": str(Path(t.train_rows).resolve()) if t.train_rows else ""}
     update["eval_rows"] = str(Path(t.eval_rows).resolve()) if t.eval_rows else None
-    return cfg.model_copy(update={"train": t.model_copy(update=update)})
+    cfg = cfg.model_copy(update={"train": t.model_copy(update=update)})
+    if cfg.loader.hints_file:
+        hints = str(Path(cfg.loader.hints_file).expanduser().resolve())
+        cfg = cfg.model_copy(update={"loader": cfg.loader.model_copy(update={"hints_file": hints})})
+    return cfg
 
 
 def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
@@ -71,6 +76,8 @@ def check_inputs(cfg: Config) -> tuple[Config, list[Path]]:
         # rows built without destination records would fail inside the worker, 25 s later
         check_triangulation(r, cfg.loader)
     loss_keep_table(cfg.loader.loss_keep, cfg.tokenizer.scheme)
+    if cfg.loader.hints_file:  # read now: a bad file fails here, not in the worker's first batch
+        Hints.load(cfg.loader.hints_file)
     return cfg, rows
 
 
@@ -148,7 +155,18 @@ def prepare_run(cfg: Config, run_dir: Path, fresh: bool = False, dry_run: bool =
     write_config(run / CONFIG, new)
     with atomic_file(run / MAXTEXT_YML) as tmp:
         tmp.write_text(maxtext)
+    keep_hints(cfg, run)
     return run
+
+
+def keep_hints(cfg: Config, run: Path) -> None:
+    """The run keeps the hints file it trains with (RUN/hints.npz): its answers read it, and the
+    file the config names may change or go."""
+    if cfg.loader.hints_file:
+        with atomic_file(run / HINTS) as tmp:
+            shutil.copyfile(cfg.loader.hints_file, tmp)
+    else:
+        (run / HINTS).unlink(missing_ok=True)
 
 
 def worker_env(cfg: Config) -> dict:

@@ -111,7 +111,7 @@ def submit(cfg: Config, run: Path, fresh: bool = False, dry_run: bool = False, d
     if synced["deleted"]:
         result["summary"]["deleted first (--fresh)"] = ", ".join(synced["deleted"])
     app, fn, _, _ = build_app(cfg, name)
-    local = {"train_rows": cfg.train.train_rows, "eval_rows": cfg.train.eval_rows,
+    local = {"train_rows": cfg.train.train_rows, "eval_rows": cfg.train.eval_rows, "hints_file": cfg.loader.hints_file,
              "jax_cache_dir": cfg.train.jax_cache_dir}
     with modal_errors(m.volume), modal.enable_output(), app.run(detach=detach):
         call = fn.spawn(rc.model_dump(mode="json"))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from pingctl.artifacts.records import destination_rows, read_manifest
-from pingctl.artifacts.run import (COMMITTED, CONFIG, INPUT_WAIT, LIGHT_CACHE, LOG, LOSS_PLOT, MAXTEXT_RUN_NAME,
+from pingctl.artifacts.run import (COMMITTED, CONFIG, HINTS, INPUT_WAIT, LIGHT_CACHE, LOG, LOSS_PLOT, MAXTEXT_RUN_NAME,
                                    MAXTEXT_YML, METRICS, STOPPED, SUMMARY, checkpoint_steps, checkpoints_dir,
                                    read_config, read_config_doc, write_config)
 from pingctl.atomic import MANIFEST, atomic_dir, atomic_file, write_json
@@ -85,7 +85,11 @@ def remote_config(cfg: Config, name: str, mount: str = MOUNT) -> Config:
         "target": "modal",
         "jax_cache_dir": f"{mount}/jax_cache",
     }
-    return cfg.model_copy(update={"train": t.model_copy(update=update)})
+    cfg = cfg.model_copy(update={"train": t.model_copy(update=update)})
+    if cfg.loader.hints_file:  # uploaded beside the rows (plan_upload)
+        cfg = cfg.model_copy(update={"loader": cfg.loader.model_copy(
+            update={"hints_file": f"{mount}/{rows_path(name)}/{HINTS}"})})
+    return cfg
 
 
 def local_config(remote: Config, run: Path, local: dict | None = None) -> Config:
@@ -101,7 +105,10 @@ def local_config(remote: Config, run: Path, local: dict | None = None) -> Config
         update["train_rows"] = local["train_rows"]
     if remote.train.eval_rows and local.get("eval_rows"):
         update["eval_rows"] = local["eval_rows"]
-    return remote.model_copy(update={"train": remote.train.model_copy(update=update)})
+    cfg = remote.model_copy(update={"train": remote.train.model_copy(update=update)})
+    if remote.loader.hints_file and local.get("hints_file"):
+        cfg = cfg.model_copy(update={"loader": cfg.loader.model_copy(update={"hints_file": local["hints_file"]})})
+    return cfg
 
 
 def sha256_file(path: Path) -> str:
@@ -160,17 +167,23 @@ def plan_upload(cfg: Config, name: str, volume: Volume) -> UploadPlan:
             local = rows / fname
             if not local.is_file():
                 raise PingctlError(f"{local}: listed in {rows / MANIFEST} but missing; rebuild with `pingctl build-rows`")
-            vpath = f"{rows_path(name, split)}/{fname}"
-            entry = {"sha256": sha256_file(local), "bytes": local.stat().st_size}
-            plan.record[vpath] = entry
-            old = before.get(vpath)
-            if listed.get(vpath) == entry["bytes"] and isinstance(old, dict) and old.get("sha256") == entry["sha256"]:
-                plan.kept.append(vpath)
-            else:
-                plan.upload.append((local, vpath))
+            _plan_file(plan, local, f"{rows_path(name, split)}/{fname}", listed, before)
+    if cfg.loader.hints_file:
+        _plan_file(plan, Path(cfg.loader.hints_file), f"{rows_path(name)}/{HINTS}", listed, before)
     keep = set(plan.record) | {f"{rows_path(name)}/{UPLOADED}"}
     plan.remove = sorted(p for p in listed if p not in keep)
     return plan
+
+
+def _plan_file(plan: UploadPlan, local: Path, vpath: str, listed: dict, before: dict) -> None:
+    """One file into the plan: kept where the volume has it with the same size and hash, else up."""
+    entry = {"sha256": sha256_file(local), "bytes": local.stat().st_size}
+    plan.record[vpath] = entry
+    old = before.get(vpath)
+    if listed.get(vpath) == entry["bytes"] and isinstance(old, dict) and old.get("sha256") == entry["sha256"]:
+        plan.kept.append(vpath)
+    else:
+        plan.upload.append((local, vpath))
 
 
 def apply_upload(plan: UploadPlan, volume: Volume) -> None:
@@ -289,7 +302,7 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
     for fname in (CONFIG, MAXTEXT_YML):
         if fname in files:
             fetch(fname, staging / fname)
-    for fname in (LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, INPUT_WAIT):
+    for fname in (LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, INPUT_WAIT, HINTS):
         if fname in files:
             fetch(fname, run / fname, if_changed=fname == LOG)
         else:
@@ -349,7 +362,8 @@ def pull(run: Path, volume: Volume, name: str, steps: list[int] | str | None = N
 
 
 # with what was derived here from the pulled checkpoints (the light engine's cache)
-PULLED = (CONFIG, MAXTEXT_YML, LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, INPUT_WAIT, MAXTEXT_RUN_NAME, LIGHT_CACHE)
+PULLED = (CONFIG, MAXTEXT_YML, LOG, METRICS, LOSS_PLOT, SUMMARY, STOPPED, INPUT_WAIT, HINTS, MAXTEXT_RUN_NAME,
+          LIGHT_CACHE)
 
 
 def clear_pulled(run: Path) -> list[str]:

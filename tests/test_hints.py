@@ -1,0 +1,351 @@
+"""Hints: the embedding's cross-fitted estimate as a measurement before the query, in the loader's
+triangulation contexts and in eval's `both` prompts (docs/loader.md, "Hints")."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pingctl.config import Config
+from pingctl.errors import PingctlError, UsageError
+from pingctl.eval.hints import fit_hints, hinted
+from pingctl.infer.score import prompts
+from pingctl.loader.hints import Hints, fold_of
+from pingctl.loader.sequences import FULL, NONE, PARTIAL
+from pingctl.loader.triangulation import Triangulation, choose_triangulation, pack_triangulation
+from pingctl.tokenizer import decode, validate
+from tests.test_triangulation import SEQ, _pingctl, _rtt_last, _world, tri_run  # noqa: F401 - a fixture
+
+
+def _hints(seed: int, share: float = 1.0, folds: int = 2) -> Hints:
+    """Random points for the addresses 10.0.0.0-9 of `_world` (`folds` fits and the every-pair
+    one), every node placed in every fit but node 9 in fold 0."""
+    rng = np.random.default_rng(seed)
+    keys = np.zeros((10, 17), np.uint8)
+    keys[:, 0], keys[:, 3] = 10, np.arange(10)
+    trained = np.ones((folds + 1, 10), bool)
+    trained[0, 9] = False
+    return Hints(keys, rng.normal(0, 1, (folds + 1, 10, 3)), rng.uniform(0, 0.5, (folds + 1, 10)), trained,
+                 rng.uniform(5, 50, folds + 1), share=share)
+
+
+@given(st.integers(0, 2**31), st.integers(-5, 5), st.integers(-5, 5))
+def test_a_pair_has_one_fold_whichever_way_round(seed, a, b):
+    a, b = np.array([abs(a) + seed % 7]), np.array([abs(b)])
+    assert fold_of(a, b, 5) == fold_of(b, a, 5)
+    assert 0 <= fold_of(a, b, 5)[0] < 5
+
+
+def test_the_folds_cut_the_pairs_evenly():
+    a, b = np.meshgrid(np.arange(200), np.arange(200))
+    counts = np.bincount(fold_of(a.ravel(), b.ravel(), 5), minlength=5)
+    assert counts.min() > 0.9 * counts.mean()
+
+
+def test_the_estimate_is_the_pair_s_fold_s_distance_and_nan_where_unplaced():
+    h = _hints(0)
+    a, b = np.array([0, 1, 2, 9, 9, -1, 3]), np.array([5, 6, 7, 5, 6, 5, 3])
+    got = h.estimate(a, b)
+    f = fold_of(np.maximum(a, 0), np.maximum(b, 0), h.folds)
+    for i in range(5):
+        if a[i] == 9 and f[i] == 0:
+            assert np.isnan(got[i])  # node 9 has no point in fold 0
+            continue
+        want = h.scale[f[i]] * (np.linalg.norm(h.x[f[i], a[i]] - h.x[f[i], b[i]]) + h.h[f[i], a[i]] + h.h[f[i], b[i]])
+        assert got[i] == pytest.approx(want)
+    assert np.isnan(got[5]) and np.isnan(got[6])  # an unknown address; a node with itself
+
+
+@given(st.integers(0, 2**31), st.integers(1, 6), st.integers(0, 6), st.sampled_from([FULL, PARTIAL, NONE]))
+@settings(max_examples=40, deadline=None)
+def test_a_hint_is_the_pair_s_estimate_untimed_just_before_its_query(seed, k_src, k_dst, mode):
+    probes, lookup = _world(seed)
+    hints = _hints(seed)
+    rng = np.random.default_rng(seed)
+    tri = Triangulation(1.0, k_src, k_dst, 1, hints)
+    for rec in probes.values():
+        chosen = choose_triangulation(rec, rng, 2, SEQ, np.eye(3)[mode], "compact", tri, lookup)
+        m = chosen.measurements()
+        ends = np.cumsum([len(i) for i in chosen.plan.idx])
+        for a, b in zip(np.r_[0, ends[:-1]], ends):
+            s, d, t = m.src[b - 1, 3], m.dst[b - 1, 3], m.time_s[b - 1]
+            same = np.flatnonzero((m.src[a:b - 1, 3] == s) & (m.dst[a:b - 1, 3] == d))
+            want = hints.estimate(np.array([s]), np.array([d]))[0]
+            if np.isnan(want):  # no estimate, no hint: the pair never in its context
+                assert len(same) == 0
+                continue
+            if b - a == 1:  # the room held the query alone
+                continue
+            assert same.tolist() == [b - 2 - a]  # exactly one, just before the query
+            assert m.rtt_ms[b - 2] == pytest.approx(want) and not m.has_time[b - 2]
+            assert (m.time_s[a:b - 2] < t).all()  # the sides as without hints
+            if mode == FULL:
+                assert m.has_time[a:b - 2].all() and m.has_time[b - 1]
+
+
+def test_a_hint_share_leaves_some_contexts_without_one():
+    probes, lookup = _world(3, n=2000)
+    rng = np.random.default_rng(0)
+    with_hint = []
+    for share in (0.0, 0.5):
+        tri = Triangulation(1.0, 4, 4, 1, _hints(3, share=share))
+        got = []
+        for rec in probes.values():
+            chosen = choose_triangulation(rec, rng, 4, SEQ, np.eye(3)[FULL], "compact", tri, lookup)
+            m = chosen.measurements()
+            ends = np.cumsum([len(i) for i in chosen.plan.idx])
+            got += [bool(((m.src[a:b - 1, 3] == m.src[b - 1, 3]) & (m.dst[a:b - 1, 3] == m.dst[b - 1, 3])).any())
+                    for a, b in zip(np.r_[0, ends[:-1]], ends) if b - a > 1]
+        with_hint.append(np.mean(got))
+    assert with_hint[0] == 0.0 and 0.3 < with_hint[1] < 0.7
+
+
+@given(st.integers(0, 2**31), st.floats(0.0, 1.0))
+@settings(max_examples=15, deadline=None)
+def test_hinted_rows_are_grammatical_with_the_query_s_rtt_last(seed, result_last):
+    probes, lookup = _world(seed)
+    tri = Triangulation(1.0, 4, 4, 1, _hints(seed))
+    rng = np.random.default_rng(seed)
+    for rec in probes.values():
+        out = pack_triangulation(rec, rng, 2, SEQ, np.array([0.4, 0.3, 0.3]), "compact", tri, lookup, result_last)
+        for r in range(2):
+            seg = out.segment[r]
+            for k in range(1, seg.max() + 1):
+                toks = out.tokens[r][seg == k]
+                assert validate(toks) == []
+                assert _rtt_last(decode(toks))
+
+
+def test_hints_travel_to_workers_by_pickle():
+    import pickle
+
+    h = _hints(1)
+    back = pickle.loads(pickle.dumps(h))
+    a, b = np.arange(5), np.arange(5, 10)
+    np.testing.assert_array_equal(back.estimate(a, b), h.estimate(a, b))
+
+
+def test_a_file_that_is_not_a_hints_file_is_named(tmp_path):
+    bad = tmp_path / "h.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(PingctlError, match="not a hints file"):
+        Hints.load(bad)
+
+
+# ----------------------------------------------------------------- fitting
+
+
+def _table(seed: int, n: int = 3000) -> dict:
+    """Measurements between 12 sources and 12 destinations at RTTs that follow points on a line."""
+    rng = np.random.default_rng(seed)
+    pos = rng.uniform(0, 100, 24)
+    s, d = rng.integers(0, 12, n), rng.integers(12, 24, n)
+    rtt = np.abs(pos[s] - pos[d]) + 5 + rng.normal(0, 0.5, n)
+    addr = np.array([f"10.0.{i // 256}.{i % 256}" for i in range(24)], object)
+    return {"src": addr[s], "dst": addr[d], "rtt": rtt, "event_time": np.arange(n, dtype=np.int64),
+            "ip_version": np.full(n, 4, np.int64)}
+
+
+def _estimates(path, table) -> np.ndarray:
+    import pyarrow as pa
+
+    from pingctl.tokenizer.measurements import parse_addresses
+
+    h = Hints.load(path)
+
+    def codes(col):
+        a, v6 = parse_addresses(pa.array(list(col), pa.string()))
+        return h.codes(a, v6)
+
+    return h.estimate(codes(table["src"]), codes(table["dst"]))
+
+
+def test_a_pair_s_estimate_does_not_depend_on_its_own_measurements(tmp_path):
+    """Cross-fitting: change one pair's RTTs tenfold and its estimate stays what it was (it comes
+    from the one fit that never saw the pair); other pairs' estimates move."""
+    t = _table(0)
+    info = fit_hints(t, tmp_path / "a.npz", folds=3)
+    assert info["folds"] == 3 and info["nodes"] == 24
+    s0, d0 = t["src"][0], t["dst"][0]
+    pair = (t["src"] == s0) & (t["dst"] == d0)
+    t2 = dict(t, rtt=np.where(pair, t["rtt"] * 10, t["rtt"]))
+    fit_hints(t2, tmp_path / "b.npz", folds=3)
+    a, b = _estimates(tmp_path / "a.npz", t), _estimates(tmp_path / "b.npz", t)
+    assert np.isfinite(a).all()
+    np.testing.assert_allclose(a[pair], b[pair])
+    assert not np.allclose(a[~pair], b[~pair])
+    # and it is an estimate: within a few ms on these line-like RTTs
+    assert np.median(np.abs(a - t["rtt"])) < 5
+
+
+def test_an_answer_s_estimate_is_the_eval_baseline_s(tmp_path):
+    """Both ends known: the every-pair fit is eval's `embedding` baseline; one end new: placed
+    from the prompt's measurements as `embedding_refit` places it."""
+    from pingctl.eval.baselines import GlobalMedian, refit_prediction
+    from pingctl.eval.embedding import Embedding
+
+    t = _table(1)
+    fit_hints(t, tmp_path / "h.npz", folds=2)
+    h = Hints.load(tmp_path / "h.npz")
+    base = Embedding().fit(t)
+    s, d = "10.0.0.3", "10.0.0.17"
+    want = base.distance(base.codes([s]), base.codes([d]))[0]
+    assert h.answer(s, d) == pytest.approx(want, rel=1e-9)
+    # a new destination, measured from three known sources in the prompt
+    new = "10.9.9.9"
+    pool = {"src": np.array(["10.0.0.1", "10.0.0.2", "10.0.0.5", "10.0.0.1"], object),
+            "dst": np.array([new, new, new, "10.0.0.20"], object),
+            "rtt": np.array([40.0, 55.0, 20.0, 33.0]), "event_time": np.arange(4, dtype=np.int64)}
+    query = {"src": np.array([s], object), "dst": np.array([new], object), "rtt": np.array([30.0]),
+             "event_time": np.array([10], np.int64), "ip_version": np.array([4])}
+    got = refit_prediction(base, pool, query, [np.arange(4)], GlobalMedian().fit(t).predict(query))
+    peers = list(zip(pool["src"], pool["dst"], pool["rtt"]))
+    assert h.answer(s, new, peers) == pytest.approx(got.info["raw_median"][0], rel=1e-6)
+    assert np.isnan(h.answer(s, new)) and np.isnan(h.answer("10.9.9.8", new, peers))
+
+
+def test_fit_hints_refuses_a_single_fold(tmp_path):
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_hints(_table(0, 100), tmp_path / "h.npz", folds=1)
+
+
+# ----------------------------------------------------------------- prompts at answer time
+
+
+def test_an_eval_prompt_carries_the_hint_just_before_the_query_and_changes_nothing_else():
+    model = SimpleNamespace(timestamps=True, seq_len=512)
+    pool = {"src": np.array(["10.0.0.1", "10.0.0.2"], object), "dst": np.array(["10.0.0.9", "10.0.0.3"], object),
+            "rtt": np.array([12.0, 30.0]), "event_time": np.array([100, 200], np.int64)}
+    test = {"src": np.array(["10.0.0.1"], object), "dst": np.array(["10.0.0.3"], object),
+            "rtt": np.array([21.0]), "event_time": np.array([300], np.int64)}
+    ctx = [np.array([0, 1])]
+    plain, plain_full = prompts(model, test, np.array([0]), pool, ctx)
+    hint, hint_full = prompts(model, test, np.array([0]), pool, ctx, np.array([18.5]))
+    dec = decode(hint_full[0]).measurements
+    assert len(dec) == 4  # two context measurements, the hint, the query
+    assert dec.src_text()[2] == "10.0.0.1" and dec.dst_text()[2] == "10.0.0.3"
+    assert dec.rtt_ms[2] == pytest.approx(18.5, rel=0.01) and not dec.has_time[2]
+    assert dec.time_s[3] == 300 and dec.has_time[3]  # the query's delta still counts from 200
+    # the hint's tokens inserted before the query, the rest as without it
+    q_plain, q_hint = _first_query_token(plain_full[0]), _first_query_token(hint_full[0])
+    np.testing.assert_array_equal(hint_full[0][:q_plain], plain_full[0][:q_plain])
+    np.testing.assert_array_equal(hint_full[0][q_hint:], plain_full[0][q_plain:])
+    np.testing.assert_array_equal(hint[0][q_hint:], plain[0][q_plain:])
+    # no estimate, no hint
+    none, _ = prompts(model, test, np.array([0]), pool, ctx, np.array([np.nan]))
+    np.testing.assert_array_equal(none[0], plain[0])
+
+
+def _first_query_token(tokens) -> int:
+    from pingctl.tokenizer import C
+
+    return int(np.flatnonzero(np.asarray(tokens) == C.MeasurementStart)[-1])
+
+
+def _trained(hints_file=None, share=0.5):
+    return Config.model_validate({"loader": {"hints_file": hints_file, "triangulation_share": share}})
+
+
+def test_prompts_carry_hints_where_the_run_learned_them():
+    with_hints = _trained("h.npz")
+    assert hinted(with_hints, "both") and not hinted(with_hints, "pair") and not hinted(with_hints, "both", False)
+    assert not hinted(_trained(), "both")
+    with pytest.raises(ValueError, match="triangulation_share 0 leaves out"):
+        _trained("h.npz", share=0.0)  # a hint has no place without triangulation contexts
+    with pytest.raises(UsageError, match="trained without them"):
+        hinted(_trained(), "both", True)
+
+
+# ----------------------------------------------------------------- end to end: hints, train, sample, eval, export
+
+
+@pytest.fixture(scope="session")
+def hinted_run(tri_run, time_split):
+    """The triangulation fixture's rows, trained a few steps with hints fitted on its train split."""
+    from tests.conftest import build_once
+
+    rows = tri_run.parent / "rows"
+
+    def build(d):
+        _pingctl("hints", time_split / "train", "-o", d / "hints.npz", "--folds", 3, "--json")
+        _pingctl("train", rows / "train", "--eval", rows / "val", "--run-dir", d / "run", "--steps", 4,
+                 "--set", f"loader.seq_len={SEQ}", "--set", "loader.batch_size=8", "--set", "train.eval_interval=2",
+                 "--set", "train.eval_steps=1", "--set", "train.checkpoint_period=100",
+                 "--set", "loader.triangulation_share=1.0", "--set", "loader.triangulation_k_src=6",
+                 "--set", "loader.triangulation_k_dst=6", "--set", f"loader.hints_file={d / 'hints.npz'}", "--json")
+
+    return build_once(time_split / "hinted", build) / "run"
+
+
+@pytest.mark.slow
+def test_a_hinted_run_keeps_its_hints_and_its_answers_carry_them(hinted_run, time_split, tmp_path, capsys):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pingctl.artifacts.run import run_config
+
+    kept = hinted_run / "hints.npz"
+    assert kept.read_bytes() == (hinted_run.parent / "hints.npz").read_bytes()
+    assert Path(run_config(hinted_run).loader.hints_file).is_absolute()
+    row = pq.read_table(time_split / "test").slice(0, 1).to_pylist()[0]
+    s, d, t = row["src_addr"], row["dst_addr"], int(row["event_time"].timestamp())
+    asked = ["--src", s, "--dst", d, "--time", t, "--context", time_split / "train", "--context-policy", "both",
+             "--context-k", 5, "--json"]
+    result = json.loads(_pingctl("sample", hinted_run, *asked).stdout)
+    ctx = result["context"]
+    peers = [(c["src"], c["dst"], c["rtt_ms"]) for c in ctx[:-1]]
+    want = Hints.load(kept).answer(s, d, peers)
+    assert result["hint_ms"] == pytest.approx(want)
+    # the hint is the prompt's last measurement before the query: the pair, untimed, the estimate
+    assert ctx[-1]["src"] == s and ctx[-1]["dst"] == d and ctx[-1]["time"] is None
+    assert ctx[-1]["rtt_ms"] == pytest.approx(want, rel=0.01)
+    from pingctl.cli.sample_cmd import _print_triangulation
+
+    _print_triangulation(result)  # what the command prints under the distribution
+    text = capsys.readouterr().out
+    assert f"then the embedding's estimate for the pair, {want:.1f} ms" in " ".join(text.split())
+    assert sum(line.split()[:1] == ["hint"] for line in text.splitlines()) == 1
+    # an export carries the file, and its answers the same hint
+    _pingctl("export", hinted_run, "-o", tmp_path / "ex", "--json")
+    assert (tmp_path / "ex" / "hints.npz").read_bytes() == kept.read_bytes()
+    again = json.loads(_pingctl("sample", tmp_path / "ex", *asked).stdout)
+    assert again["hint_ms"] == pytest.approx(want) and again["p50_ms"] == pytest.approx(result["p50_ms"], rel=1e-4)
+    # a file of pairs (and `Model.rtt_many`) asks each row with the same hinted prompt
+    from pingctl import Model
+
+    f = tmp_path / "pairs.csv"
+    f.write_text(f"src,dst,time\n{s},{d},{t}\n")
+    model = Model.load(hinted_run)
+    asked = model.rtt_prompts(f, context=time_split / "train", context_policy="both", context_k=5)
+    prompt = asked.prompts[0]
+    ctx_only = decode(prompt[: int(np.flatnonzero(prompt == 0)[-1])]).measurements  # up to the query's start
+    n = len(ctx_only)
+    assert ctx_only.src_text()[n - 1] == s and ctx_only.dst_text()[n - 1] == d and not ctx_only.has_time[n - 1]
+    assert ctx_only.rtt_ms[n - 1] == pytest.approx(want, rel=0.01)
+    many = model.rtt_many(f, context=time_split / "train", context_policy="both", context_k=5)
+    assert many.table.to_pylist()[0]["p50_ms"] == pytest.approx(result["p50_ms"], rel=2e-3)
+    # a probe-policy question carries none
+    plain = json.loads(_pingctl("sample", hinted_run, "--src", s, "--dst", d, "--json").stdout)
+    assert "hint_ms" not in plain
+
+
+@pytest.mark.slow
+def test_eval_asks_a_hinted_run_with_hints_unless_told_not_to(hinted_run, tri_run, time_split, tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    base = ["--train", time_split / "train", "--test", time_split / "test", "--queries", 8, "--context-policy",
+            "both", "--context", 4, "--context-dst", 4, "--json"]
+    got = {}
+    for flag in ("--hints", "--no-hints"):
+        report = json.loads(_pingctl("eval", hinted_run, *base, flag, "-o", tmp_path / flag).stdout)
+        got[flag] = pq.read_table(tmp_path / flag / "predictions.parquet").column("model_median").to_pylist()
+        assert report["predictors"]["model"]["info"]["context_policy"] == "both"
+    assert got["--hints"] != got["--no-hints"]  # the hint is in the prompts it was asked for
+    refused = _pingctl("eval", tri_run, *base, "--hints", "-o", tmp_path / "x", ok=False)
+    assert refused.returncode == 2 and "trained without them" in refused.stderr
