@@ -291,6 +291,8 @@ def test_a_hinted_run_keeps_its_hints_and_its_answers_carry_them(hinted_run, tim
     kept = hinted_run / "hints.npz"
     assert kept.read_bytes() == (hinted_run.parent / "hints.npz").read_bytes()
     assert Path(run_config(hinted_run).loader.hints_file).is_absolute()
+    info = json.loads(_pingctl("inspect", hinted_run, "--json").stdout)
+    assert info["hints_kept"] == str(kept.resolve()) and info["hint_share"] == 0.5
     row = pq.read_table(time_split / "test").slice(0, 1).to_pylist()[0]
     s, d, t = row["src_addr"], row["dst_addr"], int(row["event_time"].timestamp())
     asked = ["--src", s, "--dst", d, "--time", t, "--context", time_split / "train", "--context-policy", "both",

@@ -201,6 +201,9 @@ def _print_run(r: dict) -> None:
         ("timestamps / result_last / max_per_pair", f"{fmt(r['timestamps'])} / {r['result_last']:g} / {r['max_per_pair']}"),
         ("train rows", r["train_rows"]),
         ("eval rows", r["eval_rows"]),
+        ("triangulation share / hints", f"{r['triangulation_share']:g} / " + (
+            f"{r['hint_share']:g} of the contexts, kept as {r['hints_kept'] or '- (missing: answers fail)'}"
+            if r["hints_file"] else "-")),
         ("steps done / configured", f"{fmt(None if r['last_step'] is None else r['last_step'] + 1)} / {r['steps_configured']:,}"),
         ("state", state),
         ("tokens seen (packed)", r["tokens_seen"]),

@@ -48,6 +48,11 @@ def describe_run(run: Path) -> dict:
         "max_per_pair": cfg.loader.max_per_pair,
         "train_rows": cfg.train.train_rows,
         "eval_rows": cfg.train.eval_rows,
+        # the estimates its triangulation contexts carried, and the copy its answers read
+        "triangulation_share": cfg.loader.triangulation_share,
+        "hints_file": cfg.loader.hints_file,
+        "hint_share": cfg.loader.hint_share if cfg.loader.hints_file else None,
+        "hints_kept": str(run / R.HINTS) if (run / R.HINTS).is_file() else None,
         "steps_configured": cfg.train.steps,
         "last_step": last,
         # packed sequence slots, padding included: what the step budget bought
