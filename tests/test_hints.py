@@ -119,6 +119,39 @@ def test_hinted_rows_are_grammatical_with_the_query_s_rtt_last(seed, result_last
                 assert _rtt_last(decode(toks))
 
 
+def test_a_twin_is_charged_to_its_record_s_cache_entry():
+    """The record cache stays within its bytes with hints on: a twin built for a cached record
+    counts against that record's entry, so an older record goes sooner."""
+    from pingctl.loader.record_cache import RecordCache
+    from pingctl.loader.sequences import RecordLengths
+    from pingctl.records.layout import encode as encode_record
+
+    probes, _ = _world(5, n=3000)
+    recs = list(probes.values())[:3]
+    raw = [encode_record(r) for r in recs]
+
+    calls = []
+
+    class Reader:
+        def get(self, rid):
+            calls.append(rid)
+            return raw[rid]
+
+    per_record = max(len(b) + RecordLengths(r, "compact").nbytes for b, r in zip(raw, recs))
+    cache = RecordCache(Reader(), "compact", cache_mb=2.2 * per_record / 1e6)  # room for two records
+    hints = _hints(5)
+    for rid in (0, 1):
+        rec, lengths = cache.get(rid)
+        before = cache.held_bytes
+        twin = hints.twin(rec, lengths, "compact")
+        assert twin is not None and cache.held_bytes > before  # charged
+    assert hints.twin(*cache.get(1), "compact") is twin  # kept with the record: built once
+    # the twins pushed the two records past the budget: the older one went
+    assert cache.held_bytes <= 2.2 * per_record
+    cache.get(0)
+    assert calls == [0, 1, 0]
+
+
 def test_hints_travel_to_workers_by_pickle():
     import pickle
 

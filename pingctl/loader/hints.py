@@ -29,6 +29,7 @@ import numpy as np
 
 from pingctl.coords import LR, MIN_RTT_MS, REFIT_STEPS, place_new
 from pingctl.errors import PingctlError
+from pingctl.loader.record_cache import charge
 from pingctl.loader.sequences import RecordLengths
 from pingctl.records.layout import ProbeRecord
 
@@ -167,5 +168,7 @@ class Hints:
                                rec.dst_addr, rec.dst_v6, rec.part)
             got = (twin, RecordLengths(twin, scheme, prefix=False))
             got[1].memo["has_hint"] = have
+            # the arrays the twin does not share with the record
+            charge(lengths, twin.rtt_ms.nbytes + twin.errors.nbytes + have.nbytes + got[1].nbytes)
         lengths.memo["hint_twin"] = got
         return got

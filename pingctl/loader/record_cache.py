@@ -11,12 +11,14 @@ which reads happen, never a row.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 from pingctl.loader.sequences import RecordLengths
 from pingctl.records.layout import ProbeRecord, decode
 
 CACHE_MB = 256.0  # per process and kind of record (probe, destination)
+CHARGE = "cache_charge"  # RecordLengths.memo key: charge(nbytes) to the record's cache entry
 
 
 class RecordCache:
@@ -29,7 +31,7 @@ class RecordCache:
         self.scheme = scheme
         self.prefix = prefix  # RecordLengths' prefix sums: what windows of plain contexts read
         self.cache_bytes = int(cache_mb * 1e6)
-        self._cache: OrderedDict[int, tuple[ProbeRecord, RecordLengths, int]] = OrderedDict()
+        self._cache: OrderedDict[int, list] = OrderedDict()  # id -> [record, RecordLengths, bytes held]
         self._held = 0
         self.reads = 0
 
@@ -46,8 +48,34 @@ class RecordCache:
         rec = decode(raw)
         lengths = RecordLengths(rec, self.scheme, self.prefix)
         size = len(raw) + lengths.nbytes
-        self._cache[rid] = (rec, lengths, size)
+        # what other modules later derive from the record and keep with it (a hints twin) is
+        # charged to its entry through the memo, so the cache stays within its bytes
+        lengths.memo[CHARGE] = functools.partial(self._charge, rid)
+        self._cache[rid] = [rec, lengths, size]
         self._held += size
+        self._evict()
+        return rec, lengths
+
+    def _charge(self, rid: int, nbytes: int) -> None:
+        got = self._cache.get(rid)
+        if got is not None:
+            got[2] += nbytes
+            self._held += nbytes
+            self._evict()
+
+    def _evict(self) -> None:
+        """Least recently used out past the budget; the newest entry stays whatever its size."""
         while self._held > self.cache_bytes and len(self._cache) > 1:
             self._held -= self._cache.popitem(last=False)[1][2]
-        return rec, lengths
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+
+def charge(lengths: RecordLengths, nbytes: int) -> None:
+    """Count `nbytes` derived from a record (kept in `lengths.memo`) against the cache holding it,
+    if one does."""
+    got = lengths.memo.get(CHARGE)
+    if got is not None:
+        got(nbytes)
