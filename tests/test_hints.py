@@ -384,3 +384,6 @@ def test_eval_asks_a_hinted_run_with_hints_unless_told_not_to(hinted_run, tri_ru
     assert got["--hints"] != got["--no-hints"]  # the hint is in the prompts it was asked for
     refused = _pingctl("eval", tri_run, *base, "--hints", "-o", tmp_path / "x", ok=False)
     assert refused.returncode == 2 and "trained without them" in refused.stderr
+    probe = ["--train", time_split / "train", "--test", time_split / "test", "--context-policy", "probe"]
+    refused = _pingctl("eval", hinted_run, *probe, "--hints", "-o", tmp_path / "y", ok=False)
+    assert refused.returncode == 2 and "`both` prompts" in refused.stderr

@@ -105,6 +105,9 @@ def evaluate(
     if context_dst is not None and context_policy not in ("both", "fair"):
         raise UsageError(f"--context-dst is the destination side of --context-policy both (this eval: {context_policy})")
     context_per_pair, context_dst = cfg.context_per_pair, cfg.context_dst
+    if hints and context_policy not in ("both", "fair"):
+        raise UsageError(f"--hints go into `both` prompts (--context-policy both, or fair with --regimes); "
+                         f"this eval's are {context_policy}")
     if recalibration is not None and regimes is None:
         raise UsageError("--recalibration chooses the held-out regimes' maps of --regimes; without it, fit a map "
                          "with an eval on val and give it as --calibration")
