@@ -39,8 +39,9 @@ def hints(
         if not len(train["rtt"]):
             raise PingctlError(f"{split}: no rows to fit the embedding on")
         got = fit_hints(train, out, folds=folds, seed=seed,
-                        progress=lambda done, total: report(f"fitting fold {min(done + 1, total)} of {total}", done,
-                                                            total))
+                        progress=lambda done, total: report(
+                            f"fitting the embedding {min(done + 1, total)} of {total} (the folds', then on every pair)",
+                            done, total))
     if as_json:
         emit(got, True)
         return

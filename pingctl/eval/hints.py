@@ -1,13 +1,12 @@
 """Fitting the hints file the loader reads (`pingctl.loader.hints`, docs/loader.md "Hints"), and
-the estimates answers carry.
+the estimates eval's prompts carry.
 
 `fit_hints` cuts the training split's pairs into folds (`loader.hints.fold_of`) and fits one
 `Embedding` per fold on the other folds' pairs, with the eval baseline's settings, so a training
 query's estimate is as good as a held-out pair's; then one on every pair, the eval baseline's own
-fit, which `sample` and the Python API read (`loader.hints.Hints.answer`). `answer_hints` is the estimate a prompt carries
-at answer time: the `embedding` baseline fitted on all of train, an end it never saw placed from
-the prompt (`embedding_refit`).
-"""
+fit, which `sample` and the Python API read (`loader.hints.Hints.answer`). `prompt_hints` is the
+estimate an eval prompt carries: the `embedding` baseline fitted on `--train`, an end it never saw
+placed from the prompt (`embedding_refit`)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from pingctl.atomic import atomic_file
 from pingctl.context import codes_in, vocabulary
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import UsageError
 from pingctl.eval.baselines import column, refit_prediction
 from pingctl.eval.embedding import Embedding, pair_medians
 from pingctl.loader.hints import KEY_BYTES, fold_of
@@ -44,24 +43,20 @@ def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, p
     pa_, pb_, med = pair_medians(a, b, rtt, n)
     pair_fold = fold_of(pa_, pb_, folds)
     x, h, trained, scale, info, err = [], [], [], [], [], []
-    for k in range(folds):
-        progress(k, folds)
-        keep = f != k
+    # the folds' fits, then the answer-time one on every pair (what a prompt of a pair train never saw carries)
+    for i, k in enumerate([*range(folds), None]):
+        progress(i, folds + 1)
+        keep = slice(None) if k is None else f != k
         e = Embedding(seed=seed).fit_codes(a[keep], b[keep], rtt[keep], n)
         x.append(e.x)
         h.append(e.h)
         trained.append(e.trained)
         scale.append(e.scale)
-        info.append(e.fit_info)
-        held = pair_fold == k  # the pairs this fit never saw, whose estimates it gives
-        err.append(np.abs(e.distance(pa_[held], pb_[held]) - med[held]) / np.maximum(med[held], e.min_rtt_ms))
-    # the answer-time fit, on every pair: what a prompt of a pair train never saw carries
-    e = Embedding(seed=seed).fit_codes(a, b, rtt, n)
-    x.append(e.x)
-    h.append(e.h)
-    trained.append(e.trained)
-    scale.append(e.scale)
-    progress(folds, folds)
+        if k is not None:
+            info.append(e.fit_info)
+            held = pair_fold == k  # the pairs this fit never saw, whose estimates it gives
+            err.append(np.abs(e.distance(pa_[held], pb_[held]) - med[held]) / np.maximum(med[held], e.min_rtt_ms))
+    progress(folds + 1, folds + 1)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as tmp:
@@ -76,20 +71,13 @@ def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, p
             "estimated_share": float(np.isfinite(np.concatenate(err)).mean()) if len(med) else None}
 
 
-def answer_hints(embedding: Embedding, fallback, pool: dict, test: dict, contexts) -> np.ndarray:
-    """The estimate (ms) each query's prompt carries: both ends known to `embedding` (fitted on
-    all of train), its distance; one end new, that end placed from the prompt; else NaN (no
-    hint). `fallback`: a Prediction for `test` (its median is not used as a hint)."""
-    return refit_prediction(embedding, pool, test, contexts, fallback).info["raw_median"]
-
-
 def hinted(trained, policy: str, use: bool | None = None) -> bool:
     """Whether prompts of `policy` carry hints: `use` None: when the run was trained with them
     (`loader.hints_file`), in `both` prompts, the only ones it was trained with them in (a
     pair-history prompt holds the pair already)."""
     if use is False or policy != "both":
         return False
-    trained_with = bool(trained.loader.hints_file) and trained.loader.triangulation_share > 0
+    trained_with = bool(trained.loader.hints_file)  # the config refuses hints without triangulation
     if use and not trained_with:
         raise UsageError("--hints: this run was trained without them (loader.hints_file); its prompts have no "
                          "place for an estimate")
@@ -97,11 +85,11 @@ def hinted(trained, policy: str, use: bool | None = None) -> bool:
 
 
 def prompt_hints(trained, fitted: dict, policy: str, use: bool | None = None):
-    """What `eval.model.predict` takes as `hints` for prompts of `policy` (`hinted`), or None."""
+    """What `eval.model.predict` takes as `hints` for prompts of `policy` (`hinted`), or None:
+    per query, the `embedding` baseline's distance where it placed both ends (fitted on all of
+    train), one new end placed from the prompt (`embedding_refit`), else NaN (no hint)."""
     if not hinted(trained, policy, use):
         return None
-    if "embedding" not in fitted:
-        raise PingctlError("the run was trained with hints (loader.hints_file), which its prompts need the "
-                           "embedding baseline for; keep it among the fitted baselines")
     embedding, glob = fitted["embedding"], fitted["global_median"]
-    return lambda pool, queries, contexts: answer_hints(embedding, glob.predict(queries), pool, queries, contexts)
+    return lambda pool, queries, contexts: refit_prediction(embedding, pool, queries, contexts,
+                                                           glob.predict(queries)).info["raw_median"]

@@ -28,7 +28,7 @@ def _load(path: str, _mtime_ns: int) -> Hints:
 def run_hints(run: Path | str) -> Hints | None:
     """The hints a model directory's answers carry, or None (trained without them)."""
     cfg = run_config(run)
-    if not cfg.loader.hints_file or cfg.loader.triangulation_share <= 0:
+    if not cfg.loader.hints_file:
         return None
     path = Path(run) / HINTS
     if not path.is_file():
@@ -37,10 +37,10 @@ def run_hints(run: Path | str) -> Hints | None:
     return _load(str(path.resolve()), path.stat().st_mtime_ns)
 
 
-def hint(model, src: str, dst: str, context: Measurements | None) -> tuple[np.ndarray, float | None]:
+def hint(hints: Hints | None, src: str, dst: str, context: Measurements | None) -> tuple[np.ndarray, float | None]:
     """(the hint's tokens, its estimate in ms) for src -> dst after `context`, the prompt's
-    measurements; (no tokens, None) for a run without hints or where no estimate can be made."""
-    hints = run_hints(model.run)
+    measurements; (no tokens, None) without `hints` (`run_hints`: a run trained without them)
+    or where no estimate can be made."""
     if hints is None:
         return NONE, None
     peers = [] if context is None else list(zip(context.src_text(), context.dst_text(), context.rtt_ms.tolist()))

@@ -377,9 +377,10 @@ def prompts(model, pairs: Pairs, ctx=None, per_pair: int = 0, prb: np.ndarray | 
         per_pair = 0  # capped when they were picked; the prompt keeps every one
     else:
         ctxs = contexts(pairs, ctx, distinct, prb=prb)
+    hints = H.run_hints(model.run) if policy == "both" else None  # read once for the table
     out, n_ctx = [], []
     for c, i in zip(ctxs, distinct):
-        hint = H.hint(model, pairs.src[i], pairs.dst[i], c)[0] if policy == "both" else H.NONE
+        hint = H.hint(hints, pairs.src[i], pairs.dst[i], c)[0]
         tokens, last_t = Q.context_tokens(model, c, budget - len(hint), per_pair, timed=timed)
         n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
         tokens = np.concatenate([tokens, hint]) if len(hint) else tokens  # just before the query

@@ -445,7 +445,7 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
     ctx_tokens, last_t = np.zeros(0, np.int32), None
     hint_tokens, estimate = H.NONE, None
     if q.context_policy == "both" and isinstance(q, RttQuestion):
-        hint_tokens, estimate = H.hint(model, q.src, q.dst, context)
+        hint_tokens, estimate = H.hint(H.run_hints(model.run), q.src, q.dst, context)
     if context is not None:
         per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair
         # a `both` context was capped per pair when it was picked (probe_context)

@@ -13,7 +13,7 @@ on train than on a held-out pair. At answer time the embedding fitted on all of 
 estimate (eval: the `embedding` baseline, `embedding_refit` for an end train never saw).
 
 The file (HINTS.npz, written by `pingctl.eval.hints.fit_hints`, read here): `keys` (n, 17) uint8,
-each address's `address_key`; `x` (folds + 1, n, dims) points; `h` (folds + 1, n) heights;
+each address's `records.layout.address_key`; `x` (folds + 1, n, dims) points; `h` (folds + 1, n) heights;
 `trained` (folds + 1, n) bool (the node had a measured pair in that fit); `scale` (folds + 1,)
 ms per unit. Fits 0..folds-1 are the folds'; the last is fitted on every pair, the estimate
 `answer` gives (eval's `embedding` baseline is the same fit), with an end it never saw placed
@@ -31,9 +31,10 @@ from pingctl.coords import LR, MIN_RTT_MS, REFIT_STEPS, place_new
 from pingctl.errors import PingctlError
 from pingctl.loader.record_cache import charge
 from pingctl.loader.sequences import RecordLengths
-from pingctl.records.layout import ProbeRecord
+from pingctl.records.layout import ProbeRecord, address_key
+from pingctl.schema.addresses import packed_address
 
-KEY_BYTES = 17  # `triangulation.address_key`: 16 address bytes and the family
+KEY_BYTES = 17  # `records.layout.address_key`: 16 address bytes and the family
 
 
 def fold_of(a: np.ndarray, b: np.ndarray, folds: int) -> np.ndarray:
@@ -91,8 +92,7 @@ class Hints:
 
     def codes(self, addr: np.ndarray, v6: np.ndarray) -> np.ndarray:
         """Node code of each address of an address table (-1: not in the fit)."""
-        return np.array([self._code.get(bytes(a) + (b"\1" if f else b"\0"), -1)
-                         for a, f in zip(np.asarray(addr, np.uint8), v6)], np.int64)
+        return np.array([self._code.get(address_key(a, f), -1) for a, f in zip(addr, v6)], np.int64)
 
     def estimate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Cross-fitted RTT estimate (ms) for node-code pairs: from the fold that never saw the
@@ -109,14 +109,8 @@ class Hints:
 
     def key_code(self, address: str) -> int:
         """Node code of one address string (-1: not in the fit, or not an address)."""
-        import ipaddress
-
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return -1
-        key = ip.packed.ljust(16, b"\0") + (b"\1" if ip.version == 6 else b"\0")
-        return self._code.get(key, -1)
+        packed = packed_address(address)
+        return -1 if packed is None else self._code.get(address_key(np.frombuffer(packed[0], np.uint8), packed[1]), -1)
 
     def answer(self, src: str, dst: str, peers: list[tuple[str, str, float]] = ()) -> float:
         """The estimate (ms) an answer's prompt carries for src -> dst: the every-pair fit's

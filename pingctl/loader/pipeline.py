@@ -146,11 +146,11 @@ def triangulation(rows_dir: Path, manifest: dict, cfg: LoaderConfig, scheme: str
                   ) -> tuple[Triangulation, DestinationReader | None]:
     """The triangulation settings and the destination records they read (None when off):
     those `build-rows --by both` put beside the probe rows."""
-    hints = Hints.load(cfg.hints_file, cfg.hint_share) if cfg.hints_file and cfg.triangulation_share > 0 else None
+    if cfg.triangulation_share <= 0:
+        return NO_TRIANGULATION, None
+    hints = Hints.load(cfg.hints_file, cfg.hint_share) if cfg.hints_file else None
     tri = Triangulation(cfg.triangulation_share, cfg.triangulation_k_src, cfg.triangulation_k_dst,
                         cfg.triangulation_per_pair, hints)
-    if tri.share <= 0:
-        return NO_TRIANGULATION, None
     if manifest.get("by") == "destination":
         raise PingctlError(f"{rows_dir}: destination records; triangulation contexts (loader.triangulation_share) "
                            "draw their queries from probe rows: give the probe rows built with --by both")

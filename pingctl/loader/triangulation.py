@@ -47,7 +47,7 @@ from pingctl.loader.sequences import (FILL_RETRIES, FULL, MAX_CONTEXTS_PER_ROW, 
                                       plan_inputs, time_lengths)
 from pingctl.loader.hints import Hints
 from pingctl.loader.record_cache import CACHE_MB, RecordCache
-from pingctl.records.layout import ProbeRecord
+from pingctl.records.layout import ProbeRecord, address_key
 from pingctl.tokenizer import Measurements
 from pingctl.tokenizer.compact import ABS, TIME_LEN
 from pingctl.tokenizer.measurements import parse_addresses
@@ -95,11 +95,6 @@ class DestinationIndex:
         ids, t0 = got
         k = bisect_left(t0, t) - 1
         return ids[k] if k >= 0 else None
-
-
-def address_key(addr: np.ndarray, v6) -> bytes:
-    """An address as a dict key: its 16 bytes and its family."""
-    return bytes(np.asarray(addr, np.uint8)) + (b"\1" if v6 else b"\0")
 
 
 def _address_keys(rec: ProbeRecord, lengths: RecordLengths, table: str) -> list[bytes]:

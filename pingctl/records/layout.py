@@ -63,6 +63,11 @@ class ProbeRecord:
         return int(self.time_s.shape[0])
 
 
+def address_key(addr, v6) -> bytes:
+    """An address as a dict key: its 16 bytes (as the address tables hold them) and its family."""
+    return bytes(np.asarray(addr, np.uint8)) + (b"\1" if v6 else b"\0")
+
+
 def _pad8(n: int) -> int:
     return -n % 8
 
