@@ -29,7 +29,9 @@ LOSS_PLOT = "loss.png"
 SUMMARY = "summary.json"
 STOPPED = "stopped.json"  # the worker writes it when train.max_minutes ended the run
 INPUT_WAIT = "input_wait.json"  # the worker writes it: how long its train steps waited for their batches
-HINTS = "hints.npz"  # `train` copies loader.hints_file here: the estimates its answers' prompts carry
+# `train` copies loader.hints_file here: the estimates its answers' prompts carry; an export
+# keeps it under the same name, so `infer.hints.run_hints` reads either
+HINTS = export.HINTS
 MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
 COMMITTED = "commit_success.txt"  # Orbax's marker of a checkpoint written whole
 LIGHT_CACHE = ".light"  # the light engine's weights, converted from the checkpoints (pingctl.infer.light_weights)

@@ -381,9 +381,9 @@ def prompts(model, pairs: Pairs, ctx=None, per_pair: int = 0, prb: np.ndarray | 
     out, n_ctx = [], []
     for c, i in zip(ctxs, distinct):
         hint = H.hint(hints, pairs.src[i], pairs.dst[i], c)[0]
-        tokens, last_t = Q.context_tokens(model, c, budget - len(hint), per_pair, timed=timed)
-        n_ctx.append(int((tokens == 0).sum()))  # one MeasurementStart (id 0) per context measurement
-        tokens = np.concatenate([tokens, hint]) if len(hint) else tokens  # just before the query
+        tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed, hint=hint)
+        # one MeasurementStart (id 0) per context measurement, the hint after them not counted
+        n_ctx.append(int((tokens[: len(tokens) - len(hint)] == 0).sum()))
         out.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
     return Prompts(pairs, out, n_ctx)
 

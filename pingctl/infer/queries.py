@@ -51,12 +51,22 @@ def check_per_pair(per_pair: int | None) -> None:
 
 
 def context_tokens(model, context: Measurements | None, budget: int, per_pair: int = 0,
-                   timed: bool = True) -> tuple[np.ndarray, int | None]:
+                   timed: bool = True, hint: np.ndarray | None = None) -> tuple[np.ndarray, int | None]:
     """The most recent context measurements that fit `budget` tokens, time-ordered, every one
     timestamped (the *full* training mode) or, with `timed=False`, none (the *none* mode, for
     a run trained without timestamps); returns (tokens, last timestamp or None). With
     `per_pair`, only the most recent `per_pair` measurements of each (src, dst) pair are kept
-    first, as `loader.max_per_pair` shapes training contexts."""
+    first, as `loader.max_per_pair` shapes training contexts. A `hint` (`hint_tokens`) takes
+    its room from `budget` and goes after the measurements, just before the query, as
+    `loader.hints_file` trains it."""
+    if hint is None or not len(hint):
+        return _recent_tokens(context, budget, per_pair, timed)
+    tokens, last_t = _recent_tokens(context, budget - len(hint), per_pair, timed)
+    return np.concatenate([tokens, hint]), last_t
+
+
+def _recent_tokens(context: Measurements | None, budget: int, per_pair: int, timed: bool
+                   ) -> tuple[np.ndarray, int | None]:
     if context is None or len(context) == 0:
         return np.zeros(0, np.int32), None
     order = np.argsort(context.time_s, kind="stable")

@@ -442,19 +442,18 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
     result: dict = {"mode": q.mode, "run": str(model.run if run is None else run), "step": model.step,
                     "steps": list(model.steps), "timestamps": model.timestamps, "device": model.device,
                     "engine": getattr(model, "engine", "maxtext")}
-    ctx_tokens, last_t = np.zeros(0, np.int32), None
     hint_tokens, estimate = H.NONE, None
     if q.context_policy == "both" and isinstance(q, RttQuestion):
         hint_tokens, estimate = H.hint(H.run_hints(model.run), q.src, q.dst, context)
+    per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair
+    # a `both` context was capped per pair when it was picked (probe_context)
+    ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64,
+                                          0 if q.context_policy == "both" else per_pair, timed=model.timestamps,
+                                          hint=hint_tokens)
     if context is not None:
-        per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair
-        # a `both` context was capped per pair when it was picked (probe_context)
-        ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64 - len(hint_tokens),
-                                              0 if q.context_policy == "both" else per_pair, timed=model.timestamps)
         result["context_per_pair"] = per_pair
         result["context_rows"] = context_read
-    if len(hint_tokens):  # just before the query, as the run was trained
-        ctx_tokens = np.concatenate([ctx_tokens, hint_tokens])
+    if estimate is not None:
         result["hint_ms"] = estimate
     result["context_tokens"] = int(len(ctx_tokens))
     if q.context_policy == "both":

@@ -120,9 +120,8 @@ def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.nd
         at = np.searchsorted(used, prev)
         ctx = held.take(at) if len(prev) else None
         hint = (Q.hint_tokens(str(test["src"][i]), str(test["dst"][i]), hints[k])
-                if hints is not None and np.isfinite(hints[k]) else np.zeros(0, np.int32))
-        ctx_tok, last_t = Q.context_tokens(model, ctx, budget - len(hint), timed=timed)
-        ctx_tok = np.concatenate([ctx_tok, hint]) if len(hint) else ctx_tok
+                if hints is not None and np.isfinite(hints[k]) else None)
+        ctx_tok, last_t = Q.context_tokens(model, ctx, budget, timed=timed, hint=hint)
         q = queries.take(np.array([k]))
         ref = Measurements.concat([held.take(at[-1:]), q]) if last_t is not None else q
         enc = encode(ref, "compact", order=ORDER)

@@ -29,7 +29,7 @@ import numpy as np
 
 from pingctl.coords import LR, MIN_RTT_MS, REFIT_STEPS, place_new
 from pingctl.errors import PingctlError
-from pingctl.loader.record_cache import charge
+from pingctl.loader.record_cache import address_keys, charge
 from pingctl.loader.sequences import RecordLengths
 from pingctl.records.layout import ProbeRecord, address_key
 from pingctl.schema.addresses import packed_address
@@ -92,7 +92,11 @@ class Hints:
 
     def codes(self, addr: np.ndarray, v6: np.ndarray) -> np.ndarray:
         """Node code of each address of an address table (-1: not in the fit)."""
-        return np.array([self._code.get(address_key(a, f), -1) for a, f in zip(addr, v6)], np.int64)
+        return self.key_codes([address_key(a, f) for a, f in zip(addr, v6)])
+
+    def key_codes(self, keys: list[bytes]) -> np.ndarray:
+        """Node code of each `address_key` (-1: not in the fit)."""
+        return np.array([self._code.get(k, -1) for k in keys], np.int64)
 
     def estimate(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Cross-fitted RTT estimate (ms) for node-code pairs: from the fold that never saw the
@@ -151,8 +155,8 @@ class Hints:
         got = lengths.memo.get("hint_twin", False)
         if got is not False:
             return got
-        src = self.codes(rec.src_addr, rec.src_v6)[rec.src_idx]
-        dst = self.codes(rec.dst_addr, rec.dst_v6)[rec.dst_idx]
+        src = self.key_codes(address_keys(rec, lengths, "src"))[rec.src_idx]
+        dst = self.key_codes(address_keys(rec, lengths, "dst"))[rec.dst_idx]
         est = self.estimate(src, dst)
         have = np.isfinite(est)
         got = None

@@ -15,7 +15,7 @@ import functools
 from collections import OrderedDict
 
 from pingctl.loader.sequences import RecordLengths
-from pingctl.records.layout import ProbeRecord, decode
+from pingctl.records.layout import ProbeRecord, address_key, decode
 
 CACHE_MB = 256.0  # per process and kind of record (probe, destination)
 CHARGE = "cache_charge"  # RecordLengths.memo key: charge(nbytes) to the record's cache entry
@@ -79,3 +79,14 @@ def charge(lengths: RecordLengths, nbytes: int) -> None:
     got = lengths.memo.get(CHARGE)
     if got is not None:
         got(nbytes)
+
+
+def address_keys(rec: ProbeRecord, lengths: RecordLengths, table: str) -> list[bytes]:
+    """`address_key` of every entry of a record's source or destination table, kept with the
+    record (`RecordLengths.memo`): triangulation asks for them once per candidate, hints once
+    per record."""
+    got = lengths.memo.get(table)
+    if got is None:
+        addr, v6 = (rec.src_addr, rec.src_v6) if table == "src" else (rec.dst_addr, rec.dst_v6)
+        got = lengths.memo[table] = [address_key(a, f) for a, f in zip(addr, v6)]
+    return got

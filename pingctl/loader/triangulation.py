@@ -46,7 +46,7 @@ from pingctl.loader.sequences import (FILL_RETRIES, FULL, MAX_CONTEXTS_PER_ROW, 
                                       measurements_of, min_measurement_tokens, mode_cdf, orders_ending_in_rtt, pack,
                                       plan_inputs, time_lengths)
 from pingctl.loader.hints import Hints
-from pingctl.loader.record_cache import CACHE_MB, RecordCache
+from pingctl.loader.record_cache import CACHE_MB, RecordCache, address_keys
 from pingctl.records.layout import ProbeRecord, address_key
 from pingctl.tokenizer import Measurements
 from pingctl.tokenizer.compact import ABS, TIME_LEN
@@ -97,22 +97,12 @@ class DestinationIndex:
         return ids[k] if k >= 0 else None
 
 
-def _address_keys(rec: ProbeRecord, lengths: RecordLengths, table: str) -> list[bytes]:
-    """`address_key` of every entry of a record's source or destination table, kept with the
-    record (`RecordLengths.memo`): an element asks for them once per candidate."""
-    got = lengths.memo.get(table)
-    if got is None:
-        addr, v6 = (rec.src_addr, rec.src_v6) if table == "src" else (rec.dst_addr, rec.dst_v6)
-        got = lengths.memo[table] = [address_key(a, f) for a, f in zip(addr, v6)]
-    return got
-
-
 def _source_index(rec: ProbeRecord, lengths: RecordLengths) -> dict[bytes, int]:
     """`address_key` -> its first index in the record's source table, kept with the record."""
     got = lengths.memo.get("source_index")
     if got is None:
         got = lengths.memo["source_index"] = {}
-        for i, key in enumerate(_address_keys(rec, lengths, "src")):
+        for i, key in enumerate(address_keys(rec, lengths, "src")):
             got.setdefault(key, i)
     return got
 
@@ -302,7 +292,7 @@ def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndar
     k_src, k_dst = qs.k_src[sel], qs.k_dst[sel]
     # per candidate with a destination side: its destination record (joining `records`)
     drec_of = np.zeros(m, np.int64)
-    dst_keys = _address_keys(rec, records.items[0][1], "dst")
+    dst_keys = address_keys(rec, records.items[0][1], "dst")
     wanted = np.flatnonzero(k_dst)
     for c, j, t in zip(wanted.tolist(), dst_i[wanted].tolist(), t_q[wanted].tolist()):
         got = destination(dst_keys[j], t)
@@ -313,7 +303,7 @@ def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndar
     # many other ends a side can find
     d = np.flatnonzero(drec_of)
     d = d[np.argsort(drec_of[d], kind="stable")]
-    src_keys = _address_keys(rec, records.items[0][1], "src")
+    src_keys = address_keys(rec, records.items[0][1], "src")
     other = np.array([records.source(r, src_keys[s]) for r, s in zip(drec_of[d].tolist(), src_i[d].tolist())],
                      np.int64)
     which = np.concatenate([np.zeros(m, np.int64), drec_of[d]])
