@@ -3,9 +3,10 @@
 second bytes from a key-value cache, on the `tiny` and `mini` architectures, and the same
 answers from the trained fixture; and the engine chosen where JAX is not installed.
 
-Tolerances: log-probabilities within 1e-4 between engines (the issue's float32 bound; today
-~1e-5 on `tiny`, ~6e-5 on `mini` with random weights: XLA and NumPy sum in different orders),
-1e-5 between the NumPy engine's own cached and whole-sequence paths.
+Tolerances: float32's bound for the architecture, the length and the magnitude of the numbers
+(tests/tolerance.py), between the engines and between the NumPy engine's own cached and
+whole-sequence paths alike: each sums in its own order, and so does one engine on another CPU.
+Exact only where the same computation runs twice on the same inputs.
 """
 
 import json
@@ -16,10 +17,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.test_light_engine import VOCAB, _batch, _keys, _random_tensors
+from tests.test_light_engine import SEQ, VOCAB, _batch, _keys, _random_tensors
+from tests.tolerance import assert_log_probs_close, assert_probs_close, assert_within, log_prob_tol, model_log_tol
 
-F32_TOL = 1e-4
-SAME_ENGINE_TOL = 1e-5
 PRESETS = ("tiny", "mini")
 
 
@@ -51,8 +51,9 @@ def test_the_numpy_decoder_is_the_jax_one(preset):
     got = light_numpy.decoder(pn, tok, pos, seg, arch)
     assert got.dtype == np.float32 and got.shape == want.shape
     live = seg > 0
-    assert np.abs(got - want)[live].max() < F32_TOL
-    # keys and values for a cache: those of the same pass, at every live position
+    assert_log_probs_close(got[live], want[live], arch, SEQ, preset)
+    # keys and values for a cache: those of the same pass, at every live position (the same
+    # operations on the same inputs as the call above: equal to the bit)
     lp, (keys, values) = light_numpy.decoder(pn, tok, pos, seg, arch, want_kv=True)
     assert np.array_equal(lp, got) and keys.shape == (arch.layers, *tok.shape, arch.kv_heads, arch.head_dim)
 
@@ -79,11 +80,28 @@ def test_second_bytes_from_the_cache_are_the_jax_engine_s(preset):
         assert g.shape == (len(c), VOCAB)
         if not len(c):
             continue
-        assert np.abs(g - w).max() < F32_TOL
+        assert_log_probs_close(g, w, arch, SEQ, "numpy cache against jax cache")
         seqs = np.concatenate([np.broadcast_to(f, (len(c), len(f))), 11 + c[:, None]], axis=1).astype(np.int32)
         whole = light_numpy.decoder(pn, seqs, np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape),
                                     np.ones_like(seqs), arch)[:, -1]
-        assert np.abs(g - whole).max() < SAME_ENGINE_TOL
+        assert_log_probs_close(g, whole, arch, SEQ, "numpy cache against numpy whole sequences")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_float32_bound_still_sees_half_precision(preset):
+    """The bound the engines are held to is no blanket: the NumPy engine on the same weights
+    rounded to float16 (a model computed at half precision) is far outside it."""
+    import jax
+
+    from pingctl.infer import light, light_numpy
+
+    arch, pj, _ = _engines(preset)
+    half = {k: v.astype(np.float16).astype(np.float32) for k, v in _random_tensors(arch).items()}
+    tok, pos, seg = _batch(np.random.default_rng(1))
+    want = np.asarray(jax.jit(lambda p, *x: light.decoder(p, *x, arch))(pj, tok, pos, seg))
+    got = light_numpy.decoder(light_numpy.prepare(arch, half), tok, pos, seg, arch)
+    live = seg > 0
+    assert np.abs(got - want)[live].max() > 10 * log_prob_tol(arch, SEQ, want[live])
 
 
 def test_a_session_keeps_each_prompt_s_cache(monkeypatch):
@@ -112,8 +130,11 @@ def test_a_session_keeps_each_prompt_s_cache(monkeypatch):
     assert prefilled == [1]
     fresh = light_numpy_kv.SecondBytes(arch, pn, byte0=11).log_probs(firsts, c)
     for g, f in zip(got, fresh):
-        assert np.abs(g - f).max() < SAME_ENGINE_TOL
-    assert np.array_equal(got_again[0], got[2]) and np.array_equal(got_again[1], got[0])
+        assert_log_probs_close(g, f, arch, SEQ, "a session against a fresh cache")
+    # the same caches, read in a decode step of other rows: a matmul of another height, for
+    # which a BLAS may pick another kernel, so equal to float32 rounding rather than to the bit
+    assert_log_probs_close(got_again[0], got[2], arch, SEQ, "prompt 2 read again")
+    assert_log_probs_close(got_again[1], got[0], arch, SEQ, "prompt 0 read again")
 
 
 # ----------------------------------------------------------------- the trained fixture
@@ -139,18 +160,22 @@ def test_answers_are_the_light_engine_s(tiny_run, pair, synth_rows):
     for k in (4, 24):
         ctx, _ = Q.context_tokens(lt, rows.take(np.arange(10 * k, 11 * k)), 240, timed=False)
         prompts.append(Q.query_prefix(src[250 + k], dst[250 + k], None, ctx, None))
+    tol = model_log_tol(lt, [np.append(p, Q.C.RttStart).astype(np.int32) for p in prompts])
+    # P(failure) and each code's probability are made of two log-probabilities each (failure
+    # against RttStart, first byte and second byte)
     for a, b in zip(Q.rtt_distributions(lt, prompts), Q.rtt_distributions(npy, prompts)):
-        assert abs(a.p_fail - b.p_fail) < 1e-6 and np.abs(a.probs - b.probs).max() < 1e-6
+        assert_probs_close([b.p_fail], [a.p_fail], 2 * tol, "p_fail")
+        assert_probs_close(b.probs, a.probs, 2 * tol, "probs")
     assert isinstance(npy._kv, light_numpy_kv.SecondBytes)  # 256 candidates a prompt: the cache ran
     points = np.linspace(1.0, 300.0, len(prompts))
     for a, b in zip(Q.rtt_distributions_at(lt, prompts, points=points),
                     Q.rtt_distributions_at(npy, prompts, points=points)):
         live = (a.probs > 0) | (b.probs > 0)
-        assert np.abs(np.log(a.probs[live]) - np.log(b.probs[live])).max() < F32_TOL
+        assert_within(np.log(b.probs[live]), np.log(a.probs[live]), 2 * tol, "lazy reads")
         assert [a.quantile(q) for q in Q.QUANTILES] == [b.quantile(q) for q in Q.QUANTILES]
     fulls = [np.concatenate([p, [Q.C.RttStart, Q.BYTE0 + 3, Q.BYTE0 + 7]]).astype(np.int32) for p in prompts]
     for s, t in zip(teacher_forced_kept(lt, prompts, fulls)[2], teacher_forced_kept(npy, prompts, fulls)[2]):
-        assert np.abs(s - t).max() < F32_TOL
+        assert_within(t, s, tol, "teacher-forced scores")
 
 
 def _without_jax(code: str, env_engine: str | None = None) -> subprocess.CompletedProcess:
@@ -184,18 +209,19 @@ def test_without_jax_the_numpy_engine_answers(tiny_run, pair):
     assert json.loads(out.stdout)["engine"] == "numpy"
     out = _without_jax(cli, env_engine="light")
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert "jax is not installed; pip install 'pingctl[infer]'" in out.stdout + out.stderr
+    assert "jax is not installed; pip install " in out.stdout + out.stderr and "[infer]" in out.stderr
 
 
 @pytest.mark.slow
 def test_the_service_warm_up_on_the_numpy_engine_asks_no_context_levels(tiny_run):
     """`pingctl serve`'s warm-up exists to compile shapes; the NumPy engine compiles none, so it
-    asks the questions without context only (6 calls), where the light engine climbs every
-    context level up to a full prompt."""
+    asks the questions without context only (one pair and a full batch, exact and not; a
+    completion, a search and a scoring: 7 calls), where the light engine climbs every context
+    level up to a full prompt."""
     from pingctl.api import Model
     from pingctl.serve import warmup as W
 
     npy = Model.load(tiny_run, engine="numpy")
     done = W.warm(npy, 32, npy.metadata()["seq_len"], 32)
-    assert done["calls"] == 6 and done["context_measurements"] == [0], done
+    assert done["calls"] == 7 and done["context_measurements"] == [0], done
     assert len(W.levels(npy.metadata()["seq_len"])) > 2  # what the light engine would have climbed
