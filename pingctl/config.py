@@ -333,8 +333,8 @@ class TrainConfig(Section):
     checkpoint_period: int = Field(50, ge=1, description="save a checkpoint every N steps")
     max_minutes: float | None = Field(
         None, gt=0,
-        description="time bound of one invocation: stop at the first checkpoint committed after this many "
-        "minutes (None = train all steps)",
+        description="time bound of one invocation: after this many minutes, checkpoint the step in progress and "
+        "stop (None = train all steps)",
     )
     log_period: int = Field(10, ge=1, description="MaxText's log period in steps (full metric lines; pingctl flushes TensorBoard events every step)")
     jax_cache_dir: str = Field("~/.cache/pingctl/jax", description="persistent XLA compilation cache")

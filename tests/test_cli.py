@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -47,6 +48,45 @@ def test_every_command_help_has_an_example(path):
     r = runner.invoke(app, [*path, "--help"], terminal_width=200)
     assert r.exit_code == 0
     assert "Example:" in r.output, path
+
+
+def _command(path):
+    cmd = typer.main.get_group(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
+@pytest.mark.parametrize("path", list(_all_commands(app)) + [()], ids=lambda p: " ".join(p) or "pingctl")
+def test_every_bracket_of_a_help_text_prints(path):
+    """Typer reads help as Rich markup, where "[default: eval.queries, 300]" or "[data]" is a
+    style tag and vanishes ("measurements of each side ."): every bracketed note a help text
+    holds (defaults, requirements, extras) prints as written."""
+    cmd = _command(path)
+    texts = [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]
+    wanted = [" ".join(b.split()) for t in texts for b in re.findall(r"\[[^\[\]]*\]", t.replace("\\[", "["))]
+    # wide enough that no word of a help column is cut short ("eval.context_polic…" at 80)
+    r = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    shown = " ".join(r.output.replace("│", " ").split())
+    for b in wanted:
+        # wrapped at a space inside the brackets, the note reads the same once spaces are joined
+        assert b in shown, f"{' '.join(path)} --help lost {b}"
+
+
+def test_help_says_which_commands_need_which_extra():
+    """`pingctl --help` names each command that needs an extra with that extra, and each such
+    command's own --help says it, from the table the commands' checks read."""
+    from pingctl.errors import COMMAND_NEEDS
+
+    shown = " ".join(runner.invoke(app, ["--help"], terminal_width=200).output.replace("│", " ").split())
+    assert "[data]" in shown and "[train] holds everything" in shown
+    for command, (extra, _) in COMMAND_NEEDS.items():
+        listed = shown.split("need an extra:", 1)[1].split(f"[{extra}]", 1)[0]
+        assert command.split(" --")[0] in listed.rsplit(";", 1)[-1], (command, extra, listed)
+        name = command.split()[0]
+        own = " ".join(runner.invoke(app, [name, "--help"], terminal_width=200).output.replace("│", " ").split())
+        assert f"[{extra}]" in own, (command, own[-400:])
 
 
 @pytest.mark.parametrize("args", [

@@ -2,6 +2,11 @@
 
 import json
 import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,10 +57,15 @@ def test_the_export_holds_config_weights_and_card(exported, tiny_run):
     assert net["base_emb_dim"] == 64 and net["base_num_decoder_layers"] == 2 and net["max_target_length"] == 256
     assert not {"grain_train_files", "base_output_directory", "learning_rate"} & set(net)  # the run's, not the net's
     assert config["vocab"]["size"] == net["vocab_size"] and config["loader"]["seq_len"] == 256
-    # run_config reads an export through the config it embeds: what check_run and sample see
-    assert run_config(out) == run_config(tiny_run)
+    # run_config reads an export through the config it embeds: what check_run and sample see, the
+    # run's own paths named by their last two parts (an export is shared)
+    run_cfg = run_config(tiny_run)
+    shared = {k: EX.shown_path(getattr(run_cfg.train, k)) for k in ("run_dir", "train_rows")}
+    assert run_config(out) == run_cfg.model_copy(update={"train": run_cfg.train.model_copy(update=shared)})
+    assert config["source"]["run"] == EX.shown_path(tiny_run) == "synthrows/tiny-run"
     card = (out / "README.md").read_text()
     assert "preset `tiny`" in card and "| step | train loss" in card and f"step {latest}" in card
+    assert_shareable(out, tiny_run)
 
 
 def test_the_weights_are_the_checkpoints_parameters_as_trained(exported, models):
@@ -104,7 +114,7 @@ def test_inspect_describes_the_export(exported, tiny_run):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["kind"] == "export" and d["preset"] == "tiny" and d["tensors"] == summary["tensors"]
-    assert d["source_run"] == str(tiny_run.resolve()) and d["tensor_dtypes"] == {"F32": summary["tensors"]}
+    assert d["source_run"] == "synthrows/tiny-run" and d["tensor_dtypes"] == {"F32": summary["tensors"]}
     assert d["elements"] == json.loads((out / "config.json").read_text())["weights"]["elements"]
     r = runner.invoke(app, ["inspect", str(out)])
     assert r.exit_code == 0 and "export:" in r.output and "tiny / " in r.output
@@ -185,9 +195,16 @@ def test_an_averaged_export_with_its_calibration(tiny_run, tmp_path):
     assert all(np.array_equal(on_disk[k], a) for k, a in averaged.items())
     # what `sample EXPORT --calibration EXPORT/calibration.json` checks: it fits the export's weights
     shipped = CAL.load(out / "calibration.json")
+    assert shipped.meta["run"] == "synthrows/tiny-run"  # the export names its run by its last two parts
     CAL.check_fits(shipped, out, EX.source_steps(EX.read_config(out)))
     with pytest.raises(UsageError, match="fitted for step"):
         CAL.check_fits(shipped, out, steps[-1:])
+    # the map as `pingctl eval` wrote it (the run's absolute path) fits the export too; another run's not
+    CAL.check_fits(CAL.load(cal), out, steps)
+    other = CAL.Calibration(shipped.knots, {**shipped.meta, "run": "/elsewhere/runs/other"})
+    with pytest.raises(UsageError, match="was fitted for run /elsewhere/runs/other"):
+        CAL.check_fits(other, out, steps)
+    assert_shareable(out, tiny_run, tmp_path)
     # a map of another checkpoint is refused before the export is written
     r = runner.invoke(app, ["export", str(tiny_run), "-o", str(tmp_path / "x"), "--calibration", str(cal)])
     assert r.exit_code == 2 and "fitted for step(s)" in r.output and not (tmp_path / "x").exists()
@@ -233,6 +250,11 @@ DAMAGED_CONFIGS = [
     (lambda c: c["vocab"].update(size=12), "vocab.size 12 differs from architecture.maxtext.vocab_size"),
     (lambda c: c["weights"].update(file="other.bin"), "field weights.file"),
     (lambda c: c.update(hidden_size=4096), "hidden_size 4096 differs from architecture.maxtext.base_emb_dim"),
+    # copies of keys the run's maxtext.yml leaves to MaxText's base.yml, and of mlp_activations
+    (lambda c: c.update(rms_norm_eps=0.1),
+     "rms_norm_eps 0.1 differs from architecture.maxtext.normalization_layer_epsilon (not stated: MaxText's default)"),
+    (lambda c: c.update(rope_theta=500000), "rope_theta 500000 differs from architecture.maxtext.rope_max_timescale"),
+    (lambda c: c.update(hidden_act="relu"), "hidden_act 'relu' differs from architecture.maxtext.mlp_activations"),
 ]
 
 
@@ -246,6 +268,37 @@ def test_a_damaged_config_json_is_named_field_by_field(exported, tmp_path, case)
     err = json.loads(r.stdout)["error"]
     assert r.exit_code == 1 and err["kind"] == "input", r.output
     assert "config.json: a damaged export" in err["message"] and needle in err["message"], err["message"]
+
+
+@pytest.mark.parametrize("key, value", [("rms_norm_eps", 0.1), ("rope_theta", 500000), ("hidden_act", "relu")])
+def test_an_edited_hugging_face_key_fails_a_sample_process(exported, tmp_path, pair, key, value):
+    """rms_norm_eps, rope_theta and hidden_act describe the network as the others do; edited alone
+    they once loaded with exit 0 (only keys the run's maxtext.yml states were compared, and
+    hidden_act never): now a `pingctl sample` process exits 1 naming the file and the key."""
+    bad = _damaged_copy(exported[0], tmp_path / "bad", lambda c: c.update({key: value}))
+    proc = subprocess.run([sys.executable, "-m", "pingctl", "sample", str(bad), "--src", pair[0], "--dst", pair[1]],
+                          capture_output=True, text=True, timeout=600)
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{bad / 'config.json'}: a damaged export ({key} " in err, err
+
+
+def test_the_maxtext_defaults_an_export_is_checked_with_are_maxtexts():
+    """A key a run's maxtext.yml leaves out has MaxText's base.yml value: the Hugging Face copies
+    are written and checked against EX.MAXTEXT_DEFAULTS, which must be that file's."""
+    import importlib.util
+
+    import yaml
+
+    from pingctl.artifacts import export as EX
+
+    spec = importlib.util.find_spec("maxtext")
+    if spec is None:
+        pytest.skip("MaxText is not installed")
+    base = next(Path(d) / "configs" / "base.yml" for d in spec.submodule_search_locations
+                if (Path(d) / "configs" / "base.yml").is_file())
+    doc = yaml.safe_load(base.read_text())
+    assert {k: doc[k] for k in EX.MAXTEXT_DEFAULTS} == EX.MAXTEXT_DEFAULTS
 
 
 def test_a_damaged_config_fails_sample_and_model_load_as_input_errors(exported, tmp_path, pair):
@@ -323,6 +376,24 @@ def test_exporting_the_same_run_again_writes_the_same_bytes(tiny_run, exported, 
 _ABSOLUTE = __import__("re").compile(r"(?:^|[\s`'\"(=:])/[A-Za-z0-9_.-]+/")
 
 
+def assert_shareable(export: Path, *paths) -> None:
+    """No file of `export` (nor a member of its .npz files) holds the exporting machine's paths:
+    `paths`, its temporary directory, its home, the working directory; nor, in its text files,
+    any absolute path."""
+    where = {str(p) for p in paths} | {tempfile.gettempdir() + "/", str(Path.home()) + "/", str(Path.cwd())}
+    for f in sorted(export.iterdir()):
+        blobs = [f.read_bytes()]
+        if f.suffix == ".npz":
+            with zipfile.ZipFile(f) as z:
+                blobs += [z.read(n) for n in z.namelist()]
+        for blob in blobs:
+            for p in where:
+                assert p.encode() not in blob, f"{f.name} holds {p}"
+        if f.suffix in (".json", ".md"):
+            hit = _ABSOLUTE.search(f.read_text())
+            assert hit is None, f"{f.name}: {hit and f.read_text()[max(0, hit.start() - 60):hit.end() + 20]}"
+
+
 def _front_matter(card: str) -> tuple[dict, str]:
     import yaml
 
@@ -337,7 +408,7 @@ def test_config_json_reads_as_a_hugging_face_config(exported):
     out = exported[0]
     config = EX.read_config(out)
     net = config["architecture"]["maxtext"]
-    assert config["model_type"] == "pingctl"
+    assert config["model_type"] == "pingctl" and config["architectures"] == ["PingctlForCausalLM"]
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
             config["num_key_value_heads"], config["head_dim"], config["intermediate_size"], config["vocab_size"],
             config["max_position_embeddings"], config["torch_dtype"]) == (
@@ -347,6 +418,7 @@ def test_config_json_reads_as_a_hugging_face_config(exported):
     transformers = pytest.importorskip("transformers")
     hf = transformers.PretrainedConfig.from_pretrained(str(out))
     assert hf.model_type == "pingctl" and hf.hidden_size == net["base_emb_dim"]
+    assert hf.architectures == ["PingctlForCausalLM"]
     assert hf.num_hidden_layers == net["base_num_decoder_layers"]
 
 
@@ -355,10 +427,18 @@ def test_the_model_card_has_front_matter_and_no_absolute_path(exported, tiny_run
     card = (out / "README.md").read_text()
     meta, body = _front_matter(card)
     assert meta["library_name"] == "pingctl" and meta["license"] and "pingctl" in meta["tags"]
+    assert meta["pipeline_tag"] == "time-series-forecasting"
+    # the rows' manifest leads back to `pingctl synth`'s output (a tree renamed whole still does)
+    assert meta["datasets"] == ["pingctl-synth"]
     data = meta["pingctl"]["training_data"]
     assert data["rows"] == "synthrows/rows" and data["measurements"] > 0 and data["probes"] == 24
-    assert "metrics" not in meta  # no eval report beside the run
-    assert "# pingctl model" in body
+    assert "synthetic ping measurements" in data["description"] and meta["pingctl"]["run"] == "synthrows/tiny-run"
+    assert "metrics" not in meta and "model-index" not in meta  # no eval report beside the run
+    assert body.lstrip().startswith("# pingctl-tiny-synthrows-tiny-run: a pingctl model")
+    # how to install pingctl (not on PyPI) and load this model, and the data's terms
+    assert "pip install './dist/pingctl-0.1.0-py3-none-any.whl[hub]'" in body and "not on PyPI" in body
+    assert 'model = Model.load("THIS_DIR")' in body and "from pingctl import Model" in body
+    assert "The measurements are synthetic" in body
     assert str(tiny_run) not in card and str(tiny_run.parent) not in card
     assert not _ABSOLUTE.search(card), _ABSOLUTE.search(card)
     from huggingface_hub import ModelCard
@@ -380,11 +460,57 @@ def test_the_model_card_quotes_the_eval_headline(exported, tiny_run):
                       run_config(tiny_run), report)
     meta, body = _front_matter(card)
     assert meta["metrics"] == ["median_relative_error", "p90_relative_error", "mae_ms", "coverage_50"]
-    result = meta["model-index"][0]["results"][0]
+    entry = meta["model-index"][0]
+    result = entry["results"][0]
     assert {m["type"]: m["value"] for m in result["metrics"]} == {
         "median_relative_error": 0.125, "p90_relative_error": 0.5, "mae_ms": 3.25, "coverage_50": 0.5}
-    assert result["dataset"]["name"] == "splits/test" and "From `eval/report.json`" in body
+    # named by what it is, and its dataset by where the measurements came from and which split
+    assert entry["name"] == "pingctl-tiny-synthrows-tiny-run" and result["task"]["type"] == meta["pipeline_tag"]
+    assert result["dataset"] == {"name": "synthetic ping measurements (pingctl synth), held-out split `splits/test`",
+                                 "type": "pingctl-synth", "split": "test"}
+    assert result["dataset"]["type"] in meta["datasets"] and "From `eval/report.json`" in body
     assert not _ABSOLUTE.search(card), _ABSOLUTE.search(card)
+    pushed = model_card(tiny_run, config, run_config(tiny_run), report, "acme/pingctl-tiny")
+    meta, body = _front_matter(pushed)
+    assert meta["model-index"][0]["name"] == "acme/pingctl-tiny" and 'Model.load("acme/pingctl-tiny")' in body
+    assert "pingctl sample acme/pingctl-tiny --src" in body
+    # what the Hub checks of a card before a push (as the stand-in of tests/test_hub.py does)
+    from tests.hub_standin import card_errors
+
+    assert card_errors(card) == [] and card_errors(pushed) == []
+
+
+def _ripe_chain(root: Path) -> Path:
+    """Manifests as ingest, shard and build-rows leave them (the keys data_origin follows):
+    RIPE Atlas results -> a table -> a time split -> rows of its train split. Returns the rows."""
+    def manifest(d: Path, doc: dict) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "manifest.json").write_text(json.dumps(doc))
+
+    manifest(root / "ingest", {"kind": "pingctl-ingest", "inputs": [{"path": str(root / "raw" / "1001.jsonl.bz2")}]})
+    manifest(root / "splits", {"command": "shard", "out": str(root / "splits"),
+                               "inputs": [{"path": str(root / "ingest" / "part-00000.parquet")}]})
+    manifest(root / "rows", {"command": "build-rows", "out": str(root / "rows"),
+                             "sources": [{"path": str(root / "splits" / "train" / "part-00000.parquet")}]})
+    return root / "rows"
+
+
+def test_a_ripe_atlas_models_card_names_the_data_and_its_terms(exported, tiny_run, tmp_path):
+    from pingctl.artifacts import export as EX
+    from pingctl.artifacts.run import run_config
+    from pingctl.infer.export import data_origin, model_card
+
+    rows = _ripe_chain(tmp_path / "ripe")
+    assert data_origin(rows) == "ripe-atlas" and data_origin(rows.parent / "splits" / "train") == "ripe-atlas"
+    moved = tmp_path / "moved"
+    (tmp_path / "ripe").rename(moved)  # recorded paths no longer exist: read relative to each manifest
+    assert data_origin(moved / "rows") == "ripe-atlas"
+    assert data_origin(tmp_path / "nothing") is None
+    cfg = run_config(tiny_run)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"train_rows": str(moved / "rows")})})
+    meta, body = _front_matter(model_card(tiny_run, EX.read_config(exported[0]), cfg, None))
+    assert meta["datasets"] == ["ripe-atlas"] and "RIPE Atlas ping measurements" in body
+    assert "RIPE Atlas Service Terms and Conditions](https://atlas.ripe.net/legal/anchors/terms-conditions/)" in body
 
 
 def _hub_cache(export, cache, repo: str):

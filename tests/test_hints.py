@@ -1,6 +1,7 @@
 """Hints: the embedding's cross-fitted estimate as a measurement before the query, in the loader's
 triangulation contexts and in eval's `both` prompts (docs/loader.md, "Hints")."""
 
+import io
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,6 +167,76 @@ def test_a_file_that_is_not_a_hints_file_is_named(tmp_path):
     bad.write_bytes(b"not a zip")
     with pytest.raises(PingctlError, match="not a hints file"):
         Hints.load(bad)
+
+
+def _npz(arrays: dict) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _changed(arrays: dict, **change) -> bytes:
+    """The file of `arrays` with some replaced, each by a function of the original."""
+    return _npz({**arrays, **{k: f(arrays[k]) for k, f in change.items()}})
+
+
+def _set(a: np.ndarray, where, value) -> np.ndarray:
+    a = a.copy()
+    a[where] = value
+    return a
+
+
+# What a hints file can be turned into, -> (damage(arrays, file bytes) -> bytes, what the refusal says).
+# Each of them was read before as an archive error (exit 70), an IndexError (exit 70) or an estimate
+# used as it came (a hint of -125.4 ms or 1.25e32 ms in the prompt, exit 0).
+DAMAGES = {
+    "cut short": (lambda a, raw: raw[: len(raw) // 2], "not a hints file (a damaged .npz archive"),
+    "empty": (lambda a, raw: b"", "not a NumPy .npz archive: empty"),
+    "garbage": (lambda a, raw: b"PK\x03\x04" + bytes(range(256)) * 4, "not a hints file (a damaged .npz archive"),
+    "one array": (lambda a, raw: _npy(a["x"]), "not a NumPy .npz archive: starts with b'\\x93NUM'"),
+    "a member overwritten": (lambda a, raw: raw[: len(raw) // 2] + b"\xff" * 64 + raw[len(raw) // 2 + 64:],
+                             "cannot be read, the file is damaged"),
+    "an array missing": (lambda a, raw: _npz({k: v for k, v in a.items() if k != "trained"}), "no array trained"),
+    "unequal lengths": (lambda a, raw: _changed(a, h=lambda h: h[:, :-1]), "array h has shape"),
+    "a wrong dtype": (lambda a, raw: _changed(a, trained=lambda t: t.astype(np.int8)), "array trained is int8"),
+    "a short key": (lambda a, raw: _changed(a, keys=lambda k: k[:, :16]), "array keys has rows of 16 bytes"),
+    "a NaN point": (lambda a, raw: _changed(a, x=lambda x: _set(x, (0, 1, 0), np.nan)),
+                    "array x holds 1 non-finite values (NaN or infinity)"),
+    "a negative height": (lambda a, raw: _changed(a, h=lambda h: _set(h, (-1, 0), -125.4)),
+                          "array h holds 1 value(s) below 0, the first -125.4 at"),
+    "a negative scale": (lambda a, raw: _changed(a, scale=lambda s: -s), "array scale holds"),
+    "a huge scale": (lambda a, raw: _changed(a, scale=lambda s: _set(s, -1, 1.25e32)), "array scale puts fit"),
+    "huge points": (lambda a, raw: _changed(a, x=lambda x: x * 1e12), "array x puts fit 0's estimates up to"),
+    "an address twice": (lambda a, raw: _changed(a, keys=lambda k: _set(k, -1, k[0])),
+                         "array keys holds address 10.0.0.0 twice"),
+    "one fold": (lambda a, raw: _npz({k: v[:2] for k, v in a.items() if k != "keys"} | {"keys": a["keys"]}),
+                 "array x holds 2 fit(s)"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_hints_file_is_refused_at_load_naming_the_file_and_the_array(tmp_path, damage):
+    """Whatever happened to the file, `Hints.load` (train's check, the loader, every hinted
+    answer) says so with the input error's exit code 1, the file and what is wrong in it; an
+    intact file of the same arrays loads."""
+    h = _hints(0)
+    arrays = {k: getattr(h, k) for k in ("keys", "x", "h", "trained", "scale")}
+    good = tmp_path / "good.npz"
+    good.write_bytes(_npz(arrays))
+    assert Hints.load(good).folds == 2
+    make, says = DAMAGES[damage]
+    bad = tmp_path / "hints.npz"
+    bad.write_bytes(make(arrays, good.read_bytes()))
+    with pytest.raises(PingctlError) as e:
+        Hints.load(bad)
+    assert e.value.exit_code == 1 and str(bad) in str(e.value) and says in str(e.value), str(e.value)
+    assert f"pingctl hints SPLIT -o {bad}" in str(e.value)
 
 
 # ----------------------------------------------------------------- fitting
@@ -387,3 +458,33 @@ def test_eval_asks_a_hinted_run_with_hints_unless_told_not_to(hinted_run, tri_ru
     probe = ["--train", time_split / "train", "--test", time_split / "test", "--context-policy", "probe"]
     refused = _pingctl("eval", hinted_run, *probe, "--hints", "-o", tmp_path / "y", ok=False)
     assert refused.returncode == 2 and "`both` prompts" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_hinted_run_with_a_damaged_hints_file_exits_1_naming_it(hinted_run, time_split, tmp_path):
+    """`sample --context-policy both` of a run whose kept hints.npz was damaged: exit 1 naming
+    the file and the array, no traceback, where it exited 70 or answered with the damaged
+    estimate in its prompt."""
+    import json
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    shutil.copytree(hinted_run, run)
+    kept = run / "hints.npz"
+    raw = kept.read_bytes()
+    with np.load(kept) as z:
+        arrays = {k: z[k] for k in z.files}
+    row = pq.read_table(time_split / "test").slice(0, 1).to_pylist()[0]
+    asked = ["--src", row["src_addr"], "--dst", row["dst_addr"], "--time", int(row["event_time"].timestamp()),
+             "--context", time_split / "train", "--context-policy", "both", "--context-k", 5, "--json"]
+    for damage in ("cut short", "empty", "garbage", "unequal lengths", "a negative height", "a huge scale"):
+        make, says = DAMAGES[damage]
+        kept.write_bytes(make(arrays, raw))
+        proc = _pingctl("sample", run, *asked, ok=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, (damage, proc.stderr[-2000:])
+        error = json.loads(proc.stdout)["error"]
+        assert str(kept.resolve()) in error["message"] and says in error["message"], (damage, error)
+    kept.write_bytes(raw)  # the file as the run kept it answers again
+    assert "hint_ms" in json.loads(_pingctl("sample", run, *asked).stdout)

@@ -5,6 +5,7 @@ Deliberate differences (see docs/ingest.md):
   * sagan rounds RTTs to 3 decimals; pingctl keeps the full value (compared rounded here);
   * sagan reports timeouts and error entries as rtt None; pingctl writes -1.0 for both and
     counts the error entries in `packet_error_count`;
+  * sagan gives a reply with an RTT of exactly 0 no TTL; pingctl gives it its TTL as any other;
   * a result with no usable source address at all (src_addr and from both empty) cannot
     be a row of the canonical table (src_addr is required): pingctl rejects it as
     `no_src_addr`; this test checks each such reject against sagan and the raw JSON.
@@ -69,6 +70,11 @@ def test_rtts_equal_sagan_on_every_result(tmp_path):
                     continue
                 n = len(result.packets)
                 want["rtt"].extend(-1.0 if p.rtt is None else p.rtt for p in result.packets)
+                # sagan gives a reply of RTT 0 no TTL (`if self.rtt`); pingctl gives it its own
+                # or its result's, as sagan does for every other reply
+                want["ttl"].extend(p.ttl if p.rtt or p.rtt is None else e.get("ttl", d.get("ttl"))
+                                   for p, e in zip(result.packets, d["result"]))
+                want["dup"].extend(p.dup for p in result.packets)
                 sagan_dups += sum(p.dup for p in result.packets)
                 # auto source rule: public src_addr, else public `from`, else what is valid
                 src, frm = d.get("src_addr") or "", result.origin or ""
@@ -83,6 +89,7 @@ def test_rtts_equal_sagan_on_every_result(tmp_path):
                     "src_addr": parse_address((public or ok)[0])[0],
                     "size": d["size"],
                     "packet_error_count": sum(1 for e in d["result"] if "error" in e),
+                    "dst_name": result.destination_name,
                 }
                 for c, v in per_result.items():
                     want[c].extend([v] * n)

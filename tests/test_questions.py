@@ -62,7 +62,7 @@ def test_sampling_values_come_from_the_options_then_the_config():
     ({"pairs": Path("p.csv"), "src": "1.2.3.4", "n": 2}, "--src, --n: --pairs answers the pairs"),
     ({"pairs": Path("p.csv"), "k": 3, "seed": 1}, "-k, --seed: --pairs computes each pair's RTT distribution exactly"),
     ({"pairs": Path("p.csv"), "out": Path("p.txt")}, "--pairs writes .parquet, .csv or .json"),
-    ({"n": 2, "out": Path("s.csv")}, "written as .parquet or .json"),
+    ({"n": 2, "out": Path("s.txt")}, "written as .parquet, .csv or .json"),
     ({"src": "8.8.*.*", "rtt": "10-30"}, "a completion conditions on one RTT"),
     ({"src": "1.2.3.4", "rtt": "10-"}, "a range needs both ends"),
     ({"n": 2, "context_per_pair": 3}, "give --context too"),

@@ -119,6 +119,9 @@ def test_a_year_past_9999_is_a_time_not_a_crash(tmp_path):
     ("p.csv", "src,dst\n", PingctlError, "the file has no rows"),
     ("p.csv", "source,dst\n1.2.3.4,5.6.7.8\n", PingctlError, "no src or src_addr column (columns: source, dst)"),
     ("p.csv", "src,src_addr,dst\n1.2.3.4,1.2.3.4,5.6.7.8\n", PingctlError, "src and src_addr both name"),
+    ("p.csv", "src,dst,src\n1.2.3.4,5.6.7.8,9.9.9.9\n", PingctlError, "column src appears 2 times (columns 1, 3)"),
+    ("p.csv", "src,dst, dst ,time\n1.2.3.4,5.6.7.8,9.9.9.9,\n", PingctlError,
+     "column dst appears 2 times (columns 2, 3)"),
     ("p.csv", b"src,dst\n1.2.3.4,\xff\n", PingctlError, "not UTF-8"),
     ("p.parquet", "not parquet", PingctlError, "cannot read it as Parquet"),
 ])
@@ -128,6 +131,20 @@ def test_unusable_files_are_named_errors(tmp_path, name, text, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
         read_pairs(f)
     assert str(f) in str(e.value)
+
+
+def test_a_parquet_file_with_two_columns_of_one_name_is_named(tmp_path):
+    """Parquet allows one name twice: the field it names is refused as in a CSV header (it
+    was "cannot read it as Parquet" with pyarrow's scanner message), and a repeated name no
+    field reads is ignored like any other column."""
+    f = tmp_path / "p.parquet"
+    cols = [pa.array(["1.2.3.4"]), pa.array(["5.6.7.8"]), pa.array(["9.9.9.9"])]
+    pq.write_table(pa.Table.from_arrays(cols, names=["src", "dst", "src"]), f)
+    with pytest.raises(PingctlError, match=r"column src appears 2 times \(columns 1, 3\); keep one") as e:
+        read_pairs(f)
+    assert str(f) in str(e.value)
+    pq.write_table(pa.Table.from_arrays(cols + [pa.array(["y"])], names=["src", "dst", "note", "note"]), f)
+    assert read_pairs(f).dst == ["5.6.7.8"]
 
 
 FIELDS = st.sampled_from(["1.2.3.4", "5.6.7.8", "2001:db8::1", "::1", "::ffff:1.2.3.4", "8.8.*.*", "10.0.0.0/8",
@@ -365,6 +382,8 @@ def test_pairs_refusals(tiny_run, pairs_file, tmp_path):
     f, src, dsts = pairs_file
     bad = tmp_path / "bad.csv"
     bad.write_text("src,dst\n300.1.1.1,1.2.3.4\n1.2.3.4,::1\n")
+    twice = tmp_path / "twice.csv"  # was answered with the first src column, exit 0
+    twice.write_text(f"src,dst,src\n{src},{dsts[0]},9.9.9.9\n")
     for args, code, msg in (
         (["--pairs", f, "--src", src], 2, "--src: --pairs answers the pairs"),
         (["--pairs", f, "--time", "5", "--n", "3"], 2, "--time, --n: --pairs answers"),
@@ -378,6 +397,7 @@ def test_pairs_refusals(tiny_run, pairs_file, tmp_path):
         (["--pairs", f, "--context-per-pair", "1"], 2, "give --context too"),
         (["--pairs", tmp_path / "missing.csv"], 1, "no such file"),
         (["--pairs", bad], 1, "no valid pair among 2 rows"),
+        (["--pairs", twice], 1, f"--pairs {twice}: column src appears 2 times (columns 1, 3)"),
     ):
         r = runner.invoke(app, ["sample", str(tiny_run), *map(str, args)])
         assert r.exit_code == code and msg in r.output and "Traceback" not in r.output, (args, r.output)

@@ -15,13 +15,15 @@ from pingctl.schema.duck import canonical_query, connect
 from tests.conftest import make_table
 
 
-def test_schema_is_the_seed_schema_plus_prb_id():
+def test_schema_is_the_seed_schema_plus_the_optional_columns():
     s = arrow_schema()
-    assert tuple(s.names) == SEED_COLUMNS + ("prb_id",)
+    assert tuple(s.names) == SEED_COLUMNS + ("prb_id", "ttl", "dst_name", "dup")
     assert s.field("event_time").type == pa.timestamp("us", tz="UTC")
     assert s.field("rtt").type == pa.float64()
-    assert all(s.field(c).type == pa.int64() for c in ("msm_id", "ip_version", "size", "packet_error_count"))
-    assert s.field("prb_id").nullable
+    assert all(s.field(c).type == pa.int64() for c in ("msm_id", "ip_version", "size", "packet_error_count", "ttl"))
+    assert (s.field("dst_name").type, s.field("dup").type) == (pa.string(), pa.bool_())
+    assert all(s.field(c).nullable for c in ("prb_id", "ttl", "dst_name", "dup"))
+    assert s.metadata == {b"pingctl.schema_version": b"2"}
 
 
 @given(st.ip_addresses())

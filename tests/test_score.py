@@ -290,10 +290,52 @@ def test_cli_bounds_are_usage_errors(tmp_path, extra, message):
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
 
 
+def test_an_output_inside_an_input_is_refused_before_anything_is_written(tmp_path):
+    """`score RUN SPLIT -o SPLIT/scores.parquet` made the scores part of the split: the next
+    inspect or build-rows of it read them as measurements. -o inside a TABLE directory, inside
+    RUN or inside any pingctl output (a glob or a file of a split gives the split) is a usage
+    error before anything is read or written; beside them it is not refused."""
+    import subprocess
+    import sys
+
+    from pingctl.config import ShardConfig
+    from pingctl.shard import shard
+    from tests.conftest import make_table
+
+    (tmp_path / "t").mkdir()
+    pq.write_table(make_table(600), tmp_path / "t" / "part.parquet")
+    splits, run = tmp_path / "splits", tmp_path / "run"
+    shard([tmp_path / "t"], splits, ShardConfig(strategy="time"))
+    run.mkdir()
+
+    def files():
+        return sorted(p for p in tmp_path.rglob("*") if p.is_file())
+
+    before = files()
+    # the case as it was met: a real process, the split given whole
+    proc = subprocess.run([sys.executable, "-m", "pingctl", "score", str(run), str(splits / "test"), "-o",
+                           str(splits / "test" / "scores.parquet"), "--json"], capture_output=True, text=True)
+    message = json.loads(proc.stdout)["error"]["message"]
+    assert proc.returncode == 2 and f"inside TABLE {splits / 'test'}" in message, proc.stderr
+    test_file = next((splits / "test").glob("*.parquet"))
+    for table, out, says in (
+        (tmp_path / "t", tmp_path / "t" / "sub" / "scores.csv", f"inside TABLE {tmp_path / 't'}"),
+        (tmp_path / "t", run / "scores.parquet", f"inside RUN {run}"),
+        (str(splits / "test" / "*.parquet"), splits / "test" / "s.parquet", f"inside the pingctl output {splits}"),
+        (test_file, splits / "val" / "s.parquet", f"inside the pingctl output {splits}"),
+    ):
+        r = runner.invoke(app, ["score", str(run), str(table), "-o", str(out)], terminal_width=400)
+        assert r.exit_code == 2 and says in " ".join(r.output.split()), (table, out, r.output)
+    assert files() == before  # nothing written, in the split or anywhere
+    # beside them -o is not refused: the command goes on to the run (an empty directory here)
+    r = runner.invoke(app, ["score", str(run), str(splits / "test"), "-o", str(tmp_path / "scores.parquet")])
+    assert r.exit_code == 1 and "not a `pingctl train` run directory" in r.output, r.output
+
+
 def test_cli_refuses_a_non_parquet_output_and_the_input_itself(planted, tmp_path):
     path, _, _ = planted
-    r = runner.invoke(app, ["score", "no-run", str(path), "-o", str(tmp_path / "s.json"), "--json"])
-    assert r.exit_code == 2 and ".parquet or .csv" in json.loads(r.stdout)["error"]["message"]
+    r = runner.invoke(app, ["score", "no-run", str(path), "-o", str(tmp_path / "s.txt"), "--json"])
+    assert r.exit_code == 2 and ".parquet, .csv or .json" in json.loads(r.stdout)["error"]["message"]
     r = runner.invoke(app, ["score", "no-run", str(path), "-o", str(path)])
     assert r.exit_code == 2 and "being scored" in r.output
 
@@ -358,7 +400,11 @@ def test_stream_scores_each_row_once_after_the_rows_before_it(model, tiny_run, p
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     back = pcsv.read_csv(out)
-    assert back.num_rows == res["rows_scored"] == 298 and back.column_names == st.column_names
+    from pingctl.schema.spreadsheet import spreadsheet_table
+
+    # the CSV names its units and writes times as ISO 8601 UTC (docs/data.md, "CSV and JSON outputs")
+    assert back.num_rows == res["rows_scored"] == 298
+    assert back.column_names == spreadsheet_table(st.slice(0, 1)).column_names
     assert res["engine"] == "light" and res["rows_per_s"] > 0 and res["context_policy"] == "stream"
     # the first rows' windows are the same in the whole table's stream (rows are in time order)
     first = st.slice(0, 298).column("nll").to_numpy()

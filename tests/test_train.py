@@ -192,24 +192,103 @@ def test_tiny_trains_checkpoints_and_resumes(first50, rows, tmp_path):
 
 
 @pytest.mark.slow
-def test_max_minutes_stops_at_a_committed_checkpoint_and_the_rerun_resumes_there(rows, tmp_path):
-    run = tmp_path / "run"
+def test_max_minutes_saves_the_step_at_the_deadline_and_the_rerun_resumes_there(rows, tmp_path):
+    # The checkpoint period is far beyond what runs: the bound used to wait for the next periodic
+    # checkpoint, so this run went on for 10,000 steps (and past the timeout) before stopping.
+    run, minutes = tmp_path / "run", 0.5
     common = [str(rows[0]), "--run-dir", str(run), *TINY, "--set", "train.eval_interval=-1",
-              "--set", "train.checkpoint_period=5"]
+              "--set", "train.checkpoint_period=10000"]
     keep = ["--set", "loader.loss_keep={src: 0.5}"]  # also: a reweighted train loss gets no gap
-    bounded = _train([*common, *keep, "--steps", "100000", "--max-minutes", "0.01"])
+    t0 = time.time()
+    bounded = _train([*common, *keep, "--steps", "100000", "--max-minutes", str(minutes)], timeout=60 * minutes + 150)
+    wall = time.time() - t0
     assert bounded.returncode == 0, bounded.stderr[-3000:]
     s = json.loads(bounded.stdout)
     assert s["generalization_gap"] is None and any("loss_keep" in w for w in s["warnings"])
     stop = s["stopped_early"]
-    assert stop["reason"] == "time limit" and stop["max_minutes"] == 0.01
-    assert stop["checkpoint"] == s["checkpoints"][-1] and s["last_step"] < 1000
-    assert s["last_step"] - stop["checkpoint"] < 5  # stopped within the period after the checkpoint
-    again = _train([*common, "--steps", str(stop["checkpoint"] + 4)])
+    step = stop["step"]
+    assert stop["reason"] == "time limit" and stop["max_minutes"] == minutes
+    # committed; the only other checkpoint is MaxText's at the start (save_checkpoint_on_start)
+    assert stop["checkpoint"] == step == s["last_step"] and s["checkpoints"] == sorted({0, step})
+    step_s = {r["step"]: r["step_seconds"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"}
+    if step > 0:  # the step before found the deadline ahead: late by the step in progress and its save only
+        assert 0 < stop["overrun_s"] < step_s[step] + 10, (stop, step_s[step])
+    # else the start-up outlasted the bound (a loaded machine) and the first step stopped: late by that much
+    assert 0 < stop["overrun_s"] < 90 and wall < 60 * minutes + stop["overrun_s"] + 30, (stop, wall)
+    assert json.loads((run / "stopped.json").read_text()) == stop
+    # a process of its own: the width its console takes from COLUMNS keeps the line on one line
+    shown = subprocess.run([sys.executable, "-m", "pingctl", "inspect", str(run)], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    assert shown.returncode == 0 and f"after the {minutes:g}-minute bound, at step {step}, checkpoint saved" in shown.stdout
+    again = _train([*common, "--steps", str(step + 4)])
     assert again.returncode == 0, again.stderr[-3000:]
     s2 = json.loads(again.stdout)
-    assert s2["resumed_from_checkpoint"] == stop["checkpoint"] and s2["stopped_early"] is None
-    assert not (run / "stopped.json").exists()
+    assert (s2["resumed_from_checkpoint"], s2["first_step_this_run"], s2["last_step"]) == (step, step + 1, step + 3)
+    assert s2["stopped_early"] is None and not (run / "stopped.json").exists()
+    trained = sorted(r["step"] for r in M.read_jsonl(run / "metrics.jsonl") if r["kind"] == "train")
+    assert trained == list(range(step + 4))  # the stopped step's metrics too: it ended its step
+
+
+def _fake_checkpointing(saved: set, period: int):
+    """MaxText's `checkpointing` as the worker uses it, the state standing for its step: a save on
+    the period (never step 0, as with save_checkpoint_on_start off), and without a step the forced
+    end-of-training save of the state's step, which also skips step 0 and a step already saved."""
+    from types import SimpleNamespace
+
+    def maybe_save_checkpoint(manager, state, config, data_iterator, step=None):
+        at = state if step is None else step
+        if step is not None and at > 0 and at % period == 0:
+            assert at not in saved, f"step {at} saved twice"
+            saved.add(at)
+        elif step is None and at > 0:
+            saved.add(at)
+
+    return SimpleNamespace(maybe_save_checkpoint=maybe_save_checkpoint, wait_until_finished=lambda manager: None,
+                           all_steps=lambda manager: sorted(saved))
+
+
+def test_time_bound_saves_the_first_step_past_the_deadline_then_ends_the_loop(tmp_path):
+    from types import SimpleNamespace
+
+    from pingctl.train.worker import TimeBound, _time_bounded
+
+    config = SimpleNamespace(steps=100)
+
+    class Batches:
+        def __next__(self):
+            return "batch"
+
+    def steps(ckpt, at):
+        for step in at:
+            ckpt.maybe_save_checkpoint("manager", step, config, None, step)
+
+    saved = set()
+    ckpt = _fake_checkpointing(saved, period=10)
+    bound = TimeBound(tmp_path, 1.0, started=time.time() - 30)  # 30 s to go
+    bound.save_at_deadline(ckpt)
+    it = _time_bounded(Batches, bound)()
+    steps(ckpt, range(13))
+    assert bound.stop_step is None and saved == {10} and not (tmp_path / "stopped.json").exists()
+    assert next(it) == "batch"
+    bound.deadline = time.time() - 2  # passed during step 13, well before the period's step 20
+    steps(ckpt, [13])
+    stop = json.loads((tmp_path / "stopped.json").read_text())
+    assert bound.stop_step == 13 and saved == {10, 13}
+    assert stop["step"] == stop["checkpoint"] == 13 and 2 <= stop["overrun_s"] < 10
+    with pytest.raises(StopIteration, match="max_minutes=1 reached"):
+        next(it)
+
+    def first_stop(saved_steps: set, at) -> tuple[int | None, set]:
+        saved = set(saved_steps)
+        ckpt = _fake_checkpointing(saved, period=10)
+        bound = TimeBound(tmp_path, 0.01, started=time.time() - 60)  # already past
+        bound.save_at_deadline(ckpt)
+        steps(ckpt, at)
+        return bound.stop_step, saved
+
+    assert first_stop(set(), range(3)) == (1, {1})  # step 0 cannot be saved: the next step stops
+    assert first_stop({10}, [20]) == (20, {10, 20})  # a periodic step is saved once
+    assert first_stop(set(), [99]) == (None, set())  # the last step: MaxText saves it, the run completes
 
 
 def _losses(run: Path) -> dict[int, str]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from pingctl.artifacts import eval_output as EO
 from pingctl.artifacts import sample_output as SO
-from pingctl.artifacts.hub import resolve_model_path
+from pingctl.artifacts.hub import hub_name, resolve_model_path
 from pingctl.artifacts.run import checkpoint_items, parse_steps, read_summary, run_config
 from pingctl.artifacts.table import resolve_inputs
 from pingctl.api import arguments as A
@@ -241,12 +241,20 @@ class Model:
         self.loaded = loaded
         self.calibration = calibration
 
+    @property
+    def name(self) -> str:
+        """What the model is called where its path is not to be shown (a service's /version): the
+        Hub repo id and commit it was downloaded from, else its directory's name."""
+        return hub_name(self.loaded.run) or Path(self.loaded.run).name
+
     @classmethod
     @A.argument_names
     def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None,
-             calibration: str | Path | bool | None = None, engine: str | None = None) -> Model:
+             calibration: str | Path | bool | None = None, engine: str | None = None,
+             revision: str | None = None) -> Model:
         """Load `path` (a `pingctl train` run directory, an export, or an export's Hugging Face Hub
-        repo id `org/name`, through huggingface_hub's cache) at
+        repo id `org/name`, through huggingface_hub's cache, at `revision`: a branch, tag or
+        commit, default its main branch) at
         `step`: one checkpoint (default: the latest), several (a list, or "100,200") whose
         weights are averaged. `hardware`: cpu | gpu (default: as the run was trained).
         `calibration`: a calibration.json `pingctl eval` fitted for this run and step(s) (its path,
@@ -254,7 +262,7 @@ class Model:
         recalibrated distributions `rtt` and `rtt_many` then answer with; default: the map an
         exported model carries, if any; False: none. `engine`: light (plain JAX, no MaxText, the
         default) or maxtext (the reference); default: $PINGCTL_ENGINE, else light."""
-        path = resolve_model_path(path)  # a directory, or a Hugging Face Hub repo id
+        path = resolve_model_path(path, revision)  # a directory, or a Hugging Face Hub repo id
         check_hardware(hardware)
         steps = parse_steps(step) if isinstance(step, str) else step
         if calibration is not None and not isinstance(calibration, (str, Path, bool, CAL.Calibration)):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.atomic import atomic_file
-from pingctl.errors import PingctlError
+from pingctl.atomic import atomic_file, unwritable_reason
+from pingctl.errors import PingctlError, UsageError
+from pingctl.schema.spreadsheet import json_rows, json_text, write_csv
 
 REPORT = "report.json"
 REPORT_KEYS = ("rows", "comparisons", "nll", "queries", "predictors", "inputs")
@@ -21,6 +22,8 @@ KIND = "eval-predictions"
 # per predictor P the columns P_<field>; NaN where P says nothing (no quantiles, a failed packet)
 FIELDS = ("median", "p05", "p25", "p75", "p95", "p_fail", "pit", "crps")
 PACKET_COLUMNS = ("regime", "src", "dst", "ip_version", "event_time", "pair", "actual_rtt")
+COPY_SUFFIXES = (".csv", ".json")  # `eval --predictions`: the predictions again, for a spreadsheet
+MS_FIELDS = ("median", "p05", "p25", "p75", "p95", "crps")  # the FIELDS in milliseconds
 
 
 def report_path(out: Path | str) -> Path:
@@ -98,3 +101,33 @@ def read_predictions(path: Path | str):
     if meta.get("kind") != KIND:
         raise PingctlError(f"{p}: not a `pingctl eval` predictions file (no {KIND!r} metadata)")
     return table, meta
+
+
+def check_copy(path: Path | None) -> None:
+    """`eval --predictions FILE`, refused before the eval runs: a suffix it cannot write, or a
+    place it cannot write to."""
+    if path is None:
+        return
+    if Path(path).suffix not in COPY_SUFFIXES:
+        raise UsageError(f"--predictions {path}: written as .csv or .json (OUT/{PREDICTIONS} is always written)")
+    if Path(path).is_dir():
+        raise UsageError(f"--predictions {path} is a directory; give a file name")
+    if reason := unwritable_reason(Path(path)):
+        raise PingctlError(f"--predictions {path}: cannot be written ({reason})")
+
+
+def write_copy(out: Path | str, path: Path) -> Path:
+    """OUT/predictions.parquet again at `path`, atomically, in the form of every CSV pingctl
+    writes (pingctl.schema.spreadsheet): `event_time_utc` in ISO 8601, `actual_rtt_ms` and each
+    predictor's `_median_ms` ... `_crps_ms`; as CSV, or as JSON (the metadata's keys and the rows
+    as "predictions"), by suffix."""
+    table, meta = read_predictions(out)
+    units = {"actual_rtt": "actual_rtt_ms",
+             **{f"{p}_{f}": f"{p}_{f}_ms" for p in meta.get("predictors", []) for f in MS_FIELDS}}
+    path = Path(path)
+    with atomic_file(path) as tmp:
+        if path.suffix == ".csv":
+            write_csv(table, tmp, seconds=("event_time",), units=units)
+        else:
+            tmp.write_text(json_text({**meta, "predictions": json_rows(table, ("event_time",), units)}))
+    return path

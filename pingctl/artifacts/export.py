@@ -6,6 +6,10 @@ loads without its run directory.
     model.safetensors  the parameters (no optimizer state), one tensor per nnx weight, as trained
     README.md          the model card
     calibration.json   a `pingctl eval` recalibration map (only when one was exported)
+    hints.npz          the run's hints file (only for a run trained with hints)
+
+An export is shared (the Hugging Face Hub, pingctl.artifacts.hub): it holds no absolute path of
+the machine that wrote it (`shareable`).
 
 Tensor names are the weight's path in the nnx state joined by dots (`decoder.layers.mlp.wi.kernel`);
 with MaxText's scanned layers, a layer weight is one tensor holding every layer (along MaxText's
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -27,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pingctl.atomic import atomic_dir
-from pingctl.config import Config, TokenizerConfig
+from pingctl.config import Config, TokenizerConfig, TrainConfig
 from pingctl.errors import PingctlError
 
 CONFIG = "config.json"
@@ -35,14 +40,21 @@ WEIGHTS = "model.safetensors"
 CARD = "README.md"
 CALIBRATION = "calibration.json"
 HINTS = "hints.npz"  # the run's hints file (artifacts.run.HINTS): what a hinted model's answers carry
+# Every file an export may hold: what `files` lists, what a Hub download fetches (hub.py), what a
+# push replaces. A file added to the layout goes here, or a copy from the Hub would lack it.
+FILES = (CONFIG, WEIGHTS, CARD, CALIBRATION, HINTS)
 FORMAT = "pingctl.model-export"
 # Raised when a reader of an older version could misread a newer directory (a key changes
 # meaning or a file is added that a load must not ignore); added keys alone keep it.
 FORMAT_VERSION = 1
 MODEL_TYPE = "pingctl"
+# config.json's `architectures`, as Hugging Face configs name the class that runs a model: a
+# causal (next-token) decoder over measurement tokens; pingctl runs it, no transformers class does
+ARCHITECTURES = ["PingctlForCausalLM"]
 # config.json's architecture also under the names Hugging Face configs give it (top-level keys,
 # what `PretrainedConfig` and model hubs read): Hugging Face name -> architecture.maxtext key.
 # hidden_act is derived apart (MaxText lists activations, Hugging Face names one).
+# A key the run left to MaxText's base.yml is written with that default (MAXTEXT_DEFAULTS).
 HF_KEYS = {
     "hidden_size": "base_emb_dim",
     "num_hidden_layers": "base_num_decoder_layers",
@@ -57,6 +69,13 @@ HF_KEYS = {
     "torch_dtype": "weight_dtype",
     "tie_word_embeddings": "logits_via_embedding",
 }
+
+# MaxText's base.yml values (maxtext 0.2.5) of the keys a Hugging Face key copies, for a run whose
+# maxtext.yml leaves them out: the network has these, so its Hugging Face copies must say them.
+# Kept here, not read from MaxText, because an export is checked where MaxText is not installed;
+# tests/test_export.py compares them with the installed base.yml.
+MAXTEXT_DEFAULTS = {"normalization_layer_epsilon": 1e-5, "rope_max_timescale": 10_000, "logits_via_embedding": False,
+                    "weight_dtype": "float32", "mlp_activations": ["silu", "linear"]}
 
 Positive = Annotated[int, Field(gt=0)]
 Count = Annotated[int, Field(ge=0)]
@@ -165,11 +184,20 @@ class ExportConfig(_Section):
                              f"{net.max_target_length}")
         # the Hugging Face names are copies: one edited alone would describe another network
         extra = self.model_extra or {}
-        for hf, key in HF_KEYS.items():
-            have = getattr(net, key, None) if key in type(net).model_fields else (net.model_extra or {}).get(key)
-            if hf in extra and have is not None and extra[hf] != have:
-                raise ValueError(f"{hf} {extra[hf]!r} differs from architecture.maxtext.{key} {have!r}")
+        stated = net.model_dump(exclude_none=True)
+        want = hf_fields({**MAXTEXT_DEFAULTS, **stated})
+        for hf in sorted(set(extra) & set(want) - {"model_type", "architectures"}):  # those two are names, not copies
+            if extra[hf] != want[hf]:
+                raise ValueError(f"{hf} {extra[hf]!r} differs from {_hf_source(hf, stated)} {want[hf]!r}")
         return self
+
+
+def _hf_source(hf: str, stated: dict) -> str:
+    """Where a Hugging Face key's value comes from, for a refusal: the maxtext key, or MaxText's
+    default where the export does not state it."""
+    key = HF_KEYS.get(hf, "mlp_activations")
+    source = f"architecture.maxtext.{key}"
+    return source if key in stated else f"{source} (not stated: MaxText's default)"
 
 
 def is_export_dir(path: Path | str) -> bool:
@@ -220,10 +248,11 @@ def _first_error(e: ValidationError) -> str:
 
 def hf_fields(maxtext: dict) -> dict:
     """The Hugging Face names of the network keys in `maxtext` (those given: a default the caller
-    knows must be in it), with model_type; merged into config.json's top level."""
-    out = {"model_type": MODEL_TYPE}
+    knows must be in it), with model_type and architectures; merged into config.json's top level."""
+    out = {"model_type": MODEL_TYPE, "architectures": list(ARCHITECTURES)}
     out.update({hf: maxtext[key] for hf, key in HF_KEYS.items() if maxtext.get(key) is not None})
-    acts = [a for a in maxtext.get("mlp_activations") or [] if a != "linear"]
+    acts = maxtext.get("mlp_activations") or []
+    acts = [a for a in ([acts] if isinstance(acts, str) else acts) if a != "linear"]
     if acts:  # ["silu", "linear"] is a gated SiLU MLP: Hugging Face calls it hidden_act "silu"
         out["hidden_act"] = acts[0]
     return out
@@ -244,12 +273,62 @@ def source_steps(config: dict) -> list[int]:
 
 
 def source_run(path: Path | str) -> Path:
-    """The run a model directory's weights come from: an export's source run, a run itself
-    (a calibration map fitted on a run also fits its export)."""
+    """The run a model directory's weights come from: an export's source run (as it names it:
+    the last two parts of the run's path), a run itself."""
     path = Path(path)
     if is_export_dir(path):
         return Path(read_config(path)["source"]["run"])
     return path
+
+
+def fitted_for(fitted_run: str, model_dir: Path | str) -> bool:
+    """Whether a calibration map fitted on the model directory `fitted_run` fits the weights of
+    `model_dir`: the same directory, or, for an export, its source run. An export names its run
+    by the last two parts of its path (it holds no absolute path, and the map shared with it was
+    fitted on another machine), so that is what is compared."""
+    model_dir = Path(model_dir)
+    if fitted_run and Path(fitted_run).resolve() == model_dir.resolve():
+        return True
+    if is_export_dir(model_dir):
+        return bool(fitted_run) and shown_path(fitted_run) == shown_path(read_config(model_dir)["source"]["run"])
+    return False
+
+
+def shown_path(p) -> str:
+    """A path as an export shows it: its last two parts (`rows/train`), never the exporting
+    machine's absolute path."""
+    return "/".join(Path(str(p)).parts[-2:]).lstrip("/") if p else "-"
+
+
+# An absolute path inside a string: a "/" (not "//", a URL's) at the start or after a space, a
+# quote, "=", ":", "(" or ",", up to the next of those
+_ABSOLUTE = re.compile(r"(?<![^\s'\"=:(,])/(?!/)[^\s'\";:,()]+")
+
+
+def shareable(value):
+    """`value` (JSON-like: dicts, lists, strings...) with every absolute path in its strings cut
+    to its last two parts, so an export published on the Hub discloses no directory of the
+    machine that wrote it (its user's home, its temporary directories)."""
+    if isinstance(value, dict):
+        return {k: shareable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [shareable(v) for v in value]
+    if isinstance(value, str):
+        return _ABSOLUTE.sub(lambda m: shown_path(m.group(0)), value)
+    return value
+
+
+def shareable_config(doc: dict) -> dict:
+    """A run's config.yaml as an export carries it (`pingctl_config`): shareable, its hints file
+    named as the export holds it, and its compilation cache the default where the run named a
+    directory of its own machine (one cut to two parts would be relative to wherever it loads)."""
+    out = shareable(doc)
+    loader, train = out.get("loader"), out.get("train")
+    if isinstance(loader, dict) and loader.get("hints_file"):
+        loader["hints_file"] = HINTS
+    if isinstance(train, dict) and str(train.get("jax_cache_dir", "")).startswith("/"):
+        train["jax_cache_dir"] = TrainConfig.model_fields["jax_cache_dir"].default
+    return out
 
 
 def maxtext_yaml(config: dict, output_dir: Path) -> str:
@@ -336,7 +415,6 @@ def check_finite(tensors: dict, source: Path | str, fix: str) -> None:
 
 
 def files(export: Path | str) -> list[dict]:
-    """[{name, bytes}] of the files an export holds."""
+    """[{name, bytes}] of the files an export holds (of FILES)."""
     export = Path(export)
-    return [{"name": n, "bytes": (export / n).stat().st_size} for n in (CONFIG, WEIGHTS, CARD, CALIBRATION, HINTS)
-            if (export / n).is_file()]
+    return [{"name": n, "bytes": (export / n).stat().st_size} for n in FILES if (export / n).is_file()]

@@ -241,3 +241,21 @@ def read_input_wait(run: Path | str) -> dict | None:
 
 def clear_input_wait(run: Path | str) -> None:
     (Path(run) / INPUT_WAIT).unlink(missing_ok=True)
+
+
+def write_stopped(run: Path | str, minutes: float, step: int, checkpoint: int | None, overrun_s: float) -> None:
+    """STOPPED: train.max_minutes ended this invocation after `step` (saved as `checkpoint`, None when
+    checkpointing is off), `overrun_s` seconds past the bound once that checkpoint had committed."""
+    write_json(Path(run) / STOPPED, {"reason": "time limit", "max_minutes": minutes, "step": step,
+                                     "checkpoint": checkpoint, "overrun_s": round(overrun_s, 3)})
+
+
+def stop_message(info: dict) -> str:
+    """One line for a STOPPED record (a summary's `stopped_early`); records written before the
+    overrun was kept name the checkpoint only."""
+    bound = f"the {info['max_minutes']:g}-minute bound"
+    over = info.get("overrun_s")
+    when = f"stopped {over:.1f} s after {bound}" if over is not None else f"stopped by {bound}"
+    step = info.get("step", info.get("checkpoint"))
+    saved = "checkpoint saved" if info.get("checkpoint") is not None else "no checkpoint"
+    return f"{when}, at step {step}, {saved}"

@@ -12,12 +12,14 @@ from pathlib import Path
 from pingctl.atomic import atomic_file, json_default
 from pingctl.errors import PingctlError
 from pingctl.schema.parquet import WRITE_OPTIONS
+from pingctl.schema.spreadsheet import UTC_SUFFIX, unix_seconds, write_csv
 
 PREDICTION_COLUMNS = ("src", "dst", "p_fail", "p50_ms")
 DISTRIBUTION_COLUMNS = ("code", "rtt_ms", "probability")
+DISTRIBUTION_META = ("src", "dst", "p_fail")  # a CSV repeats them on every row: it has no metadata
 SUFFIXES = (".parquet", ".json", ".csv")
 PAIRS_SUFFIXES = (".parquet", ".csv", ".json")  # a --pairs predictions file
-SINGLE_SUFFIXES = (".parquet", ".json")  # a distribution or generated streams
+SINGLE_SUFFIXES = (".parquet", ".csv", ".json")  # a distribution or generated streams
 
 
 def read(path: Path):
@@ -42,7 +44,7 @@ def read(path: Path):
             reader = pcsv.open_csv(path)  # the header first: a large CSV of something else is not read whole
             if not _kind(reader.schema.names):
                 return None
-            table, meta = reader.read_all(), {}
+            table, meta = _from_csv(reader.read_all())
         else:
             doc = json.loads(path.read_text())
             if not isinstance(doc, dict):
@@ -69,6 +71,22 @@ def read(path: Path):
     return (kind, table, meta if isinstance(meta, dict) else {}) if kind else None
 
 
+def _from_csv(table):
+    """(table, metadata) of a CSV as `write_predictions`/`write_distribution` wrote it: the
+    `time_utc` text back to Unix seconds (`time`, as the other formats hold it), and a
+    distribution's src, dst and p_fail (its columns' first row) as metadata."""
+    time = "time" + UTC_SUFFIX
+    if time in table.column_names:
+        seconds = unix_seconds(table.column(time))
+        if seconds is not None:
+            table = table.set_column(table.column_names.index(time), "time", seconds)
+    meta = {}
+    if _kind(table.column_names) == "distribution" and table.num_rows:
+        meta = {k: table.column(k)[0].as_py() for k in DISTRIBUTION_META if k in table.column_names}
+        table = table.select([c for c in DISTRIBUTION_COLUMNS])
+    return table, meta
+
+
 def _kind(names) -> str | None:
     if all(c in names for c in PREDICTION_COLUMNS):
         return "predictions"
@@ -88,15 +106,14 @@ def predictions_table(columns: dict, meta: dict | None = None):
 
 
 def write_predictions(columns: dict, out: Path, meta: dict) -> None:
-    """Parquet (run/step in the schema metadata, key `pingctl`), CSV or JSON by suffix; atomic."""
+    """Parquet (run/step in the schema metadata, key `pingctl`), CSV (`time` as `time_utc`,
+    ISO 8601: pingctl.schema.spreadsheet) or JSON by suffix; atomic."""
     table = predictions_table(columns)
     with atomic_file(out) as tmp:
         if out.suffix == ".json":
             tmp.write_text(json.dumps({**meta, "predictions": table.to_pylist()}, indent=1))
         elif out.suffix == ".csv":
-            import pyarrow.csv as pcsv
-
-            pcsv.write_csv(table, tmp)
+            write_csv(table, tmp, seconds=("time",))
         else:
             import pyarrow.parquet as pq
 
@@ -116,8 +133,9 @@ def write_rejects(rejects: list[dict], path: Path) -> None:
 
 def write_distribution(d, out: Path, src: str, dst: str) -> None:
     """Every RTT code of `d` (an RttDistribution: codes, values_ms, probs, p_fail) with its value
-    and P(code | success); P(failure) beside them (Parquet: schema metadata), so users can
-    compute what the printed summary leaves out. JSON or Parquet by suffix; atomic."""
+    and P(code | success); P(failure) beside them (Parquet: schema metadata; CSV: src, dst and
+    p_fail columns, the same on every row), so users can compute what the printed summary
+    leaves out. JSON, CSV or Parquet by suffix; atomic."""
     import pyarrow as pa
 
     meta = {"src": src, "dst": dst, "p_fail": d.p_fail}
@@ -125,25 +143,37 @@ def write_distribution(d, out: Path, src: str, dst: str) -> None:
         if out.suffix == ".json":
             tmp.write_text(json.dumps({**meta, "code": d.codes.tolist(), "rtt_ms": d.values_ms.tolist(),
                                        "probability": d.probs.tolist()}))
+            return
+        table = pa.table({"code": pa.array(d.codes, pa.uint16()), "rtt_ms": d.values_ms, "probability": d.probs})
+        if out.suffix == ".csv":
+            n = table.num_rows
+            write_csv(table.append_column("src", pa.array([src] * n, pa.string()))
+                      .append_column("dst", pa.array([dst] * n, pa.string()))
+                      .append_column("p_fail", pa.array([float(d.p_fail)] * n, pa.float64())), tmp)
         else:
             import pyarrow.parquet as pq
 
-            table = pa.table({"code": pa.array(d.codes, pa.uint16()), "rtt_ms": d.values_ms, "probability": d.probs})
             pq.write_table(table.replace_schema_metadata({"pingctl": json.dumps(meta)}), tmp, **WRITE_OPTIONS)
 
 
 def write_generated(table, stream_id, out: Path) -> None:
     """Generated streams: `table` (canonical Arrow rows, None for none) with each row's stream
-    number `stream_id` as a `stream` column (Parquet) or key (JSON rows); atomic."""
-    import pyarrow as pa
-
+    number `stream_id` as a `stream` column (Parquet, CSV) or key (JSON rows); atomic."""
     with atomic_file(out) as tmp:
         if out.suffix == ".json":
             rows = table.to_pylist() if table is not None else []
             for r, s in zip(rows, stream_id):
                 r["stream"] = int(s)
             tmp.write_text(json.dumps(rows, default=json_default, indent=1))
+        elif out.suffix == ".csv":
+            write_csv(_with_stream(table, stream_id), tmp)
         else:
             import pyarrow.parquet as pq
 
-            pq.write_table(table.append_column("stream", pa.array(stream_id, pa.int64())), tmp, **WRITE_OPTIONS)
+            pq.write_table(_with_stream(table, stream_id), tmp, **WRITE_OPTIONS)
+
+
+def _with_stream(table, stream_id):
+    import pyarrow as pa
+
+    return table.append_column("stream", pa.array(stream_id, pa.int64()))

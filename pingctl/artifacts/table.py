@@ -16,7 +16,7 @@ import numpy as np
 from pingctl.artifacts.raw import JSON_SUFFIXES, SNIFF_BYTES, SUFFIX_CODECS, codec_of, starts_like_results
 from pingctl.atomic import MANIFEST, inside_pingctl_output, is_pingctl_output
 from pingctl.errors import PingctlError, UsageError
-from pingctl.schema.columns import COLUMNS
+from pingctl.schema.columns import SEED_COLUMNS
 from pingctl.schema.duck import refuse_rejects
 from pingctl.schema.parquet import check_parquet_columns, read_table
 from pingctl.tokenizer.measurements import event_seconds, MeasurementError, parse_addresses
@@ -250,7 +250,7 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
     refuse_whole_shard_output([path], split=split_hint)
     files = resolve_inputs([path])
     check_parquet_columns(files)
-    wanted = list(columns or COLUMNS)
+    wanted = list(columns or (*SEED_COLUMNS, "prb_id"))  # the arrays eval computes with (above)
     parts: dict[str, list[np.ndarray]] = {c: [] for c in wanted}
     for f in files:
         have = set(pq.read_schema(f).names)

@@ -7,10 +7,27 @@ import typer
 
 from pingctl import __version__
 
+
+def _extras_help() -> str:
+    """Which commands need which extra, from the table their checks read (errors.COMMAND_NEEDS).
+    Brackets escaped: Typer reads help as Rich markup, where "[data]" is a style tag and vanishes."""
+    from pingctl.errors import COMMAND_NEEDS
+
+    by_extra: dict[str, list[str]] = {}
+    for command, (extra, _) in COMMAND_NEEDS.items():
+        listed = by_extra.setdefault(extra, [])
+        if command.split()[0] not in listed:  # "train --target modal" is still train's [train]
+            listed.append(command)
+    need = "; ".join(f"{', '.join(cs)}: \\[{extra}]" for extra, cs in by_extra.items())
+    return ("Installs: the base install answers questions (sample, score, serve, export) and runs every command "
+            f"not named here; the others need an extra: {need}. \\[train] holds everything. A command run "
+            "without its extra says so, and prints the pip command that adds it, before it writes anything.")
+
+
 app = typer.Typer(
     name="pingctl",
     help="Train a generative Transformer on internet latency measurements and ask it questions.\n\n"
-    "Data flows one way: ingest/synth -> shard -> build-rows -> train -> sample/eval.",
+    "Data flows one way: ingest/synth -> shard -> build-rows -> train -> sample/eval.\n\n" + _extras_help(),
     no_args_is_help=True,
     # Typer's --install-completion / --show-completion; completing imports only the CLI modules
     add_completion=True,
@@ -38,6 +55,7 @@ def _register() -> None:
 
     for mod in (fetch_cmd, ingest_cmd, synth_cmd, shard_cmd, tokenize_cmd, build_rows_cmd, hints_cmd, train_cmd, pull_cmd, sample_cmd, score_cmd, eval_cmd, export_cmd, serve_cmd, inspect_cmd):
         mod.register(app)
+    _note_extras()
     app.add_typer(
         config_cmd.app,
         name="config",
@@ -48,6 +66,19 @@ def _register() -> None:
         name="bench",
         help="Performance figures: prints a table and writes JSON.\n\nExample: pingctl bench train --presets tiny --steps 20",
     )
+
+
+def _note_extras() -> None:
+    """Each command that needs an extra says so at the end of its own --help."""
+    import inspect
+
+    from pingctl.errors import COMMAND_NEEDS, package_names
+
+    for info in app.registered_commands:
+        if info.name in COMMAND_NEEDS:
+            extra, modules = COMMAND_NEEDS[info.name]
+            doc = info.help if info.help is not None else inspect.getdoc(info.callback) or ""
+            info.help = f"{doc}\n\nNeeds the \\[{extra}] extra ({', '.join(package_names(modules))})."
 
 
 _register()

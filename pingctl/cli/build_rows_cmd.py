@@ -51,7 +51,7 @@ def build_rows(
              "probe records in OUT and destination records in OUT/by-destination, which the loader's "
              "triangulation contexts read (loader.triangulation_share).")] = "source",
     dst_max_row_mb: Annotated[float | None, typer.Option(
-        help="Split longer destination histories into records of this size. [default: rows.dst_max_row_mb, 1]")] = None,
+        help="Split longer destination histories into records of this size. \\[default: rows.dst_max_row_mb, 1]")] = None,
     memory_limit: MemoryLimitOpt = None,
     target: Annotated[str, typer.Option(
         "--target", help="local: here; slurm: a job array, one task per hash partition of the probes; modal: Modal "
@@ -85,12 +85,12 @@ def build_rows(
 
     Fanned out: pingctl build-rows splits/train -o rows/train --target slurm --tasks 16 --dry-run (then without --dry-run)
     """
-    from pingctl.errors import UsageError
-
-    if by not in ("source", "destination", "both"):
-        raise UsageError(f"--by {by!r}: expected source, destination or both")
+    from pingctl.errors import UsageError, require_command
     from pingctl.executor import registry
 
+    require_command("build-rows")  # before anything is read or written
+    if by not in ("source", "destination", "both"):
+        raise UsageError(f"--by {by!r}: expected source, destination or both")
     executor = registry.create(target, "build-rows", {
         "partition": partition, "account": account, "qos": qos, "cpus_per_task": cpus_per_task, "mem": mem,
         "time": time_limit, "max_parallel": max_parallel, "setup": setup, "volume": volume, "modal_cpu": modal_cpu})

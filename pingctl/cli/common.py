@@ -40,6 +40,8 @@ EngineOpt = Annotated[str | None, typer.Option(
 StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]
+RevisionOpt = Annotated[str | None, typer.Option(
+    help="A model given as a Hugging Face Hub repo id: its branch, tag or commit (default: main).")]
 
 # The options of a fanned-out step (`ingest`, `build-rows` with --target slurm|modal), in the
 # help panels they share.
@@ -61,6 +63,14 @@ def load(config: Path | None, overrides: list[str] | None, **cli_values: Any):
     from pingctl.config import load_config
 
     return load_config(config, overrides, cli_values)
+
+
+def model_dir(model: Path, revision: str | None = None) -> Path:
+    """A command's model argument as the directory it names: itself, or, for a Hugging Face Hub
+    repo id (`owner/name` that is no path here), the local snapshot of that repo at `revision`."""
+    from pingctl.artifacts.hub import resolve_model_path
+
+    return resolve_model_path(str(model), revision)
 
 
 _JSON_OUT: contextvars.ContextVar = contextvars.ContextVar("pingctl_json_stdout", default=None)

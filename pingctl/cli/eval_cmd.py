@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, fmt, grid_table, handle_errors, load,
-                                step_progress)
+from pingctl.cli.common import (ConfigOpt, HardwareOpt, JsonOpt, RevisionOpt, SetOpt, StepOpt, console, emit, fmt, grid_table,
+                                handle_errors, load, model_dir, say, step_progress)
 
 # Upper bounds of eval's counts, checked before any split is read or the model loads (a usage
 # error, exit 2, naming the option, or the config key where --set or --config gave it):
@@ -22,20 +22,23 @@ MAX_CONTEXT = 10_000
 
 
 def evaluate(
-    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory.")],
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model, or its Hugging Face Hub repo id (owner/name).")],
     train: Annotated[Path | None, typer.Option(
-        help="Train split (canonical Parquet): baselines are fitted on it. [required without --regimes]")] = None,
-    test: Annotated[Path | None, typer.Option(help="Test split (canonical Parquet). [required without --regimes]")] = None,
+        help="Train split (canonical Parquet): baselines are fitted on it. \\[required without --regimes]")] = None,
+    test: Annotated[Path | None, typer.Option(help="Test split (canonical Parquet). \\[required without --regimes]")] = None,
     regimes: Annotated[Path | None, typer.Option(
         help="A `pingctl shard --strategy regimes` output: evaluate on each regime's test set (time, pair, "
              "probe, target) against the best classical predictor with the prompt's information, one table; "
              "baselines fitted on its train/, intervals recalibrated on its val/. Replaces --train/--test.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.json and the plots go.")] = Path("runs/eval"),
+    predictions: Annotated[Path | None, typer.Option(
+        "--predictions", help="Also write every packet's predictions here for a spreadsheet: .csv or .json "
+                              "(OUT/predictions.parquet is always written).")] = None,
     truth: Annotated[Path | None, typer.Option(help="`pingctl synth` output: adds the noise floor.")] = None,
     queries: Annotated[int | None, typer.Option(
-        min=1, max=MAX_QUERIES, help="Test packets evaluated (a seeded random subset). [default: eval.queries, 300]")] = None,
+        min=1, max=MAX_QUERIES, help="Test packets evaluated (a seeded random subset). \\[default: eval.queries, 300]")] = None,
     context: Annotated[int | None, typer.Option(
-        min=0, max=MAX_CONTEXT, help="Preceding measurements of the probe in the prompt. [default: eval.context, 16]")] = None,
+        min=0, max=MAX_CONTEXT, help="Preceding measurements of the probe in the prompt. \\[default: eval.context, 16]")] = None,
     context_policy: Annotated[str | None, typer.Option(
         help="probe: the probe's preceding test packets, as in training (adds the context_median "
              "baseline); cold: the probe's preceding packets from train+test excluding the queried "
@@ -43,29 +46,30 @@ def evaluate(
              "destinations (--context of them) and the destination's from other sources (--context-dst), as "
              "the loader's triangulation contexts; pair: the pair's own earlier packets (train+test); "
              "fair (--regimes only): pair for the time regime, both for the held-out ones. "
-             "[default: eval.context_policy, probe; with --regimes and no --config, fair]")] = None,
+             "\\[default: eval.context_policy, probe; with --regimes and no --config, fair]")] = None,
     context_dst: Annotated[int | None, typer.Option(
         min=0, max=MAX_CONTEXT, help="--context-policy both: measurements of the destination side. "
-                                     "[default: eval.context_dst, else --context]")] = None,
+                                     "\\[default: eval.context_dst, else --context]")] = None,
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair in the prompt, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int | None, typer.Option(
-        min=0, help="Seed of the packet subset and Vivaldi. [default: eval.seed, 0]")] = None,
+        min=0, help="Seed of the packet subset and Vivaldi. \\[default: eval.seed, 0]")] = None,
     recalibration: Annotated[str | None, typer.Option(
         help="--regimes: the held-out regimes' recalibration map: pooled (one map fitted on their val sets "
              "together: a val set holds few of the hosts its regime holds out) or own (one per regime, on its "
-             "own val set). [default: eval.recalibration, pooled]")] = None,
+             "own val set). \\[default: eval.recalibration, pooled]")] = None,
     hints: Annotated[bool | None, typer.Option(
         "--hints/--no-hints",
         help="`both` prompts carry the least-squares embedding's RTT estimate for the pair (fitted on --train; "
              "an end it never saw placed from the prompt), as a run trained with loader.hints_file learned to read "
-             "it. [default: as the run was trained]")] = None,
+             "it. \\[default: as the run was trained]")] = None,
     calibration: Annotated[Path | None, typer.Option(
         help="A calibration.json that an eval of this run on other packets (the val split) wrote: adds "
              "model_calibrated, the model's distributions recalibrated so their quantiles cover as "
              "they did there.")] = None,
     step: StepOpt = None,
+    revision: RevisionOpt = None,
     hardware: HardwareOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -86,7 +90,11 @@ def evaluate(
     Every regime at once, each with the prompt its baseline's information calls for (fair):
     pingctl eval RUN --regimes runs/demo/regimes -o runs/demo/eval-regimes
     """
-    from pingctl.errors import UsageError
+    from pingctl.artifacts.eval_output import check_copy
+    from pingctl.errors import UsageError, require_command
+
+    require_command("eval")  # before anything is read or written
+    check_copy(predictions)
     from pingctl.eval.run import evaluate as run_eval
     from pingctl.artifacts.run import parse_steps
 
@@ -111,6 +119,7 @@ def evaluate(
     if recalibration is not None and regimes is None:
         raise UsageError("--recalibration chooses the held-out regimes' maps of --regimes; without it, fit a map "
                          "with an eval on val and give it as --calibration")
+    run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
     if regimes is not None:
         if train is not None or test is not None or calibration is not None:
             raise UsageError("--regimes takes the train, val and test sets from the regimes split; "
@@ -122,10 +131,7 @@ def evaluate(
                                       per_pair=context_per_pair, hardware=hardware, context_dst=context_dst,
                                       recalibration=cfg.recalibration, hints=hints,
                                       progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
-        if as_json:
-            emit(dict(result), True)
-            return
-        print_regimes(result, out / "report.json")
+        _finish(result, out, predictions, as_json, print_regimes)
         return
     if train is None or test is None:
         raise UsageError("give --train and --test (the splits to fit baselines on and to evaluate), or --regimes")
@@ -135,10 +141,23 @@ def evaluate(
                           per_pair=context_per_pair, hardware=hardware, calibration=calibration,
                           context_dst=context_dst, hints=hints,
                           progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
+    _finish(report, out, predictions, as_json, print_report)
+
+
+def _finish(result: dict, out: Path, predictions: Path | None, as_json: bool, show) -> None:
+    """The result as JSON on stdout, or printed by `show`; with --predictions, the predictions
+    eval wrote again as CSV or JSON first (its path in the result)."""
+    from pingctl.artifacts.eval_output import write_copy
+
+    result = dict(result)
+    if predictions is not None:
+        result["predictions_copy"] = str(write_copy(out, predictions))
     if as_json:
-        emit(dict(report), True)
+        emit(result, True)
         return
-    print_report(report, out / "report.json")
+    show(result, out / "report.json")
+    if predictions is not None:
+        say(f"predictions also in {predictions}", "dim")
 
 
 def print_report(report: dict, path) -> None:

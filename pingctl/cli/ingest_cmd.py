@@ -129,6 +129,9 @@ def ingest(
 
     Fanned out: pingctl ingest dumps/ -o runs/month --target slurm --partition cpu --dry-run (then without --dry-run)
     """
+    from pingctl.errors import require_command
+
+    require_command("ingest")  # before anything is read or written
     cfg = load(
         config,
         set_,

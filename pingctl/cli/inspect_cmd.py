@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, JsonOpt, SetOpt, console, emit, fmt, grid_table, handle_errors, kv_table,
-                                load, progress, say)
+from pingctl.cli.common import (ConfigOpt, JsonOpt, RevisionOpt, SetOpt, console, emit, fmt, grid_table, handle_errors,
+                                kv_table, load, model_dir, progress, say)
 from pingctl.schema.times import utc_text
 
 
@@ -38,17 +38,22 @@ def _table_rows(d: dict) -> list[tuple[str, object]]:
 
 def inspect(
     path: Annotated[Path, typer.Argument(
-        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, a `pingctl export` model, "
+        help="A canonical Parquet file/dir, a `pingctl shard` output dir, probe rows, a `pingctl train` run, a `pingctl export` model (or its Hugging Face Hub repo id, owner/name), "
              "a `pingctl eval` output (its dir or report.json), or a `pingctl sample` output (--pairs "
              "predictions, a pair's RTT distribution).")],
     sample: Annotated[int, typer.Option("--sample", "-n", min=0, max=1_000_000_000,
                                         help="Also show N random rows (or decoded records).")] = 0,
     by: Annotated[str | None, typer.Option(
-        "--by", help="Statistics per pair, probe or destination of a table: count, loss share, RTT p5/p50/p95, "
-                     "first and last time.")] = None,
+        "--by", help="Statistics per pair, probe, destination, msm or prefix (the destination's /24 or /48) of a "
+                     "table: packets sent and received, loss %, RTT min/mean/max and p5/p50/p95, jitter (IPDV), "
+                     "error and duplicate shares, first and last time.")] = None,
+    every: Annotated[str | None, typer.Option(
+        "--every", help="With --by: one row per group and time bucket of this length (15m, 1h, 1d; UTC, "
+                        "counted from 1970-01-01).")] = None,
     limit: Annotated[int, typer.Option(min=0, help="With --by: show the N largest groups (0 = all).")] = 20,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="With --by: write every group to this .csv or .parquet file.")] = None,
+        "--out", "-o", help="With --by: write every group to this .csv, .json or .parquet file.")] = None,
+    revision: RevisionOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -57,8 +62,9 @@ def inspect(
 
     Example: pingctl inspect runs/demo/splits --sample 5
 
-    Per group (pingctl inspect runs/ingest --by pair --limit 10, or -o pairs.csv for all groups):
-    count, loss share, RTT p5/p50/p95, first and last time, largest groups first.
+    Per group (pingctl inspect runs/ingest --by pair --limit 10, or -o pairs.csv for all groups;
+    --every 1h for one row per hour): packets sent and received, loss %, RTT min/mean/max and
+    p5/p50/p95, jitter (mean absolute IPDV), error and duplicate shares, largest groups first.
 
     A run directory (pingctl inspect runs/demo/train): model, data shaping, steps and tokens,
     losses, checkpoints; read from its files, so it also works on a run still training.
@@ -70,10 +76,10 @@ def inspect(
     from pingctl.inspect import describe
 
     cfg = load(config, set_)
-    if by is not None or out is not None:
-        _groups(path, by, limit, out, sample, as_json)
+    if by is not None or out is not None or every is not None:
+        _groups(path, by, limit, out, sample, as_json, every)
         return
-    result = describe(path, sample, cfg.tokenizer.scheme)
+    result = describe(model_dir(path, revision), sample, cfg.tokenizer.scheme)
     if result["kind"] == "rows" and result["errors"]:
         result["exit_code"] = 1  # as ingest's summary: a result to read, and a failure to see
     if as_json or result["kind"] == "rows":
@@ -153,44 +159,69 @@ def inspect(
                       "(an empty split, or one not written)[/]", highlight=False)
 
 
-def _groups(path: Path, by: str | None, limit: int, out: Path | None, sample: int, as_json: bool) -> None:
+def _groups(path: Path, by: str | None, limit: int, out: Path | None, sample: int, as_json: bool,
+            every: str | None) -> None:
     from pingctl.errors import UsageError
     from pingctl.inspect import describe_groups
 
     if by is None:
-        raise UsageError("-o writes the groups of --by; add --by pair, probe or destination")
+        raise UsageError(f"{'-o' if out is not None else '--every'} goes with --by; add --by pair, probe, "
+                         "destination, msm or prefix")
     if sample:
         raise UsageError("--sample shows rows of a table, not groups; drop it or --by")
     with progress(transient=True) as bar:
         bar.add_task(f"statistics by {by}", total=None)
-        r = describe_groups(path, by, limit, out)
+        r = describe_groups(path, by, limit, out, every)
     if as_json:
         emit(r, True)
         return
-    keys = {"pair": ["src_addr", "dst_addr"], "probe": ["prb_id"], "destination": ["dst_addr", "sources"]}[by]
-    if by == "probe":
-        keys += ["src_addr"] * any(g["src_addr"] is not None for g in r["top"]) + ["destinations"]
-    heads = {"src_addr": "src", "dst_addr": "dst", "prb_id": "probe"}
-    cols = [heads.get(k, k) for k in keys] + ["count", "loss", "p5 ms", "p50 ms", "p95 ms", "first (UTC)",
-                                             "last (UTC)"]
+    keys = {"pair": ["src_addr", "dst_addr", "prb_id", "msm_id"], "probe": ["prb_id"], "destination": ["dst_addr"],
+            "msm": ["msm_id"], "prefix": ["dst_prefix"]}[by]
+    if by == "probe" and any(g["src_addr"] is not None for g in r["top"]):
+        keys.append("src_addr")
+    keys += ["bucket_start"] * bool(every)
+    heads = {"src_addr": "src", "dst_addr": "dst", "prb_id": "probe", "msm_id": "msm", "dst_prefix": "prefix",
+             "bucket_start": "from\n(UTC)"}
+    # two-line headers: the figures' width is their values', so the keys keep room at 80 columns
+    cols = [heads.get(k, k) for k in keys] + ["sent", "rcvd", "loss", "min\nms", "p50\nms", "mean\nms", "max\nms",
+                                             "ipdv\nms"]
     shown = f"the {r['shown']:,} largest of {r['groups']:,}" if r["shown"] < r["groups"] else f"{r['groups']:,}"
-    t = grid_table(f"{shown} groups by {by}", cols, left=("src", "dst", "first (UTC)", "last (UTC)"),
-                   whole=("probe", "count", "loss", "first (UTC)", "last (UTC)"), listing=True)
+    t = grid_table(f"{shown} groups by {by}" + (f", every {every}" if every else ""), cols,
+                   left=("src", "dst", "prefix", "from\n(UTC)"), whole=tuple(cols[len(keys) - bool(every):]),
+                   listing=True)
+    # whole days need no clock time: six characters fewer to fold at 80 columns
+    day = bool(every) and r["every_s"] % 86_400 == 0
     for g in r["top"]:
-        t.add_row(*(fmt(g[k]) if k != "prb_id" else str(g[k] if g[k] is not None else "-") for k in keys),
-                  fmt(g["count"]), f"{g['loss_share']:.1%}", fmt(g["rtt_p5_ms"]), fmt(g["rtt_p50_ms"]),
-                  fmt(g["rtt_p95_ms"]), str(g["first_time"])[:16], str(g["last_time"])[:16])
-    summary = [("table", str(path)), ("rows", r["rows"]), ("invalid rows (left out)", r["invalid_rows"]), ("groups", r["groups"])]
+        t.add_row(*(_group_key(k, g[k], day) for k in keys), fmt(g["sent"]), fmt(g["received"]),
+                  "-" if g["loss_pct"] is None else f"{g['loss_pct']:.1f}%",
+                  # a tenth of a ms on screen (the files keep every digit): 80 columns hold the row
+                  *("-" if g[k] is None else f"{g[k]:,.1f}"
+                    for k in ("rtt_min_ms", "rtt_p50_ms", "rtt_mean_ms", "rtt_max_ms", "ipdv_ms")))
+    summary = [("table", str(path)), ("rows", r["rows"]), ("invalid rows (left out)", r["invalid_rows"]),
+               ("groups", r["groups"])]
+    if every:
+        summary.append((f"rows of {every}", r["group_rows"]))
     if r["out"]:
         summary.append(("all groups written to", r["out"]))
     emit(r, False, [t, kv_table(f"inspect --by {by}", summary)])
 
 
+def _group_key(name: str, value, day: bool = False) -> str:
+    if name == "bucket_start":
+        return str(value)[:10 if day else 16]
+    if name in ("prb_id", "msm_id"):
+        return "-" if value is None else str(value)  # ids, not quantities: no thousands separator
+    return fmt(value)
+
+
 def _print_run(r: dict) -> None:
+    from pingctl.artifacts.run import stop_message
+
     def at(loss, step) -> str:
         return "-" if loss is None else f"{loss:.3f} (step {step})"
 
-    state = "complete" if r["complete"] else "stopped by --max-minutes" if r["stopped_early"] else "incomplete"
+    stop = r["stopped_early"]
+    state = "complete" if r["complete"] else f"--max-minutes: {stop_message(stop)}" if stop else "incomplete"
     ckpts = ", ".join(map(str, r["checkpoints"])) or "-"
     if r["uncommitted_checkpoints"]:
         ckpts += f"  (uncommitted, ignored: {', '.join(map(str, r['uncommitted_checkpoints']))})"

@@ -26,6 +26,9 @@ def pull(
 
     Then: pingctl inspect runs/demo/train; pingctl sample runs/demo/train --src 78.143.22.26 --dst 194.255.199.229
     """
+    from pingctl.errors import require_command
+
+    require_command("pull")  # before anything is read or written
     from pingctl.artifacts.run import parse_steps
     from pingctl.train.modal_run import pull_run
 

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, EngineOpt, HardwareOpt, JsonOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
-                                handle_errors, kv_table, load, read_valid_rows, say)
+from pingctl.cli.common import (ConfigOpt, EngineOpt, HardwareOpt, JsonOpt, RevisionOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
+                                handle_errors, kv_table, load, model_dir, read_valid_rows, say)
 from pingctl.errors import PingctlError
 from pingctl.schema.times import utc_text
 
@@ -19,7 +19,7 @@ _K, _MEASUREMENTS = 10, 8
 
 
 def sample(
-    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model.")],
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model, or its Hugging Face Hub repo id (owner/name).")],
     src: Annotated[str | None, typer.Option(help="Source IP, or a pattern (8.8.*.* / CIDR).")] = None,
     dst: Annotated[str | None, typer.Option(help="Destination IP, or a pattern (8.8.*.* / CIDR).")] = None,
     rtt: Annotated[str | None, typer.Option(help="RTT in ms (20) or range (10-30): completion / inverse search.")] = None,
@@ -32,13 +32,13 @@ def sample(
     context_policy: Annotated[str | None, typer.Option(
         help="probe: the --context rows of --src's probe (as plain training contexts); both: a triangulation "
              "context from --context, the probe's measurements to other destinations and --dst's from other "
-             "sources (--context-k a side; an RTT distribution only). [default: probe]")] = None,
+             "sources (--context-k a side; an RTT distribution only). \\[default: probe]")] = None,
     context_k: Annotated[int | None, typer.Option(
-        min=1, help="--context-policy both: measurements of each side [default: 16].")] = None,
+        min=1, help="--context-policy both: measurements of each side \\[default: 16].")] = None,
     n: Annotated[int | None, typer.Option(
         "--n", min=1, help="Inverse search: samples; otherwise streams to generate (with --src: of that probe).")] = None,
     measurements: Annotated[int | None, typer.Option(
-        min=1, help=f"Generation: measurements per stream [default: {_MEASUREMENTS}].")] = None,
+        min=1, help=f"Generation: measurements per stream \\[default: {_MEASUREMENTS}].")] = None,
     timestamps: Annotated[bool | None, typer.Option(
         "--timestamps/--no-timestamps",
         help="Generation: every measurement opens with its timestamp, so each generated row has an event_time "
@@ -50,11 +50,11 @@ def sample(
     until: Annotated[str | None, typer.Option(
         help="Generation: the latest time a generated measurement may have (default: now).")] = None,
     k: Annotated[int | None, typer.Option(
-        "-k", min=1, help=f"Completions / inverse-search destinations to show [default: {_K}].")] = None,
+        "-k", min=1, help=f"Completions / inverse-search destinations to show \\[default: {_K}].")] = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet or .json), or the "
+        "--out", "-o", help="Generated streams, or a pair's exact RTT distribution (.parquet, .csv or .json), or the "
              "--pairs predictions (.parquet, .csv or .json).")] = None,
-    plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Save the RTT distribution as a PNG (needs the \\[plot] extra: matplotlib).")] = None,
     pairs: Annotated[Path | None, typer.Option(
         help="CSV (with a header) or Parquet of pairs, columns src, dst [, time]: the RTT distribution of "
              "every row, one model load; rows that fail the --src/--dst/--time checks are set aside "
@@ -66,6 +66,7 @@ def sample(
         "--exact", help="--pairs: compute all 65,536 codes per pair, as a single query does (the means "
                         "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
     step: StepOpt = None,
+    revision: RevisionOpt = None,
     hardware: HardwareOpt = None,
     engine: EngineOpt = None,
     seed: Annotated[int | None, typer.Option(min=0, help="Sampling seed (inverse search, generation).")] = None,
@@ -103,6 +104,7 @@ def sample(
         measurements=measurements, timestamps=timestamps, since=since, until=until, k=k, out=out, plot=plot,
         pairs=pairs, calibration=calibration, exact=exact, seed=seed, temperature=temperature, top_p=top_p,
         sampling=cfg.sample)
+    run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
     cal = _calibration(q, run) if calibration is not None else None
     steps = parse_steps(step)
     ctx, ctx_read, ctx_prb = _read_context(context) if context is not None else (None, None, None)

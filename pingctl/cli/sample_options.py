@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pingctl.api import checks as C
 from pingctl.artifacts import sample_output as SO
-from pingctl.errors import UsageError
+from pingctl.errors import UsageError, require_command
 
 
 def question_from_options(*, src: str | None = None, dst: str | None = None, rtt: str | None = None,
@@ -83,7 +83,7 @@ def question_from_options(*, src: str | None = None, dst: str | None = None, rtt
         raise UsageError(f"--rtt {rtt}: a completion conditions on one RTT (e.g. --rtt 20); "
                          "ranges are for inverse search (--src IP --rtt 10-30)")
     if out is not None and out.suffix not in SO.SINGLE_SUFFIXES:
-        raise UsageError(f"--out {out}: written as .parquet or .json")
+        raise UsageError(f"--out {out}: written as .parquet, .csv or .json")
     common = {"context": context, "context_per_pair": context_per_pair, "context_policy": context_policy or "probe",
               "context_k": context_k}
     s = {"seed": _given(seed, sampling, "seed", 0), "temperature": _given(temperature, sampling, "temperature", 1.0)}
@@ -101,6 +101,8 @@ def question_from_options(*, src: str | None = None, dst: str | None = None, rtt
                              timestamps=timestamps, period=period, out=out, top_p=_given(top_p, sampling, "top_p", 1.0),
                              **s, **common)
     C.check_writable(("--out", out), ("--plot", plot))
+    if plot is not None:
+        require_command("sample --plot")
     return q
 
 

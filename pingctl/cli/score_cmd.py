@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (EngineOpt, HardwareOpt, JsonOpt, StepOpt, emit, err_console, fmt, grid_table, handle_errors,
-                                kv_table, progress, say)
+from pingctl.cli.common import (EngineOpt, HardwareOpt, JsonOpt, RevisionOpt, StepOpt, emit, err_console, fmt, grid_table,
+                                handle_errors, kv_table, model_dir, progress, say)
 
 # pingctl.infer.score's bounds, for the options (the CLI imports nothing heavy at start-up;
 # tests/test_score.py checks that the two agree)
@@ -19,9 +19,9 @@ TOP = 10  # flagged rows printed with --threshold; -o and --json hold them all
 
 
 def score(
-    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model.")],
+    run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model, or its Hugging Face Hub repo id (owner/name).")],
     table: Annotated[Path, typer.Argument(help="Canonical Parquet: a file, a directory or a glob.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go (.parquet, or .csv).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go (.parquet, .csv or .json).")],
     threshold: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, help="Flag rows whose tail probability is below P, and print the "
                                f"{TOP} most surprising.")] = None,
@@ -38,6 +38,7 @@ def score(
     limit: Annotated[int | None, typer.Option(
         min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
     step: StepOpt = None,
+    revision: RevisionOpt = None,
     hardware: HardwareOpt = None,
     engine: EngineOpt = None,
     as_json: JsonOpt = False,
@@ -62,7 +63,8 @@ def score(
     C.check_engine(engine)
     C.check_score_options(context, context_policy, limit)
     steps = parse_steps(step)
-    SO.check_out(out, _inputs(table))
+    SO.check_out(out, _inputs(table), within={"TABLE": table, "RUN": run})
+    run = model_dir(run, revision)  # a Hub repo id: its snapshot
     run_config(run)  # a bad run directory is named before the table is read
     got = C.read_scores(table, limit)
     if got.rejected and not as_json:

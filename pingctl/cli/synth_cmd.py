@@ -12,22 +12,22 @@ from pingctl.cli.common import ConfigOpt, JsonOpt, SetOpt, emit, handle_errors, 
 
 def synth(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (Parquet parts + truth/ + manifest.json).")],
-    rows: Annotated[int | None, typer.Option(help="Approximate number of rows (packets).  [config: data.synth.rows]")] = None,
-    probes: Annotated[int | None, typer.Option(help="Vantage points.  [config: data.synth.probes]")] = None,
-    targets: Annotated[int | None, typer.Option(help="Destinations.  [config: data.synth.targets]")] = None,
+    rows: Annotated[int | None, typer.Option(help="Approximate number of rows (packets).  \\[config: data.synth.rows]")] = None,
+    probes: Annotated[int | None, typer.Option(help="Vantage points.  \\[config: data.synth.probes]")] = None,
+    targets: Annotated[int | None, typer.Option(help="Destinations.  \\[config: data.synth.targets]")] = None,
     targets_per_probe: Annotated[
-        int | None, typer.Option(help="Destinations each probe pings.  [config: data.synth.targets_per_probe]")
+        int | None, typer.Option(help="Destinations each probe pings.  \\[config: data.synth.targets_per_probe]")
     ] = None,
-    step: Annotated[int | None, typer.Option(help="Seconds between rounds.  [config: data.synth.step]")] = None,
-    packets: Annotated[int | None, typer.Option(help="Packets per result.  [config: data.synth.packets]")] = None,
+    step: Annotated[int | None, typer.Option(help="Seconds between rounds.  \\[config: data.synth.step]")] = None,
+    packets: Annotated[int | None, typer.Option(help="Packets per result.  \\[config: data.synth.packets]")] = None,
     dual_stack_share: Annotated[
-        float | None, typer.Option(help="Share of dual-stack hosts.  [config: data.synth.dual_stack_share]")
+        float | None, typer.Option(help="Share of dual-stack hosts.  \\[config: data.synth.dual_stack_share]")
     ] = None,
-    start: Annotated[str | None, typer.Option(help="UTC start, ISO 8601.  [config: data.synth.start]")] = None,
-    seed: Annotated[int | None, typer.Option(help="World and noise seed.  [config: data.synth.seed]")] = None,
+    start: Annotated[str | None, typer.Option(help="UTC start, ISO 8601.  \\[config: data.synth.start]")] = None,
+    seed: Annotated[int | None, typer.Option(help="World and noise seed.  \\[config: data.synth.seed]")] = None,
     addresses: Annotated[str | None, typer.Option(
         help="structured (prefixes follow region, AS and city) or random (no relation to place, AS or prefix: "
-        "only measurements tell where a host is).  [config: data.synth.addresses]")] = None,
+        "only measurements tell where a host is).  \\[config: data.synth.addresses]")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output: another synth world (the same "
                                         "world is always rewritten), or a directory pingctl did not write.")] = False,
     config: ConfigOpt = None,

@@ -20,7 +20,8 @@ def train(
     preset: Annotated[str | None, typer.Option(help="Model preset: tiny | mini | small | base.")] = None,
     steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
     max_minutes: Annotated[float | None, typer.Option(
-        "--max-minutes", help="Time bound: stop at the first checkpoint committed after this many minutes.")] = None,
+        "--max-minutes",
+        help="Time bound: after this many minutes, save a checkpoint of the step in progress and stop.")] = None,
     target: Annotated[str | None, typer.Option(
         help="local | slurm | modal (any engine of pingctl.executor.registry).")] = None,
     hardware: Annotated[str | None, typer.Option(help="cpu | gpu | tpu.")] = None,
@@ -42,7 +43,7 @@ def train(
 
     Example: pingctl train runs/demo/rows/train --eval runs/demo/rows/val --preset tiny --steps 200
 
-    Bounded time: --max-minutes 90 stops at the first checkpoint after 90 minutes; the same command run again resumes there.
+    Bounded time: --max-minutes 90 checkpoints the step in progress at 90 minutes and stops; the same command run again resumes there.
 
     Submitted runs: pingctl train runs/demo/run --status (or --follow), after pingctl train ROWS --run-dir runs/demo/run --target slurm
     """
@@ -63,8 +64,11 @@ def train(
             "train.hardware": hardware,
         },
     )
+    from pingctl.errors import require_command
     from pingctl.executor import registry
 
+    # before the run directory exists: without [train] the worker would crash beside it
+    require_command("train --target modal" if cfg.train.target == "modal" else "train")
     executor = registry.create(cfg.train.target, "train")
     run = Path(cfg.train.run_dir)
     extra = {k: v for k, v in {"name": name, "detach": detach}.items() if v}
@@ -152,7 +156,9 @@ def _input_wait(s: dict) -> str:
 def _stopped(info: dict | None) -> str:
     if not info:
         return "no"
-    return f"{info['reason']} ({info['max_minutes']:g} min) after checkpoint {info['checkpoint']}; rerun to continue"
+    from pingctl.artifacts.run import stop_message
+
+    return f"{stop_message(info)}; rerun to continue"
 
 
 def _submitted(arg: Path | None, run_dir: Path | None, status: bool, follow: bool, config, set_, as_json: bool) -> None:

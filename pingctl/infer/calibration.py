@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.artifacts import export as EX
-from pingctl.artifacts.export import source_run
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer.queries import RttDistribution
@@ -161,7 +160,7 @@ def check_fits(cal: Calibration, run: Path, steps, prompt: dict | None = None, s
     given in `prompt`), or on the very packets it would be judged on (`scored`)."""
     where = f"--calibration {cal.path}"
     # an export's weights are its source run's: a map fitted on that run fits the export too
-    if Path(cal.meta.get("run", "")).resolve() != source_run(run).resolve():
+    if not EX.fitted_for(str(cal.meta.get("run") or ""), run):
         raise UsageError(f"{where} was fitted for run {cal.meta.get('run')}, not {run}: "
                          "fit one for this run (`pingctl eval` on its val split writes it)")
     if list(cal.meta.get("steps") or []) != list(steps):

@@ -3,13 +3,15 @@
 The weights are restored as `pingctl sample` restores them (`LoadedModel.load`: one checkpoint,
 or several averaged), so an export answers exactly as its run did. The layout is
 `pingctl.artifacts.export`'s; here are its contents: which MaxText keys shape the network,
-what else a prompt needs, and the model card.
+what else a prompt needs, and the model card (pingctl/templates/model_card.md.j2). An export is
+made to be shared: no absolute path of this machine goes into it (`EX.shareable`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,17 +35,16 @@ from pingctl.train.presets import architecture
 from pingctl.train.render import parameters
 
 LOSS_POINTS = 10  # rows of the model card's loss table
-# Network keys whose MaxText default (base.yml) a Hugging Face config states outright
-MAXTEXT_DEFAULTS = ("normalization_layer_epsilon", "rope_max_timescale", "logits_via_embedding", "weight_dtype")
 
 
 def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | None = None,
                  calibration: Path | None = None, eval_report: Path | None = None, force: bool = False,
-                 progress: Callable[[str], None] = lambda _what: None) -> dict:
+                 progress: Callable[[str], None] = lambda _what: None, repo_id: str | None = None) -> dict:
     """Write `out`, an export of `run` at `step` (default: the latest; several: averaged).
     `calibration`: a calibration.json fitted on this run and step(s), copied in (default: none).
     `eval_report`: a `pingctl eval` output for the model card (default: an eval output beside
-    the run, of this run and step(s), if there is one). Returns the summary `--json` prints."""
+    the run, of this run and step(s), if there is one). `repo_id`: the Hugging Face Hub repo it
+    is for (`--push-to-hub`), which the card names it by. Returns the summary `--json` prints."""
     run, out = Path(run).resolve(), Path(out)
     kind = model_dir_kind(run)
     if kind == "export":
@@ -75,7 +76,7 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
         "pingctl_version": __version__,
         # from the run, not the clock: exporting the same run again writes the same bytes
         "created": checkpoint_time(run, steps),
-        "source": {"run": str(run), "steps": list(steps), "step": steps[-1]},
+        "source": {"run": EX.shown_path(run), "steps": list(steps), "step": steps[-1]},
         "architecture": {"preset": cfg.model.preset, "overrides": dict(cfg.model.overrides or {}),
                          "parameters": parameters(cfg), **architecture(cfg.model.preset, cfg.model.overrides),
                          "maxtext": net},
@@ -88,22 +89,31 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
                     "elements": int(sum(a.size for a in tensors.values())),
                     "dtypes": sorted({a.dtype.name for a in tensors.values()})},
         "calibration": EX.CALIBRATION if cal is not None else None,
-        "eval_report": str(report_path) if report_path else None,
-        # run_config's source for an export: the config exactly as config.yaml holds it
-        "pingctl_config": read_config_doc(run / CONFIG),
+        "eval_report": EX.shown_path(report_path) if report_path else None,
+        # run_config's source for an export: the config as config.yaml holds it, its paths cut
+        "pingctl_config": EX.shareable_config(read_config_doc(run / CONFIG)),
         # what Hugging Face tooling reads (AutoConfig's model_type, hidden_size, ...): copies of the above
-        **EX.hf_fields({**_maxtext_defaults(MAXTEXT_DEFAULTS), **net}),
+        **EX.hf_fields({**EX.MAXTEXT_DEFAULTS, **net}),
     }
+    config = EX.shareable(config)  # what else may hold a path: MaxText keys given as overrides
     progress(f"writing {out}")
-    card = model_card(run, config, cfg, report)
+    card = model_card(run, config, cfg, report, repo_id)
     hints = run / HINTS if (run / HINTS).is_file() else None
-    EX.write(out, config, tensors, card, cal.to_json() if cal is not None else None, hints)
+    EX.write(out, config, tensors, card, _shareable_calibration(cal, config), hints)
     files = EX.files(out)
     return {"out": str(out), "run": str(run), "steps": list(steps), "step": steps[-1], "preset": cfg.model.preset,
             "parameters": config["architecture"]["parameters"], "tensors": len(tensors),
             "dtypes": config["weights"]["dtypes"], "calibration": cal.path if cal is not None else None,
             "eval_report": config["eval_report"], "files": files, "bytes": sum(f["bytes"] for f in files),
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _shareable_calibration(cal, config: dict) -> dict | None:
+    """The map as the export carries it: its run named as the export names its source (what
+    `EX.fitted_for` compares), its other paths (the split it was fitted on) cut."""
+    if cal is None:
+        return None
+    return {**EX.shareable(cal.to_json()), "run": config["source"]["run"]}
 
 
 def checkpoint_time(run: Path, steps: Sequence[int]) -> str | None:
@@ -123,20 +133,6 @@ def checkpoint_time(run: Path, steps: Sequence[int]) -> str | None:
     if not times:
         return None
     return dt.datetime.fromtimestamp(max(times), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _maxtext_defaults(keys: Sequence[str]) -> dict:
-    """MaxText's own values (its base.yml) of `keys`: what the network has where the run's
-    maxtext.yml sets nothing. Empty where MaxText is not installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("maxtext")
-    for where in (spec.submodule_search_locations or []) if spec else []:
-        f = Path(where) / "configs" / "base.yml"
-        if f.is_file():
-            doc = yaml.safe_load(f.read_text()) or {}
-            return {k: doc[k] for k in keys if k in doc}
-    return {}
 
 
 def network_keys(run: Path) -> dict:
@@ -175,6 +171,10 @@ def _eval_report(run: Path, steps: list[int], given: Path | None) -> tuple[Path 
 # (`rows/train`), never by the exporting machine's absolute paths.
 LICENSE = "apache-2.0"  # pingctl's own; the measurements a model learnt from keep their own terms
 TAGS = ["pingctl", "network-latency", "rtt", "ping", "ripe-atlas", "maxtext", "jax"]
+# The Hub task: the model forecasts the next measurement of a (probe, destination) series from the
+# measurements before it, as a distribution (and generates whole series); no Hub task fits better
+PIPELINE_TAG = "time-series-forecasting"
+CARD_TEMPLATE = "model_card.md.j2"
 ROW_KEYS = (("records", "records (training contexts' sources: one probe's measurements each)"),
             ("measurements", "measurements"), ("probes", "probes"), ("rows_read", "rows read"),
             ("rows_rejected", "rows rejected"), ("start", "first measurement"), ("end", "last measurement"))
@@ -184,11 +184,62 @@ EVAL_METRICS = (("median_rel_err", "median_relative_error", "median relative err
                 ("mae_ms", "mae_ms", "mean absolute error (ms)"),
                 ("cov50", "coverage_50", "coverage of the 50% interval"),
                 ("cov90", "coverage_90", "coverage of the 90% interval"))
+# Where measurements come from, by the `kind` of the table manifest that made them -> the id the
+# card's `datasets` and model-index give them, and how the card names them
+ORIGINS = {"pingctl-ingest": "ripe-atlas", "pingctl synth": "pingctl-synth"}
+DATASETS = {"ripe-atlas": "RIPE Atlas ping measurements",
+            "pingctl-synth": "synthetic ping measurements (pingctl synth)", "ping-measurements": "ping measurements"}
+UNKNOWN_ORIGIN = "ping-measurements"
+_MANIFEST = "manifest.json"
 
 
-def shown_path(p) -> str:
-    """A path as the card shows it: its last two parts (`rows/train`)."""
-    return "/".join(Path(str(p)).parts[-2:]).lstrip("/") if p else "-"
+def data_origin(path) -> str | None:
+    """Where the measurements under `path` (rows, a split, a table) came from: a key of DATASETS,
+    followed back through the manifests (rows -> the split or table they were built from -> the
+    shard's inputs -> ingest's or synth's output); None where the chain is not readable on this
+    machine, or it leads to more than one origin."""
+    found, todo, seen = set(), [Path(str(path))] if path else [], set()
+    for _ in range(4):  # rows -> split -> shard -> table, at most
+        nxt = []
+        for p in todo[:64]:  # a table of many parts names one directory many times: its first few tell
+            got = _manifest_near(p, seen)
+            if got is None:
+                continue
+            doc, where = got
+            if doc.get("kind") in ORIGINS:
+                found.add(ORIGINS[doc["kind"]])
+            for src in (doc.get("sources") or []) + (doc.get("inputs") or []):
+                if isinstance(src, dict) and isinstance(src.get("path"), str):
+                    q = Path(src["path"])
+                    if not q.exists() and isinstance(doc.get("out"), str):  # the tree moved (or was renamed) whole
+                        q = where / os.path.relpath(q, doc["out"])
+                    nxt.append(q)
+        todo = nxt
+    return found.pop() if len(found) == 1 else None
+
+
+def _manifest_near(p: Path, seen: set) -> tuple[dict, Path] | None:
+    """The manifest of the output `p` is (a directory) or belongs to (a part file, a split of a
+    shard output), and the directory holding it: the nearest manifest.json at most two levels
+    up; None if none is readable or it was read already."""
+    for d in (p, p.parent, p.parent.parent) if p.suffix else (p, p.parent):
+        f = d / _MANIFEST
+        if f.is_file():
+            if f in seen:
+                return None
+            seen.add(f)
+            try:
+                doc = json.loads(f.read_text())
+            except (OSError, ValueError):
+                return None
+            return (doc, d) if isinstance(doc, dict) else None
+    return None
+
+
+def model_name(run: Path, config: dict, repo_id: str | None = None) -> str:
+    """What the card calls the model: its Hub repo id where it is pushed to one, else its preset
+    and run (`pingctl-tiny-demo-train`), the same for every export of the run."""
+    return repo_id or f"pingctl-{config['architecture']['preset']}-{EX.shown_path(run).replace('/', '-')}"
 
 
 def _rows_manifest(rows: str | None) -> dict | None:
@@ -203,8 +254,8 @@ def _rows_summary(rows: str | None) -> str:
         return "- rows: not recorded in the run's config\n"
     m = _rows_manifest(rows)
     if m is None:
-        return f"- rows: `{shown_path(rows)}` (not readable from the machine that exported this model)\n"
-    lines = [f"- rows: `{shown_path(rows)}`, built by pingctl {m.get('pingctl_version', '?')}"]
+        return f"- rows: `{EX.shown_path(rows)}` (not readable from the machine that exported this model)\n"
+    lines = [f"- rows: `{EX.shown_path(rows)}`, built by pingctl {m.get('pingctl_version', '?')}"]
     lines += [f"- {label}: {_num(m[k])}" for k, label in ROW_KEYS if m.get(k) is not None]
     return "\n".join(lines) + "\n"
 
@@ -213,26 +264,30 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
-def front_matter(run: Path, config: dict, cfg, report: dict | None) -> str:
-    """The card's YAML front matter, as model hubs read it: license, tags, library, what it was
-    trained on, and the eval headline (the `model` row of the eval report) when there is one."""
+def front_matter(run: Path, config: dict, cfg, report: dict | None, repo_id: str | None = None) -> str:
+    """The card's YAML front matter, as model hubs read it: license, task, tags, library, what it
+    was trained on, and the eval headline (the `model` row of the eval report) when there is one."""
     a, src = config["architecture"], config["source"]
     m = _rows_manifest(cfg.train.train_rows) or {}
-    data = {"description": "probe-centric rows of ping measurements (`pingctl build-rows`)",
-            "rows": shown_path(cfg.train.train_rows) if cfg.train.train_rows else None,
+    origin = data_origin(cfg.train.train_rows) or UNKNOWN_ORIGIN
+    data = {"description": f"probe-centric rows of {DATASETS[origin]} (`pingctl build-rows`)",
+            "rows": EX.shown_path(cfg.train.train_rows) if cfg.train.train_rows else None,
             **{k: m[k] for k, _ in ROW_KEYS if m.get(k) is not None}}
-    doc = {"library_name": "pingctl", "license": LICENSE, "tags": TAGS,
-           "pingctl": {"format": EX.FORMAT, "format_version": EX.FORMAT_VERSION, "run": run.name,
+    doc = {"library_name": "pingctl", "license": LICENSE, "pipeline_tag": PIPELINE_TAG, "tags": TAGS,
+           "datasets": [origin],
+           "pingctl": {"format": EX.FORMAT, "format_version": EX.FORMAT_VERSION, "run": EX.shown_path(run),
                        "steps": list(src["steps"]), "preset": a["preset"], "parameters": a["parameters"],
                        "scheme": config["vocab"]["scheme"], "training_data": data}}
     row = next((r for r in (report or {}).get("rows", []) if isinstance(r, dict) and r.get("predictor") == "model"),
                None)
     metrics = [(kind, name, float(row[key])) for key, kind, name in EVAL_METRICS if row and _finite(row.get(key))]
     if metrics:
+        test = (report.get("inputs") or {}).get("test")
+        tested = data_origin(test) or origin
         doc["metrics"] = [kind for kind, _, _ in metrics]
-        doc["model-index"] = [{"name": run.name, "results": [{
-            "task": {"type": "rtt-prediction", "name": "RTT distribution of a (probe, destination) pair"},
-            "dataset": {"name": shown_path((report.get("inputs") or {}).get("test")), "type": "ping-measurements",
+        doc["model-index"] = [{"name": model_name(run, config, repo_id), "results": [{
+            "task": {"type": PIPELINE_TAG, "name": "RTT distribution of a (probe, destination) pair"},
+            "dataset": {"name": f"{DATASETS[tested]}, held-out split `{EX.shown_path(test)}`", "type": tested,
                         "split": "test"},
             "metrics": [{"type": kind, "name": name, "value": round(v, 6)} for kind, name, v in metrics]}]}]
     return "---\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) + "---\n\n"
@@ -279,8 +334,8 @@ def _eval_table(report: dict | None, path) -> str:
     def pct(v) -> str:
         return "-" if v is None else f"{v:.1%}"
 
-    lines = [f"From `{shown_path(path)}`: {report.get('queries', '?')} held-out packets of "
-             f"`{shown_path(report['inputs'].get('test'))}`.", "",
+    lines = [f"From `{EX.shown_path(path)}`: {report.get('queries', '?')} held-out packets of "
+             f"`{EX.shown_path(report['inputs'].get('test'))}`.", "",
              "| predictor | median rel err | p90 rel err | MAE ms | cov50 | cov90 |", "|---|---:|---:|---:|---:|---:|"]
     for r in report.get("rows", []):
         mae = r.get("mae_ms")
@@ -289,58 +344,31 @@ def _eval_table(report: dict | None, path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_card(run: Path, config: dict, cfg, report: dict | None) -> str:
-    a, ld, src = config["architecture"], config["loader"], config["source"]
+def model_card(run: Path, config: dict, cfg, report: dict | None, repo_id: str | None = None) -> str:
+    """README.md of the export: the front matter, then pingctl/templates/model_card.md.j2.
+    `repo_id`: the Hub repo it is pushed to (the card's name and its loading examples)."""
+    from pingctl.train.render import env
+
     summary = read_summary(run) if has_summary(run) else {}
-    overrides = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in a["overrides"].items()) or "none"
-    cal = ("`calibration.json`: the recalibration map `pingctl eval` fitted on held-out packets of this run "
-           "and step(s); `pingctl sample EXPORT --src A --dst B --calibration EXPORT/calibration.json` applies it."
-           if config["calibration"] else "No calibration map exported (`pingctl export --calibration FILE` adds one).")
+    a = config["architecture"]
     elapsed = summary.get("elapsed_s")
-    return front_matter(run, config, cfg, report) + f"""# pingctl model: {run.name}, {steps_label(src['steps'])}
-
-A generative Transformer over RIPE Atlas-style ping measurements, exported by pingctl
-{config['pingctl_version']} from the run `{run.name}` ({steps_label(src['steps'])}).
-It answers RTT distributions, address completions, inverse searches and whole measurement
-streams: `pingctl sample THIS_DIR --src A --dst B`, or `LoadedModel.load("THIS_DIR")` in Python.
-
-## Files
-
-| file | what |
-|---|---|
-| `config.json` | the network (MaxText keys), vocabulary, prompt shaping, the pingctl config it was trained with, source |
-| `model.safetensors` | {config['weights']['tensors']} tensors, {config['weights']['elements']:,} parameters, {', '.join(config['weights']['dtypes'])} |
-| `README.md` | this card |
-{"| `calibration.json` | the recalibration map |" + chr(10) if config['calibration'] else ""}
-## Model
-
-- preset `{a['preset']}`: {a['layers']} layers, model width {a['emb_dim']}, {a['heads']} heads of {a['head_dim']}, MLP {a['mlp_dim']} ({', '.join(a['mlp_activations'])}), compute dtype {a['dtype']}; {a['parameters']:,} parameters
-- overrides: {overrides}
-- vocabulary: {config['vocab']['size']} tokens, `{config['vocab']['scheme']}` scheme
-- prompts: context of {ld['seq_len']} tokens; {f"at most {ld['max_per_pair']} measurements of a pair" if ld['max_per_pair'] else "no cap on the measurements of a pair"} in a context; RTT block placed last for {ld['result_last']:.0%} of training measurements (the rest in random order); timestamps {'yes' if ld['timestamps'] else 'no'} (loader mode weights full/partial/none {ld['mode_weights']})
-
-## Data
-
-{_rows_summary(cfg.train.train_rows)}- eval rows: {f"`{shown_path(cfg.train.eval_rows)}`" if cfg.train.eval_rows else "none"}
-
-## Training
-
-- {cfg.train.steps:,} steps configured, last step {_num(summary.get('last_step'))}, batch {cfg.loader.batch_size} x {cfg.loader.seq_len} tokens, learning rate {cfg.train.learning_rate:g}, on {cfg.train.hardware}{f", {elapsed / 60:.1f} min" if elapsed else ""}
-- final train loss {_num(summary.get('final_loss'))}, final eval loss {_num(summary.get('final_eval_loss'))}
-
-{_loss_table(run)}
-## Evaluation
-
-{_eval_table(report, config.get('eval_report'))}
-## Calibration
-
-{cal}
-
-## Limits
-
-- It knows the addresses, pairs and times of its training rows; elsewhere it guesses from address
-  structure alone. `pingctl eval` on held-out pairs or probes says how well.
-- RTTs are coded up to {MAX_MS:,.0f} ms; a prompt holds at most {ld['seq_len']} tokens of context.
-- {"It was trained without timestamps: questions with a time are refused." if not ld['timestamps'] else "Times outside the training period are extrapolation."}
-- An export is the weights and what shapes a prompt: the training rows and checkpoints stay with the run.
-"""
+    origin = data_origin(cfg.train.train_rows)
+    values = {
+        "name": model_name(run, config, repo_id), "repo_id": repo_id, "run": EX.shown_path(run),
+        "steps": steps_label(config["source"]["steps"]), "version": config["pingctl_version"], "a": a,
+        "loader": config["loader"], "vocab": config["vocab"], "weights": config["weights"],
+        "calibration": bool(config["calibration"]), "hints": bool(cfg.loader.hints_file),
+        "overrides": ", ".join(f"`{k}={json.dumps(v)}`" for k, v in a["overrides"].items()) or "none",
+        "origin": origin, "data": DATASETS[origin or UNKNOWN_ORIGIN],
+        "rows_summary": _rows_summary(cfg.train.train_rows),
+        "eval_rows": f"`{EX.shown_path(cfg.train.eval_rows)}`" if cfg.train.eval_rows else "none",
+        "training": (f"{cfg.train.steps:,} steps configured, last step {_num(summary.get('last_step'))}, batch "
+                     f"{cfg.loader.batch_size} x {cfg.loader.seq_len} tokens, learning rate "
+                     f"{cfg.train.learning_rate:g}, on {cfg.train.hardware}"
+                     + (f", {elapsed / 60:.1f} min" if elapsed else "")),
+        "losses": (f"final train loss {_num(summary.get('final_loss'))}, final eval loss "
+                   f"{_num(summary.get('final_eval_loss'))}"),
+        "loss_table": _loss_table(run), "eval_table": _eval_table(report, config.get("eval_report")),
+        "max_ms": f"{MAX_MS:,.0f}",
+    }
+    return front_matter(run, config, cfg, report, repo_id) + env().get_template(CARD_TEMPLATE).render(**values)

@@ -25,7 +25,7 @@ import numpy as np
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.run import COMMITTED, LIGHT_CACHE, checkpoint_items, checkpoint_steps
 from pingctl.atomic import atomic_file
-from pingctl.errors import PingctlError
+from pingctl.errors import PingctlError, install_line
 
 CACHE_DIR = LIGHT_CACHE  # the run directory's layout is pingctl.artifacts.run's
 _PREFIX = ("params", "params")  # where MaxText's TrainState keeps the model's parameters
@@ -103,7 +103,7 @@ def convert(items: Path, steps: list[int] = ()) -> dict[str, np.ndarray]:
     except ImportError:
         raise PingctlError(
             f"{items.parent}: reading a run's checkpoint the first time needs orbax-checkpoint "
-            "(pip install 'pingctl[train]'); or answer from an export of the run (`pingctl export`)") from None
+            f"({install_line('train')}); or answer from an export of the run (`pingctl export`)") from None
     import contextlib
     import io
     import logging

@@ -27,7 +27,7 @@ import numpy as np
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.run import (MAXTEXT_YML, checkpoint_items, checkpoint_steps, model_dir_kind, resolve_steps,
                                    read_maxtext_doc, run_config)
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import PingctlError, UsageError, install_line
 from pingctl.infer import kv_cache, light, light_kv, light_numpy_kv, weights
 from pingctl.infer import light_weights as LW
 from pingctl.infer.runtime import (check_hardware, default_engine, inference_config, prepare_env, require_engine,
@@ -186,7 +186,7 @@ class LoadedModel:
                     raise PingctlError(f"--engine {asked}: {run}: {e}; answer with --engine maxtext") from None
                 if importlib.util.find_spec("maxtext") is None:
                     raise PingctlError(f"{run}: {e}, and MaxText, which would answer it, is not installed "
-                                       "(pip install 'pingctl[train]')") from None
+                                       f"({install_line('train')})") from None
                 print(f"note: {run}: {e}; answering with MaxText", file=sys.stderr)
         return cls._load_maxtext(run, cfg, export, steps, hw, hardware, batch)
 

@@ -35,7 +35,8 @@ from pingctl.tokenizer.measurements import event_seconds
 
 SRC_COLUMNS = ("src", "src_addr")
 DST_COLUMNS = ("dst", "dst_addr")
-TIME_COLUMNS = ("time", "event_time")
+# and as every CSV pingctl writes names them (pingctl.schema.spreadsheet): its outputs read back
+TIME_COLUMNS = ("time", "event_time", "time_utc", "event_time_utc")
 SUFFIXES = (".csv", ".parquet")
 CONTEXT_ROWS_MAX = 4096  # a prompt of seq_len tokens holds far fewer measurements than this
 CHUNK = 32  # questions per model call: progress reports between them
@@ -195,10 +196,18 @@ def _check(pairs: Pairs, where: int, values: tuple) -> tuple[str, str] | None:
 
 
 def pick_columns(names: list[str], path: Path | str) -> tuple[str, str, str | None]:
+    """The columns of src, dst and time among a header's `names`; two columns for one field
+    (one name twice, or two of its names) are refused: which of them a row means is a guess."""
     def pick(options: tuple[str, ...], required: bool) -> str | None:
-        found = [c for c in options if c in names]
+        found = [c for c in names if c in options]
         if len(found) > 1:
-            raise PingctlError(f"--pairs {path}: columns {' and '.join(found)} both name the same field; keep one")
+            twice = next((c for c in found if found.count(c) > 1), None)
+            if twice is None:
+                what = f"columns {' and '.join(found)} both name the same field"
+            else:
+                at = ", ".join(str(i + 1) for i, c in enumerate(names) if c == twice)
+                what = f"column {twice} appears {found.count(twice)} times (columns {at})"
+            raise PingctlError(f"--pairs {path}: {what}; keep one")
         if required and not found:
             raise PingctlError(f"--pairs {path}: no {' or '.join(options)} column (columns: {', '.join(names) or 'none'})")
         return found[0] if found else None
@@ -239,10 +248,15 @@ def _parquet_records(path: Path):
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        names = pq.read_schema(path).names
     except Exception as e:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid/... for damaged files
         raise PingctlError(f"--pairs {path}: cannot read it as Parquet ({e})") from None
-    s, d, t = pick_columns(table.column_names, path)
+    s, d, t = pick_columns(names, path)
+    try:
+        # the picked columns only: a name repeated among the others would fail a whole-file read
+        table = pq.read_table(path, columns=[c for c in (s, d, t) if c])
+    except Exception as e:  # noqa: BLE001 - as above, a damaged page found past the footer
+        raise PingctlError(f"--pairs {path}: cannot read it as Parquet ({e})") from None
     cols = [table.column(c).to_pylist() for c in (s, d)]
     times = _parquet_times(table.column(t)) if t else [None] * table.num_rows
     return [(i, (a, b, c), None) for i, (a, b, c) in enumerate(zip(*cols, times))]

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.atomic import atomic_file
+from pingctl.errors import require_extra
 
 
 # The x axis spans where the distribution's mass is: from the first to the last log-spaced bin
@@ -49,6 +50,7 @@ def distribution_figure(d, title: str):
     bins over `axis_span`, the median and the central 90% marked, and the mass outside the axis
     written on it. Built without pyplot, so it neither switches a notebook's backend nor stays
     open in pyplot's figure list."""
+    require_extra("a distribution's plot", "plot", ("matplotlib",))  # Rtt.plot: a message, not an ImportError
     from matplotlib.figure import Figure
 
     lo, hi = axis_span(d.values_ms, d.probs)

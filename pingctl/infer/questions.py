@@ -228,7 +228,7 @@ class RttQuestion(Question):
         if is_pattern(self.src) or is_pattern(self.dst):
             raise UsageError("an RTT distribution needs whole addresses; a pattern asks for a completion")
         if self.out is not None and self.out.suffix not in SO.SINGLE_SUFFIXES:
-            raise UsageError(f"--out {self.out}: written as .parquet or .json")
+            raise UsageError(f"--out {self.out}: written as .parquet, .csv or .json")
 
     def needs_run_rules(self) -> bool:
         return self.time is not None
@@ -342,7 +342,7 @@ class GenerateQuestion(Question):
             raise UsageError(f"--n {self.streams:,} x --measurements {self.measurements:,} is beyond the bound of "
                              f"{MAX_GENERATED:,} generated measurements in all (each one a result row in memory)")
         if self.out is not None and self.out.suffix not in SO.SINGLE_SUFFIXES:
-            raise UsageError(f"--out {self.out}: written as .parquet or .json")
+            raise UsageError(f"--out {self.out}: written as .parquet, .csv or .json")
 
     def needs_run_rules(self) -> bool:
         return bool(self.timestamps) or self.period is not None

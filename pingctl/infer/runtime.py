@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from pingctl.artifacts.run import MAXTEXT_YML
-from pingctl.errors import EXTRA_OF, PingctlError, UsageError
+from pingctl.errors import EXTRA_OF, PingctlError, UsageError, install_line
 from pingctl.train.xla import jax_env
 
 HARDWARE = ("cpu", "gpu")
@@ -30,7 +30,7 @@ def require_engine(engine: str, what: str = "--engine") -> None:
     before anything slow (an ImportError deep in a load would be a traceback)."""
     need = _ENGINE_NEEDS.get(engine)
     if need is not None and importlib.util.find_spec(need) is None:
-        raise PingctlError(f"{what} {engine}: {need} is not installed; pip install 'pingctl[{EXTRA_OF[need]}]', "
+        raise PingctlError(f"{what} {engine}: {need} is not installed; {install_line(EXTRA_OF[need])}, "
                            "or leave the engine out to answer with NumPy")
 
 

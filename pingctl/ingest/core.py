@@ -34,7 +34,9 @@ from pingctl.artifacts.table import resolve_inputs
 from pingctl.atomic import atomic_dir, check_replaceable, is_pingctl_output, MANIFEST, write_json
 from pingctl.processes import die_with_parent
 from pingctl.errors import PingctlError, UsageError
-from pingctl.ingest.parse import Batch, EPOCH, merge_counts, new_counts, Options, parse_records, reconcile, Rejects
+from pingctl.ingest.batch import Batch
+from pingctl.ingest.counts import merge_counts, new_counts, reconcile, Rejects
+from pingctl.ingest.parse import EPOCH, Options, parse_records
 from pingctl.ingest.reader import (
     INPUT_SUFFIXES,
     HashingReader,
@@ -48,7 +50,7 @@ from pingctl.ingest.reader import (
     parallel_bz2_chunks,
     usable_cores,
 )
-from pingctl.schema.columns import arrow_schema, COLUMNS
+from pingctl.schema.columns import arrow_schema, COLUMNS, SCHEMA_VERSION
 from pingctl.schema.parquet import PartWriter
 
 REJECTS = "rejects.jsonl"
@@ -442,6 +444,7 @@ def write_output(tmp: Path, results: list[dict], cfg) -> tuple[dict, dict]:
         "kind": "pingctl-ingest",
         "pingctl_version": __version__,
         "columns": list(COLUMNS),
+        "schema_version": SCHEMA_VERSION,
         "config": config,
         "inputs": [
             {

@@ -1,8 +1,9 @@
 """RIPE Atlas ping result -> canonical rows: the per-result rules of `pingctl ingest`.
 
 One loop over results (a loop over results is inherent in JSON); per result the scalar
-columns are appended once as a tuple and the packet RTTs to one flat list, and Arrow
-arrays are built once per batch (`np.repeat`/`take` expand the per-result columns).
+columns are appended once as a tuple and the packet RTTs to one flat list (a reply's own
+TTL and duplicate flag, rare, beside it with the row they belong to), and Arrow arrays are
+built once per batch (`pingctl.ingest.batch`).
 
 Every record read ends up as exactly one of: written (>= 0 rows), summary-only,
 filtered (by the first filter that excludes it) or rejected (with a reason), so
@@ -17,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from pingctl.errors import ConfigError
+from pingctl.ingest.batch import address_lookup, Batch, NONE
+from pingctl.ingest.counts import new_counts, reconcile, Rejects  # noqa: F401 - reconcile: callers' entry point
 from pingctl.ingest.reader import NO_EOL
-from pingctl.schema.addresses import ipv4_mapped, is_public, parse_address
-from pingctl.schema.columns import arrow_schema, MAX_RTT_MS
+from pingctl.schema.addresses import ipv4_mapped
+from pingctl.schema.columns import MAX_RTT_MS, MAX_TTL
 from pingctl.schema.times import max_time, MIN_TIME, parse_when, TS_ABS_MAX_S
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -46,8 +49,8 @@ REJECT_REASONS = {
     "bad_packet": "`result` contains an entry that is not an object",
     "bad_rtt": "an `rtt` is not a number from 0 to the RTT code's largest value (4.4e9 ms, 50.9 days)",
     "bad_size": "`size` present but not a non-negative 64-bit integer",
+    "bad_ttl": f"a `ttl` (the result's, or a reply's) present but not an integer from 0 to {MAX_TTL}",
 }
-FILTERS = ("msm", "probe", "time", "sample", "af")
 I64 = (1 << 63) - 1
 
 
@@ -98,192 +101,6 @@ def sample_keep(msm: int, prb: int | None, ts_us: int, threshold: int) -> bool:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") < threshold
 
 
-def new_counts() -> dict:
-    return {
-        "records": 0,
-        "results_written": 0,
-        "empty_results": 0,
-        "summary_only": 0,
-        "rows": 0,
-        "rows_v4": 0,
-        "rows_v6": 0,
-        "replies": 0,
-        "dups": 0,
-        "dups_dropped": 0,
-        "timeouts": 0,
-        "errors": 0,
-        "late": 0,
-        "other_packets": 0,
-        "src_from": 0,
-        "src_private": 0,
-        "filtered": {k: 0 for k in FILTERS},
-        "rejected": {},
-        "first_us": None,
-        "last_us": None,
-    }
-
-
-def merge_counts(total: dict, part: dict) -> dict:
-    for k, v in part.items():
-        if k in ("filtered", "rejected"):
-            for r, n in v.items():
-                total[k][r] = total[k].get(r, 0) + n
-        elif k == "first_us":
-            if v is not None and (total[k] is None or v < total[k]):
-                total[k] = v
-        elif k == "last_us":
-            if v is not None and (total[k] is None or v > total[k]):
-                total[k] = v
-        else:
-            total[k] += v
-    return total
-
-
-class Rejects:
-    """Streams reject records as JSON lines (to a file object, or keeps them in a list)."""
-
-    RAW_MAX = 2000
-
-    def __init__(self, file_label: str, fh=None):
-        import orjson
-
-        self.file = file_label
-        self.fh = fh
-        self.kept: list[dict] = []
-        self._dumps = orjson.dumps
-
-    def add(self, reason: str, line: int, raw: bytes | str | None, detail: str | None = None) -> None:
-        if isinstance(raw, bytes):
-            raw = raw[: self.RAW_MAX * 4].decode("utf-8", "replace")
-        rec = {"file": self.file, "line": line, "reason": reason, "raw": (raw or "")[: self.RAW_MAX]}
-        if detail:
-            rec["detail"] = detail
-        if self.fh is None:
-            self.kept.append(rec)
-        else:
-            self.fh.write(self._dumps(rec) + b"\n")
-
-
-class Batch:
-    """Per-result tuples + flat RTT list -> one Arrow table per flush.
-
-    Totals that can be read off the columns (rows, failed rows, errors, IPv4 rows, time
-    span ...) are computed here with numpy, once per batch, instead of per packet.
-    Addresses are ids into `names` (the distinct canonical addresses seen so far).
-    """
-
-    def __init__(self):
-        self.results: list[tuple] = []
-        self.rtts: list[float] = []
-        self.names: list[str] = []
-        self._names_arr = None  # Arrow array of names[:_names_n]
-        self._names_n = 0
-        self.stats = {
-            "results_written": 0,
-            "empty_results": 0,
-            "rows": 0,
-            "rows_v4": 0,
-            "failed_rows": 0,
-            "errors": 0,
-            "first_us": None,
-            "last_us": None,
-        }
-
-    def __len__(self) -> int:
-        return len(self.rtts)
-
-    def _names_array(self):
-        import pyarrow as pa
-
-        if self._names_arr is None or self._names_n < len(self.names):
-            new = pa.array(self.names[self._names_n :], pa.string())
-            self._names_arr = new if self._names_arr is None else pa.concat_arrays([self._names_arr, new])
-            self._names_n = len(self.names)
-        return self._names_arr
-
-    def take_table(self):
-        from array import array
-
-        import numpy as np
-        import pyarrow as pa
-
-        schema = arrow_schema()
-        res, rtts = self.results, self.rtts
-        self.results, self.rtts = [], []
-        if not res:
-            return schema.empty_table()
-
-        def i64(col):  # array.array converts a tuple of ints faster than numpy does
-            return np.frombuffer(array("q", col), dtype=np.int64)
-
-        msm, ts, src, dst, ipv, size, nerr, prb, nrows = zip(*res)
-        counts = i64(nrows)
-        ts_a = i64(ts)
-        ipv_a = i64(ipv)
-        nerr_a = i64(nerr)
-        rtt_a = np.frombuffer(array("d", rtts), dtype=np.float64)
-        idx = pa.array(np.repeat(np.arange(len(res), dtype=np.int64), counts))
-        names = self._names_array()
-        arrays = [
-            pa.array(np.repeat(i64(msm), counts)),
-            pa.array(np.repeat(ts_a, counts)).cast(schema.field("event_time").type),
-            names.take(pa.array(np.repeat(i64(src), counts))),
-            names.take(pa.array(np.repeat(i64(dst), counts))),
-            pa.array(np.repeat(ipv_a, counts)),
-            pa.array(rtt_a),
-            pa.array(np.repeat(i64(size), counts)),
-            pa.array(np.repeat(nerr_a, counts)),
-            pa.array(prb, pa.int64()).take(idx),
-        ]
-        st = self.stats
-        st["results_written"] += len(res)
-        st["empty_results"] += int(np.count_nonzero(counts == 0))
-        st["rows"] += len(rtt_a)
-        st["rows_v4"] += int(counts[ipv_a == 4].sum())
-        st["failed_rows"] += int(np.count_nonzero(rtt_a == -1.0))
-        st["errors"] += int(nerr_a.sum())  # every error entry is one row
-        lo, hi = int(ts_a.min()), int(ts_a.max())
-        st["first_us"] = lo if st["first_us"] is None else min(lo, st["first_us"])
-        st["last_us"] = hi if st["last_us"] is None else max(hi, st["last_us"])
-        return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _address_lookup(names: list[str]):
-    """(cache dict, lookup): text -> (canonical, version, is_public, public_version, name id)
-    or None.
-
-    `public_version` is the version for public addresses and 0 otherwise, so the common
-    "public and of the right family" test is one comparison. `name id` indexes `names`
-    (each canonical address once), so rows carry small ints and the string columns are
-    built per batch from the distinct addresses. Only strings are cached.
-    """
-    cache: dict = {}
-    ids: dict[str, int] = {name: i for i, name in enumerate(names)}
-
-    def lookup(text):
-        if type(text) is not str or not text:
-            return None
-        info = cache.get(text, False)
-        if info is False:
-            parsed = parse_address(text)
-            if parsed is None:
-                info = None
-            else:
-                canon = parsed[0]
-                sid = ids.get(canon)
-                if sid is None:
-                    sid = ids[canon] = len(names)
-                    names.append(canon)
-                pub = is_public(canon)
-                info = (canon, parsed[1], pub, parsed[1] if pub else 0, sid)
-            if len(cache) > 1_000_000:
-                cache.clear()
-            cache[text] = info
-        return info
-
-    return cache, lookup
-
-
 def _mapped(field: str, text: str, v4: str) -> str:
     """The detail of an `ipv4_mapped` reject: the field, as written, and the IPv4 host it names."""
     return f"{field} {text} is the IPv4 address {v4} in IPv6 notation"
@@ -301,6 +118,8 @@ def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, in
             if type(r) not in (int, float) or not (0 <= r <= MAX_RTT_MS):
                 break
             if len(e) > 1:
+                if not _ttl_ok(e.get("ttl")):
+                    break
                 if "late" in e:
                     late += 1
                 if e.get("dup"):
@@ -314,6 +133,15 @@ def _packet_prefix_counts(res: list, drop_dups: bool) -> tuple[int, int, int, in
             if "late" in e:
                 late += 1
     return dup, dup if drop_dups else 0, late, other
+
+
+def _ttl_ok(ttl) -> bool:
+    """A `ttl` the table takes: absent (None) or an integer in an IP header's range."""
+    return ttl is None or (type(ttl) is int and 0 <= ttl <= MAX_TTL)
+
+
+class BadTtl(ValueError):
+    """A reply's `ttl` is not one `_ttl_ok` takes: its result is rejected as bad_ttl."""
 
 
 _FAST = None  # (decode, UNSET) once built; False when msgspec is missing
@@ -340,6 +168,7 @@ def fast_decoder():
 
         unset, Unset, Meta = msgspec.UNSET, msgspec.UnsetType, msgspec.Meta
         Id = Annotated[int, Meta(ge=0, le=I64)]
+        Ttl = Annotated[int, Meta(ge=0, le=MAX_TTL)]
         # any JSON scalar (numbers as float: out-of-range numbers raise, as in orjson);
         # used where only presence or truthiness matters
         Scalar = float | str | bool | None
@@ -354,6 +183,7 @@ def fast_decoder():
                 ("error", Scalar | Unset, unset),
                 ("late", Scalar | Unset, unset),
                 ("dup", Scalar | Unset, unset),
+                ("ttl", Ttl | Unset, unset),
             ],
             gc=False,
         )
@@ -371,6 +201,8 @@ def fast_decoder():
                 ("srcaddr", str, ""),
                 ("from_", str, ""),
                 ("size", Id | None, 0),
+                ("ttl", Ttl, NONE),  # a null one fails here: the generic path reads it as absent
+                ("dst_name", str, ""),
             ],
             rename={"from_": "from"},
             gc=False,
@@ -475,10 +307,12 @@ class _Run:
     __slots__ = ("acache", "lookup", "aget", "c", "filtered", "rejected", "reject_add", "dumps", "msm_set", "prb_set",
                  "tmin", "tmax", "lo_ok", "hi_ok", "sampling", "threshold", "af_keep", "drop_dups", "src_mode",
                  "auto_src", "rgr", "records", "summary", "dup", "dup_drop", "late", "other", "src_from",
-                 "src_private", "results_append", "rtts", "rtt_append")
+                 "src_private", "results_append", "rtts", "rtt_append", "ttl_at", "dup_at", "dst_name_id",
+                 "dst_name_get")
 
     def __init__(self, opts: Options, batch: Batch, rejects: Rejects, dumps):
-        self.acache, self.lookup = _address_lookup(batch.names)
+        self.acache, self.lookup = address_lookup(batch.addresses)
+        self.dst_name_id, self.dst_name_get = batch.dst_names.id, batch.dst_names.ids.get
         self.aget = self.acache.get
         self.c = new_counts()
         self.filtered, self.rejected = self.c["filtered"], self.c["rejected"]
@@ -503,6 +337,7 @@ class _Run:
         self.results_append = batch.results.append
         self.rtts = batch.rtts
         self.rtt_append = self.rtts.append
+        self.ttl_at, self.dup_at = batch.ttl_at, batch.dup_at
 
     def reject(self, reason, line, raw, d=None, detail=None) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -599,6 +434,9 @@ def _fast_result(k: _Run, r, UNSET) -> bool:
                 if k.drop_dups:
                     k.dup_drop += 1
                     continue
+                k.dup_at.append(len(rtts))
+            if e.ttl is not UNSET:
+                k.ttl_at.append((len(rtts), e.ttl))
             rtt_append(rt)
         elif e.error is not UNSET:
             err += 1
@@ -610,7 +448,11 @@ def _fast_result(k: _Run, r, UNSET) -> bool:
             if e.late is not UNSET:
                 k.late += 1
             rtt_append(-1.0)
-    k.results_append((msm, ts_us, src, dinfo[4], af, 0 if size is None else size, err, prb, len(rtts) - n0))
+    name_id = k.dst_name_get(r.dst_name)  # the dict's own get: a Python call per result costs more
+    if name_id is None:
+        name_id = k.dst_name_id(r.dst_name)
+    k.results_append((msm, ts_us, src, dinfo[4], af, 0 if size is None else size, err, prb, len(rtts) - n0, r.ttl,
+                      name_id))
     if add_from:
         k.src_from += 1
     if add_priv:
@@ -721,7 +563,14 @@ def _generic_result(k: _Run, d, line: int, raw) -> None:
         if size is not None:
             return k.reject("bad_size", line, raw, d)
         size = 0
-    _packets(k, d, res, line, raw, (msm, ts_us, src, dinfo[4], af, size))
+    ttl = d.get("ttl")
+    if not _ttl_ok(ttl):
+        return k.reject("bad_ttl", line, raw, d, "ttl")
+    name = d.get("dst_name")
+    if not (type(name) is str and name) and not d.get("dst_addr"):
+        name = d.get("name")  # the old firmware's addr/name layout (as in `_destination`)
+    name_id = k.dst_name_id(name)
+    _packets(k, d, res, line, raw, (msm, ts_us, src, dinfo[4], af, size, NONE if ttl is None else ttl, name_id))
     return None
 
 
@@ -834,10 +683,10 @@ def _chosen_source(k: _Run, d: dict, af: int, line: int, raw) -> str | None:
 
 def _packets(k: _Run, d: dict, res: list, line: int, raw, head: tuple) -> None:
     """The packets of a result whose other fields passed: its RTTs appended and the result
-    written (`head`: msm, time, source, destination, af, size), or rejected whole (bad_packet,
-    bad_rtt) with the rare-kind counts of the packets before the bad one taken back.
-    Replies/timeouts/errors are read off the RTT column per batch; only the rare kinds (dup,
-    late, other) are counted here."""
+    written (`head`: msm, time, source, destination, af, size, ttl, dst_name id), or rejected
+    whole (bad_packet, bad_rtt, bad_ttl) with the rare-kind counts of the packets before the
+    bad one taken back. Replies/timeouts/errors are read off the RTT column per batch; only the
+    rare kinds (dup, late, other) are counted here."""
     rtts, rtt_append, drop_dups = k.rtts, k.rtt_append, k.drop_dups
     n0 = len(rtts)
     err = 0
@@ -856,6 +705,9 @@ def _packets(k: _Run, d: dict, res: list, line: int, raw, head: tuple) -> None:
                 else:
                     raise ValueError
                 if len(e) > 1:
+                    t = e.get("ttl")
+                    if not _ttl_ok(t):
+                        raise BadTtl
                     if "late" in e:
                         k.late += 1
                     if e.get("dup"):
@@ -863,6 +715,9 @@ def _packets(k: _Run, d: dict, res: list, line: int, raw, head: tuple) -> None:
                         if drop_dups:
                             k.dup_drop += 1
                             continue
+                        k.dup_at.append(len(rtts))
+                    if t is not None:
+                        k.ttl_at.append((len(rtts), t))
                 rtt_append(r)
             elif "error" in e:
                 err += 1
@@ -878,26 +733,22 @@ def _packets(k: _Run, d: dict, res: list, line: int, raw, head: tuple) -> None:
                 rtt_append(-1.0)
     except (AttributeError, ValueError) as ex:
         del rtts[n0:]
+        _forget_from(k, n0)
         dup, dup_drop, late, other = _packet_prefix_counts(res, drop_dups)
         k.dup -= dup
         k.dup_drop -= dup_drop
         k.late -= late
         k.other -= other
-        k.reject("bad_packet" if isinstance(ex, AttributeError) else "bad_rtt", line, raw, d)
+        why = "bad_packet" if isinstance(ex, AttributeError) else "bad_ttl" if isinstance(ex, BadTtl) else "bad_rtt"
+        k.reject(why, line, raw, d)
         return
-    msm, ts_us, src, dst, af, size = head
-    k.results_append((msm, ts_us, src, dst, af, size, err, d.get("prb_id"), len(rtts) - n0))
+    msm, ts_us, src, dst, af, size, ttl, name_id = head
+    k.results_append((msm, ts_us, src, dst, af, size, err, d.get("prb_id"), len(rtts) - n0, ttl, name_id))
 
 
-def reconcile(c: dict) -> list[str]:
-    """Problems with the bookkeeping identities (empty list = all counts add up)."""
-    bad = []
-    accounted = c["results_written"] + c["summary_only"] + sum(c["filtered"].values()) + sum(c["rejected"].values())
-    if c["records"] != accounted:
-        bad.append(f"records {c['records']} != written+summary+filtered+rejected {accounted}")
-    packets = c["replies"] + c["dups"] - c["dups_dropped"] + c["timeouts"] + c["errors"] + c["other_packets"]
-    if c["rows"] != packets:
-        bad.append(f"rows {c['rows']} != packets {packets}")
-    if c["rows_v4"] + c["rows_v6"] != c["rows"]:
-        bad.append("rows_v4 + rows_v6 != rows")
-    return bad
+def _forget_from(k: _Run, n0: int) -> None:
+    """Drop the TTLs and duplicate flags noted for rows from `n0` on (a result rejected midway)."""
+    while k.ttl_at and k.ttl_at[-1][0] >= n0:
+        k.ttl_at.pop()
+    while k.dup_at and k.dup_at[-1] >= n0:
+        k.dup_at.pop()

@@ -85,11 +85,12 @@ def describe(path: Path, sample: int = 0, scheme: str = "compact") -> dict:
     return {"kind": "table", "path": str(path), **describe_table([path], sample)}
 
 
-def describe_groups(path: Path, by: str, limit: int = 20, out: Path | None = None) -> dict:
-    """`inspect TABLE --by pair|probe|destination`: statistics per group of a canonical table."""
+def describe_groups(path: Path, by: str, limit: int = 20, out: Path | None = None, every: str | None = None) -> dict:
+    """`inspect TABLE --by pair|probe|destination|msm|prefix [--every 1h]`: statistics per group
+    (and time bucket) of a canonical table."""
     kind = detect(path)
     if kind == "splits":
         raise UsageError(f"{path}: --by groups one table; give one split, e.g. {Path(path) / 'train'}")
     if kind != "table":
         raise UsageError(f"{path}: --by groups the rows of a canonical Parquet table, not of a {kind} output")
-    return group_stats([Path(path)], by, limit, out)
+    return group_stats([Path(path)], by, limit, out, every=every)

@@ -22,6 +22,9 @@ from the prompt's measurements as `embedding_refit` places it.
 
 from __future__ import annotations
 
+import ipaddress
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +36,17 @@ from pingctl.loader.record_cache import address_keys, charge
 from pingctl.loader.sequences import RecordLengths
 from pingctl.records.layout import ProbeRecord, address_key
 from pingctl.schema.addresses import packed_address
+from pingctl.schema.columns import MAX_RTT_MS
 
 KEY_BYTES = 17  # `records.layout.address_key`: 16 address bytes and the family
+# The arrays of a hints file: dtype kind, dimensions, and how `check_arrays` names them
+FIELDS = {"keys": ("u", 2, "uint8 (nodes, 17)"), "x": ("f", 3, "float (fits, nodes, dims)"),
+          "h": ("f", 2, "float (fits, nodes)"), "trained": ("b", 2, "bool (fits, nodes)"),
+          "scale": ("f", 1, "float (fits,)")}
+# An archive cut short or overwritten fails in zipfile or zlib, a member that is no plain array
+# (pickled objects, a bad header) in NumPy's reader, an empty file with EOFError
+_UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+_ZIP = b"PK\x03\x04"  # what an .npz (a zip archive) starts with
 
 
 def fold_of(a: np.ndarray, b: np.ndarray, folds: int) -> np.ndarray:
@@ -78,16 +90,15 @@ class Hints:
 
     @classmethod
     def load(cls, path: Path | str, share: float = 1.0) -> "Hints":
+        """Read and check a hints file: a damaged one (cut short, empty, not an archive, arrays
+        missing, of the wrong type or of disagreeing sizes, values no fit writes) is a
+        PingctlError naming the file and the array, never an IndexError or an estimate nobody
+        could measure (`check_arrays`)."""
         path = Path(path)
         if not path.is_file():
             raise PingctlError(f"{path}: no hints file there; write one with `pingctl hints SPLIT -o {path}`")
-        try:
-            with np.load(path) as z:
-                got = {k: z[k] for k in ("keys", "x", "h", "trained", "scale")}
-        except (OSError, ValueError, KeyError) as e:
-            raise PingctlError(f"{path}: not a hints file ({e}); write one with `pingctl hints SPLIT -o {path}`") from None
-        if got["keys"].ndim != 2 or got["keys"].shape[1] != KEY_BYTES or got["x"].ndim != 3 or len(got["x"]) < 3:
-            raise PingctlError(f"{path}: not a hints file (keys {got['keys'].shape}, points {got['x'].shape})")
+        got = _read(path)
+        check_arrays(path, got)
         return cls(**got, share=share)
 
     def codes(self, addr: np.ndarray, v6: np.ndarray) -> np.ndarray:
@@ -170,3 +181,106 @@ class Hints:
             charge(lengths, twin.rtt_ms.nbytes + twin.errors.nbytes + have.nbytes + got[1].nbytes)
         lengths.memo["hint_twin"] = got
         return got
+
+
+def _again(path: Path) -> str:
+    return f"write it again with `pingctl hints SPLIT -o {path}`"
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a hints file, each read whole, so a member cut short fails here and not in
+    an answer."""
+    with open(path, "rb") as f:
+        head = f.read(len(_ZIP))
+    if head != _ZIP:  # NumPy would try the rest as a pickle and say so, which helps nobody here
+        what = "empty" if not head else f"starts with {head!r}"
+        raise PingctlError(f"{path}: not a hints file (not a NumPy .npz archive: {what}); {_again(path)}")
+    try:
+        z = np.load(path, allow_pickle=False)
+    except _UNREADABLE as e:
+        raise PingctlError(f"{path}: not a hints file (a damaged .npz archive: {e}); {_again(path)}") from None
+    with z:
+        missing = [k for k in FIELDS if k not in z.files]
+        if missing:
+            held = ", ".join(z.files[:10]) + (", ..." if len(z.files) > 10 else "")
+            raise PingctlError(f"{path}: not a hints file (no array {', '.join(missing)}; it holds "
+                               f"{held or 'none'}); {_again(path)}")
+        got = {}
+        for k in FIELDS:
+            try:
+                got[k] = z[k]
+            except _UNREADABLE as e:
+                raise PingctlError(f"{path}: array {k} cannot be read, the file is damaged ({e}); "
+                                   f"{_again(path)}") from None
+    return got
+
+
+def check_arrays(path: Path | str, a: dict[str, np.ndarray]) -> None:
+    """Refuse (PingctlError naming the file and the array) what `fit_hints` never writes: a
+    dtype or shape of `FIELDS`, arrays that disagree on the fits (folds + 1, at least 3) or the
+    nodes, non-finite points, heights or scales, a negative height, a scale <= 0, an address
+    twice, or a fit whose estimates could pass MAX_RTT_MS, the largest RTT a measurement holds.
+    Every estimate is scale * (distance + two heights), so a fit's largest is at most
+    scale * 2 * (the farthest placed point from their centre + the largest placed height): one
+    pass over the points bounds what every pair (n^2 of them) would."""
+    def bad(name: str, why: str) -> PingctlError:
+        return PingctlError(f"{path}: array {name} {why}; {_again(path)}")
+
+    for name, (kind, ndim, want) in FIELDS.items():
+        arr = a[name]
+        if arr.dtype.kind != kind or (kind == "u" and arr.dtype != np.uint8) or arr.ndim != ndim:
+            raise bad(name, f"is {arr.dtype} of shape {arr.shape}, where a hints file has {want}")
+    keys, x, h, trained, scale = (a[k] for k in FIELDS)
+    fits, n = len(x), len(keys)
+    if keys.shape[1] != KEY_BYTES:
+        raise bad("keys", f"has rows of {keys.shape[1]} bytes, where an address key has {KEY_BYTES}")
+    if fits < 3:
+        raise bad("x", f"holds {fits} fit(s), where a hints file has folds + 1, at least 3")
+    shapes = {"x": (fits, n, x.shape[2]), "h": (fits, n), "trained": (fits, n), "scale": (fits,)}
+    for name, want in shapes.items():
+        if a[name].shape != want:
+            raise bad(name, f"has shape {a[name].shape}, where {n:,} keys and {fits} fits make it {want}")
+    for name in ("x", "h", "scale"):
+        off = ~np.isfinite(a[name])
+        if off.any():
+            first = tuple(int(i) for i in np.unravel_index(np.argmax(off), off.shape))
+            raise bad(name, f"holds {int(off.sum()):,} non-finite values (NaN or infinity) of {off.size:,}, the "
+                            f"first at {first}")
+    for name, arr, low, what, why in (
+            ("h", h, h < 0, "below 0", "a height adds to every estimate of its node"),
+            ("scale", scale, scale <= 0, "at or below 0", "a fit's ms per unit is positive")):
+        if low.any():
+            first = tuple(int(i) for i in np.unravel_index(np.argmax(low), low.shape))
+            raise bad(name, f"holds {int(low.sum()):,} value(s) {what}, the first {arr[first]:g} at {first}: {why}, "
+                            "and no RTT is negative")
+    _check_reach(bad, x, h, trained, scale)
+    _check_unique(bad, keys)
+
+
+def _check_reach(bad, x: np.ndarray, h: np.ndarray, trained: np.ndarray, scale: np.ndarray) -> None:
+    with np.errstate(over="ignore", invalid="ignore"):  # a huge point's norm is inf, and refused
+        placed = trained[..., None]
+        centre = (x * placed).sum(axis=1) / np.maximum(trained.sum(axis=1), 1)[:, None]
+        radius = np.where(trained, np.linalg.norm(x - centre[:, None, :], axis=2), 0.0).max(axis=1, initial=0.0)
+        height = np.where(trained, h, 0.0).max(axis=1, initial=0.0)
+        reach = 2.0 * scale * (radius + height)
+    over = ~(reach <= MAX_RTT_MS)
+    if over.any():
+        f = int(np.argmax(over))
+        name = "scale" if scale[f] > MAX_RTT_MS else "x" if radius[f] >= height[f] else "h"
+        raise bad(name, f"puts fit {f}'s estimates up to {reach[f]:.4g} ms (scale {scale[f]:.4g} ms x 2 x (point "
+                        f"{radius[f]:.4g} from the centre + height {height[f]:.4g})), above {MAX_RTT_MS:,.0f} ms "
+                        "(50.9 days), the largest RTT a measurement may hold")
+
+
+def _check_unique(bad, keys: np.ndarray) -> None:
+    if len(keys) < 2:
+        return
+    rows = np.ascontiguousarray(keys).view(f"V{KEY_BYTES}").ravel()
+    order = np.argsort(rows, kind="stable")
+    same = np.flatnonzero(rows[order][1:] == rows[order][:-1])
+    if len(same):
+        i, j = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+        k = keys[i]
+        text = ipaddress.ip_address(bytes(k[:16]) if k[16] else bytes(k[:4]))
+        raise bad("keys", f"holds address {text} twice (rows {i} and {j}), so one of its points would never be read")

@@ -1,9 +1,10 @@
 """The canonical measurement table's column contract: names, types, reject reasons, the RTT rule.
 
-Columns are exactly the seeds' eight (`SEED_COLUMNS`) plus an optional nullable `prb_id`.
-Any Parquet file that has the eight seed columns is accepted as input;
-`pingctl.schema.duck.canonical_query` turns it into the canonical form and says why each bad
-row is bad (docs/data.md).
+Columns are exactly the seeds' eight (`SEED_COLUMNS`) plus optional nullable ones
+(`OPTIONAL_COLUMNS`: `prb_id`, and since schema version 2 `ttl`, `dst_name` and `dup`).
+Any Parquet file that has the eight seed columns is accepted as input, whatever version wrote
+it: an optional column it lacks reads as null. `pingctl.schema.duck.canonical_query` turns it
+into the canonical form and says why each bad row is bad (docs/data.md).
 """
 
 from __future__ import annotations
@@ -20,10 +21,19 @@ SEED_COLUMNS = (
     "size",
     "packet_error_count",
 )
-OPTIONAL_COLUMNS = ("prb_id",)
+OPTIONAL_COLUMNS = ("prb_id", "ttl", "dst_name", "dup")
 COLUMNS = SEED_COLUMNS + OPTIONAL_COLUMNS
 FAILED_RTT = -1.0
+MAX_TTL = 255  # an IP header's TTL / hop limit is one byte
 
+# Version 1: the seed columns and prb_id. Version 2 adds ttl, dst_name and dup. Every table
+# pingctl writes records its version in the Parquet key-value metadata under SCHEMA_KEY; a file
+# without it is version 1 (or a table from elsewhere) and reads as well as any.
+SCHEMA_VERSION = 2
+SCHEMA_KEY = "pingctl.schema_version"
+
+# The largest valid RTT: the RTT codec's largest code (pingctl.tokenizer.rtt_codec.MAX_MS,
+# 2047 * 2**31 us, about 50.9 days; kept equal by a test, not imported, so that importing
 # this module does not import numpy). Far above any real ping; larger values are unit or
 # generator bugs (1e308 ms) that would saturate the codec and wreck percentiles.
 MAX_RTT_MS = 2047 * 2**31 / 1000.0
@@ -46,6 +56,8 @@ REJECT_REASONS = {
     "bad_error_count": "packet_error_count is negative or not an integer",
     "bad_msm_id": "msm_id is negative or not an integer",
     "bad_prb_id": "prb_id is present but negative or not an integer",
+    "bad_ttl": f"ttl is present but not an integer from 0 to {MAX_TTL}",
+    "bad_dup": "dup is present but not a boolean (true/false, 1/0)",
 }
 
 
@@ -63,7 +75,11 @@ def arrow_schema():
             pa.field("size", pa.int64(), nullable=False),
             pa.field("packet_error_count", pa.int64(), nullable=False),
             pa.field("prb_id", pa.int64(), nullable=True),
-        ]
+            pa.field("ttl", pa.int64(), nullable=True),
+            pa.field("dst_name", pa.string(), nullable=True),
+            pa.field("dup", pa.bool_(), nullable=True),
+        ],
+        metadata={SCHEMA_KEY: str(SCHEMA_VERSION)},
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory
 from pingctl.schema.addresses import address_map
-from pingctl.schema.columns import COLUMNS, MAX_RTT_MS, REJECT_REASONS, SEED_COLUMNS
+from pingctl.schema.columns import COLUMNS, MAX_RTT_MS, MAX_TTL, REJECT_REASONS, SEED_COLUMNS
 from pingctl.schema.parquet import check_parquet_columns, verify_head
 from pingctl.schema.times import MIN_TIME, max_time
 
@@ -58,7 +58,20 @@ def _double_sql(col: str, duck_type: str) -> str:
     return "NULL::DOUBLE" if duck_type.upper() == "BOOLEAN" else f"TRY_CAST(r.{col} AS DOUBLE)"
 
 
-_NUMERIC_COLUMNS = ("msm_id", "ip_version", "rtt", "size", "packet_error_count", "prb_id")
+def _dup_sql(duck_type: str) -> str:
+    """`dup` as BOOLEAN, NULL where it is not one: true/false, or 1/0 as numbers or text (a
+    cast alone would take any non-zero number as true, and 2 duplicates is no flag)."""
+    if duck_type.upper() == "BOOLEAN":
+        return "r.dup"
+    return ("CASE lower(trim(r.dup::VARCHAR)) WHEN 'true' THEN true WHEN '1' THEN true "
+            "WHEN 'false' THEN false WHEN '0' THEN false END")
+
+
+# Schema version 2's columns (pingctl.schema.columns), with their type where a file lacks them:
+# every `_raw` view has them, so a reader (shard's rejects) can name them whatever the input's
+# version; a version-1 table reads as all null.
+_V2_COLUMNS = {"ttl": "BIGINT", "dst_name": "VARCHAR", "dup": "BOOLEAN"}
+_NUMERIC_COLUMNS = ("msm_id", "ip_version", "rtt", "size", "packet_error_count", "prb_id", "ttl")
 
 
 def _bool_columns(schema) -> tuple[str, ...]:
@@ -125,18 +138,9 @@ def refuse_rejects(files: list[Path], advice: str, memory_limit: str = "4GB") ->
         con.close()
 
 
-def canonical_query(con, files: list[Path], view: str = "canonical", head: int | None = None) -> None:
-    """Create DuckDB view `view`: canonical columns + `reject_reason` (NULL = valid) + provenance.
-
-    `head` reads only the first `head` rows of each group of files (in file order when the
-    connection preserves insertion order), so a look at a few rows does not scan a 100M-row table.
-
-    Addresses are validated by parsing each *distinct* string once in Python (DuckDB's inet
-    extension would need a download); the result is joined back, so 100M rows cost one
-    parse per unique address.
-    """
-    schemas: dict = {}
-    has_prb = check_parquet_columns(files, schemas)
+def _raw_view(con, files: list[Path], schemas: dict, head: int | None):
+    """View `_raw`: every file's rows as read, with this version's optional columns (null where no
+    file has them). Returns (the distinct address texts, `_raw`'s column types)."""
     # Files are read in groups of one event_time type, each group's time made TIMESTAMPTZ
     # before the union: DuckDB's union_by_name would otherwise unify a timestamp column with
     # another file's string or integer seconds (every valid row rejected, or a crash).
@@ -154,7 +158,10 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
         for (kind, bools), group in groups.items()
     ]
     try:
-        con.execute("CREATE OR REPLACE TEMP VIEW _raw AS " + " UNION ALL BY NAME ".join(parts))
+        con.execute("CREATE OR REPLACE TEMP VIEW _raw_files AS " + " UNION ALL BY NAME ".join(parts))
+        present = {name for name, *_ in con.execute("DESCRIBE _raw_files").fetchall()}
+        fill = "".join(f", NULL::{t} AS {c}" for c, t in _V2_COLUMNS.items() if c not in present)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _raw AS SELECT *{fill} FROM _raw_files")
         distinct = con.sql(
             "SELECT DISTINCT a FROM (SELECT src_addr::VARCHAR AS a FROM _raw UNION ALL "
             "SELECT dst_addr::VARCHAR FROM _raw)"
@@ -164,11 +171,28 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
         if duckdb_interrupted(e) or duckdb_out_of_memory(e):
             raise  # not the input's fault: the CLI names these
         raise PingctlError(f"cannot read input Parquet: {_first_unreadable(files) or e}") from None
+    return distinct, raw_types
+
+
+def canonical_query(con, files: list[Path], view: str = "canonical", head: int | None = None) -> None:
+    """Create DuckDB view `view`: canonical columns + `reject_reason` (NULL = valid) + provenance.
+
+    `head` reads only the first `head` rows of each group of files (in file order when the
+    connection preserves insertion order), so a look at a few rows does not scan a 100M-row table.
+
+    Addresses are validated by parsing each *distinct* string once in Python (DuckDB's inet
+    extension would need a download); the result is joined back, so 100M rows cost one
+    parse per unique address.
+    """
+    schemas: dict = {}
+    has_prb = check_parquet_columns(files, schemas)
+    distinct, raw_types = _raw_view(con, files, schemas, head)
     con.register("_addr_map", address_map(distinct.column(0).to_pylist()))
     prb = _bigint_sql("prb_id", raw_types["prb_id"]) if has_prb else "NULL::BIGINT"
     prb_present = "r.prb_id IS NOT NULL" if has_prb else "false"
     i64 = {c: _bigint_sql(c, raw_types[c]) for c in ("msm_id", "ip_version", "size", "packet_error_count")}
     rtt = _double_sql("rtt", raw_types["rtt"])
+    ttl, dup = _bigint_sql("ttl", raw_types["ttl"]), _dup_sql(raw_types["dup"])
     lo = MIN_TIME.strftime("%Y-%m-%d %H:%M:%S+00")
     hi = max_time().strftime("%Y-%m-%d %H:%M:%S+00")
     # event_time may be a timestamp of any unit/zone, or integer Unix seconds.
@@ -185,6 +209,8 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
             {i64["size"]} AS size,
             {i64["packet_error_count"]} AS packet_error_count,
             {prb} AS prb_id,
+            {ttl} AS ttl, r.dst_name::VARCHAR AS dst_name, {dup} AS dup,
+            r.ttl IS NOT NULL AS _ttl_present, r.dup IS NOT NULL AS _dup_present,
             -- nulls in the input itself; a typed NULL beside a present value is a bad value
             (r.msm_id IS NULL OR r._time_missing OR r.src_addr IS NULL OR r.dst_addr IS NULL
               OR r.ip_version IS NULL OR r.rtt IS NULL OR r.size IS NULL
@@ -196,7 +222,7 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
         SELECT
           t.msm_id, t.event_time, COALESCE(s.canon, t.raw_src) AS src_addr,
           COALESCE(d.canon, t.raw_dst) AS dst_addr, t.ip_version, t.rtt, t.size,
-          t.packet_error_count, t.prb_id, t._file, t._row,
+          t.packet_error_count, t.prb_id, t.ttl, t.dst_name, t.dup, t._file, t._row,
           CASE
             WHEN t._null_field THEN 'null_field'
             WHEN s.canon IS NULL THEN CASE WHEN s.mapped THEN 'ipv4_mapped' ELSE 'bad_src_addr' END
@@ -214,6 +240,8 @@ def canonical_query(con, files: list[Path], view: str = "canonical", head: int |
             -- ingest refuses negative ids; a table from elsewhere must not bring them in
             WHEN t.msm_id IS NULL OR t.msm_id < 0 THEN 'bad_msm_id'
             WHEN (t._prb_present AND t.prb_id IS NULL) OR t.prb_id < 0 THEN 'bad_prb_id'
+            WHEN (t._ttl_present AND t.ttl IS NULL) OR t.ttl < 0 OR t.ttl > {MAX_TTL} THEN 'bad_ttl'
+            WHEN t._dup_present AND t.dup IS NULL THEN 'bad_dup'
           END AS reject_reason
         FROM typed t
         LEFT JOIN _addr_map s ON s.addr = t.raw_src

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterable
 
 from pingctl.errors import PingctlError
-from pingctl.schema.columns import COLUMNS, SEED_COLUMNS, arrow_schema
+from pingctl.schema.columns import COLUMNS, OPTIONAL_COLUMNS, SCHEMA_KEY, SEED_COLUMNS, arrow_schema
 
 ROW_GROUP_ROWS = 262_144  # DuckDB parallelises per row group; 256k keeps 100M rows at ~400 groups
 COMPRESSION = "zstd"
@@ -17,13 +17,26 @@ WRITE_OPTIONS = dict(compression=COMPRESSION, write_page_checksum=True)
 
 
 def to_canonical(batch):
-    """Cast an Arrow table/batch with the canonical columns to the exact canonical schema."""
+    """Cast an Arrow table/batch with the seed columns to the exact canonical schema (this
+    version's: an optional column it lacks, as in a version-1 table, is added as nulls)."""
     import pyarrow as pa
 
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    if "prb_id" not in table.column_names:
-        table = table.append_column("prb_id", pa.nulls(table.num_rows, pa.int64()))
-    return table.select(list(COLUMNS)).cast(arrow_schema())
+    schema = arrow_schema()
+    for name in OPTIONAL_COLUMNS:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
+    return table.select(list(COLUMNS)).cast(schema)
+
+
+def schema_version(schema) -> int:
+    """The canonical schema version an Arrow/Parquet schema records (1 where it records none:
+    version-1 tables and tables from elsewhere)."""
+    raw = (schema.metadata or {}).get(SCHEMA_KEY.encode())
+    try:
+        return int(raw) if raw is not None else 1
+    except ValueError:
+        return 1
 
 
 class PartWriter:

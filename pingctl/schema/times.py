@@ -55,8 +55,19 @@ def parse_when(value: Any, what: str, error: type[PingctlError] = PingctlError) 
     return parse_when(when, what, error)
 
 
-# The largest valid RTT: the RTT codec's largest code (pingctl.tokenizer.rtt_codec.MAX_MS,
-# 2047 * 2**31 us, about 50.9 days; kept equal by a test, not imported, so that importing
+_DURATION_RE = re.compile(r"\s*([0-9]{1,9})\s*(s|m|min|h|d|w)\s*", re.I)
+_UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400, "w": 604_800}
+MAX_DURATION_S = 100 * 366 * 86_400  # far past any table's span; keeps microseconds within int64
+
+
+def parse_duration(value: str, what: str, error: type[PingctlError] = PingctlError) -> int:
+    """A duration as users give it (`15m`, `1h`, `1d`, `90s`, `2w`) -> whole seconds, > 0."""
+    m = _DURATION_RE.fullmatch(str(value))
+    seconds = int(m.group(1)) * _UNIT_S[m.group(2).lower()] if m else 0
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise error(f"{what} {value!r}: expected a duration such as 15m, 1h or 1d (a whole number of s, m, "
+                    "h, d or w, at most 100 years)")
+    return seconds
 
 
 def max_time() -> dt.datetime:

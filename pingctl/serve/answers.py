@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -68,12 +69,15 @@ def canonical_table(src: list[str], dst: list[str], seconds: list[int], rtt: lis
     context or scores."""
     import pyarrow as pa
 
-    n = len(src)
-    return pa.table({
+    n, schema = len(src), arrow_schema()
+    given = {
         "msm_id": [0] * n, "event_time": pa.array([int(t) * 1_000_000 for t in seconds], pa.timestamp("us", tz="UTC")),
         "src_addr": src, "dst_addr": dst, "ip_version": [S.family(a) for a in src], "rtt": [float(x) for x in rtt],
         "size": [0] * n, "packet_error_count": [0] * n, "prb_id": prb,
-    }, schema=arrow_schema())
+    }
+    # an optional column a request has no field for (the schema may grow) is null, as a table
+    # without it reads
+    return pa.table({f.name: given.get(f.name, pa.nulls(n, f.type)) for f in schema}, schema=schema)
 
 
 def rows_table(rows: list[S.ContextRow]):
@@ -108,7 +112,7 @@ def check_times(model: Model, timed: bool, questions: list[tuple[int, S.Pair]], 
         if q.time is None:
             continue
         loc = ("body", "pairs", i, "time") if many else ("body", "time")
-        msg = f"{model.run} was trained without timestamps, so it cannot condition on a time; ask without one"
+        msg = f"{model.name} was trained without timestamps, so it cannot condition on a time; ask without one"
         if not many:
             raise FieldError(loc, msg)
         out.append({"index": i, "field": field_name(loc), "reason": "untimed_run",
@@ -145,8 +149,8 @@ def rtt_rows(asked: RttPrompts, summaries: list[dict], n: int) -> list[dict]:
 
 def rtt_response(model: Model, body: S.RttRequest, questions: list[tuple[int, S.Pair]], rejected: list[dict],
                  results: list[dict], cap: int | None) -> dict:
-    head = {"run": str(model.run), "step": model.step, "steps": list(model.steps), "exact": body.exact,
-            "calibration": model.calibration.path if model.calibration is not None else None}
+    head = {"run": model.name, "step": model.step, "steps": list(model.steps), "exact": body.exact,
+            "calibration": shown(model.calibration.path) if model.calibration is not None else None}
     if body.context is not None:
         head.update(context_rows=len(body.context), context_per_pair=cap)
     rows, bad = [], list(rejected)
@@ -173,14 +177,14 @@ def rtt_response(model: Model, body: S.RttRequest, questions: list[tuple[int, S.
 def complete(model: Model, body: S.CompleteRequest, ctx: Context | None) -> dict:
     rows = model.complete(body.src, body.dst, rtt=body.rtt, k=body.k, context=ctx,
                           context_per_pair=body.context_per_pair if ctx is not None else None)
-    return finite({"mode": "complete", "run": str(model.run), "step": model.step, "completions": rows})
+    return finite({"mode": "complete", "run": model.name, "step": model.step, "completions": rows})
 
 
 def search(model: Model, body: S.SearchRequest, ctx: Context | None) -> dict:
     rows = model.search(body.src, body.rtt, n=body.n, k=body.k, seed=body.seed,
                         temperature=body.temperature, context=ctx,
                         context_per_pair=body.context_per_pair if ctx is not None else None)
-    return finite({"mode": "inverse", "run": str(model.run), "step": model.step, "candidates": rows})
+    return finite({"mode": "inverse", "run": model.name, "step": model.step, "candidates": rows})
 
 
 def score(model: Model, body: S.ScoreRequest) -> dict:
@@ -189,16 +193,35 @@ def score(model: Model, body: S.ScoreRequest) -> dict:
                       limit=body.limit)
     raw = (out.schema.metadata or {}).get(b"pingctl")
     meta = json.loads(raw) if raw else {}
+    if isinstance(meta.get("run"), str):
+        meta["run"] = model.name  # a client is told the run's name, not where the server keeps it
     rows = out.to_pylist()
     for r in rows:  # the times as they came in: Unix seconds
         if isinstance(r.get("event_time"), dt.datetime):
             r["event_time"] = int(r["event_time"].timestamp())
-    return finite({"run": str(model.run), "step": model.step, "meta": meta, "rows": rows})
+    return finite({"run": model.name, "step": model.step, "meta": meta, "rows": rows})
 
 
 # ----------------------------------------------------------------- metadata
 
 
+def shown(path) -> str | None:
+    """A file as the service names it: its directory's name and its own, never the path that
+    would tell a client where the server keeps its files (or whose home it is)."""
+    if path is None:
+        return None
+    p = Path(str(path))
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
 def metadata(model: Model, started: float) -> dict:
-    """What `Model.metadata` says of the run, and since when it serves."""
-    return finite({**model.metadata(), "serving_since": utc_iso(started)})
+    """What `Model.metadata` says of the run, with names where it has paths, and since when it serves."""
+    out = {**model.metadata(), "run": model.name, "serving_since": utc_iso(started)}
+    if isinstance(out.get("eval"), dict):
+        out["eval"] = {**out["eval"], "report": shown(out["eval"].get("report"))}
+    cal = out.get("calibration")
+    if isinstance(cal, dict):
+        # the map's own metadata names the run it was fitted for by the path it was given
+        out["calibration"] = {**cal, "path": shown(cal.get("path")),
+                              **({"run": Path(cal["run"]).name} if isinstance(cal.get("run"), str) else {})}
+    return finite(out)

@@ -1,4 +1,4 @@
-"""One worker thread for every model call, and micro-batching of RTT questions.
+"""One worker thread for every model call, micro-batching of RTT questions, and fair turns.
 
 JAX calls of one model are not interleaved: each forward pass, whatever endpoint asked for
 it, runs on the worker thread here, one job at a time. The event loop only submits jobs and
@@ -6,14 +6,21 @@ awaits their futures (`asyncio.wrap_future`), so it keeps accepting requests whi
 works.
 
 Batchable jobs (`submit`) carry a key and a list of items (an RTT question's prompts). The
-worker takes the first waiting job and gathers further jobs of the same key until
-`max_batch` items are gathered or the wait has passed since it took the first; the items
-of all of them go through the job's function together (in slices of `max_batch`), which is
-where concurrent single-pair requests share forward passes instead of each paying for its
-own. A batch-shaped model call costs about as much at 1 prompt as at 32 (the forward shapes
-are fixed buckets), so the gathering is what throughput comes from. A job of another key
-waits for the next round, in its order. A job that is not batchable (`call`: a completion, a
-search, a scoring) runs alone.
+worker answers them in rounds of at most `max_batch` items: it takes the first waiting job
+and gathers items of further jobs of the same key until `max_batch` items are gathered or the
+wait has passed since it took the first; the gathered items go through the job's function
+together, which is where concurrent single-pair requests share forward passes instead of each
+paying for its own. A batch-shaped model call costs about as much at 1 prompt as at 32 (the
+forward shapes are fixed buckets), so the gathering is what throughput comes from. A job of
+another key waits for the next round, in its order. A job that is not batchable (`call`: a
+completion, a search, a scoring) runs alone.
+
+Turns are fair: a job with more items than one round takes (a 1,024-pair request) is answered
+a round at a time, and between its rounds it goes back to the end of the queue, behind the jobs
+that came meanwhile. A one-pair request that arrives while a large one is being answered so
+waits for one round of it (a batch of forward passes, about a second on a CPU), not for all of
+it (a minute, when it held the worker from its first pass to its last). A job whose future is
+cancelled (its client went away, or the service's drain cut it) is dropped at its next turn.
 
 The wait is `max_wait_s` when given. By default (None) it follows the traffic: when the last
 batch of the key carried one job and none waited behind it (one client asking in turn), 2 ms;
@@ -50,16 +57,39 @@ class Overloaded(PingctlError):
     kind = "overloaded"
 
 
-@dataclass
+class ShuttingDown(PingctlError):
+    """The service is stopping: no new work is taken (HTTP 503)."""
+
+    kind = "shutting_down"
+
+
+@dataclass(eq=False)  # a job is itself, not its fields: jobs are kept in dicts by identity
 class _Job:
     key: Hashable | None  # None: not batchable, runs alone
     fn: Callable
     items: list
     future: cf.Future = field(default_factory=cf.Future)
+    # a batchable job is answered a round at a time: how many items are answered, their results
+    done: int = 0
+    results: list = field(default_factory=list)
 
     @property
-    def size(self) -> int:
-        return len(self.items) if self.key is not None else 1
+    def left(self) -> int:
+        """Items not answered yet (a job that runs alone counts as one)."""
+        return len(self.items) - self.done if self.key is not None else 1
+
+
+@dataclass
+class _Part:
+    """The items [a, b) of a job, in one round."""
+
+    job: _Job
+    a: int
+    b: int
+
+    @property
+    def items(self) -> list:
+        return self.job.items[self.a : self.b]
 
 
 class Batcher:
@@ -79,6 +109,8 @@ class Batcher:
         self._stopping = False
         # figures for /healthz and the tests: model calls made, the jobs and items they carried
         self.stats = {"batches": 0, "jobs": 0, "items": 0, "largest_batch": 0, "failures": 0}
+        # called on the worker with each gathered batch's size (the service's /metrics histogram)
+        self.on_batch: Callable[[int], None] | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -96,11 +128,11 @@ class Batcher:
     def _put(self, job: _Job) -> cf.Future:
         with self._cv:
             if self._stopping:
-                raise PingctlError("the service is shutting down")
-            if self._queued + job.size > self.max_queued:
+                raise ShuttingDown("the service is shutting down; retry on another instance or after its restart")
+            if self._queued + job.left > self.max_queued:
                 raise Overloaded(f"{self._queued:,} questions are waiting for the model (bound {self.max_queued:,}); "
                                  "retry in a moment")
-            self._queued += job.size
+            self._queued += job.left
             self._waiting.append(job)
             self._cv.notify()
         return job.future
@@ -109,8 +141,14 @@ class Batcher:
     def queued(self) -> int:
         return self._queued
 
+    @property
+    def busy(self) -> bool:
+        """Whether the worker thread is still running (after `close`: a job outlived its timeout)."""
+        return self._thread.is_alive()
+
     def close(self, timeout: float = 30.0) -> None:
-        """Finish the jobs already queued, then stop the thread."""
+        """Finish the jobs already queued (a cancelled one is dropped), then stop the thread;
+        wait for it at most `timeout` seconds."""
         with self._cv:
             self._stopping = True
             self._waiting.append(_STOP)
@@ -127,8 +165,6 @@ class Batcher:
                 for i, job in enumerate(self._waiting):
                     if key is None or (job is not _STOP and job.key == key):
                         del self._waiting[i]
-                        if job is not _STOP:
-                            self._queued -= job.size
                         return job
                     if job is _STOP:
                         break  # nothing queued after a stop is gathered into this batch
@@ -137,28 +173,83 @@ class Batcher:
                     return None
                 self._cv.wait(left)
 
+    def _part(self, job: _Job, room: int) -> _Part:
+        """The next at most `room` items of `job`, taken off the count of waiting items."""
+        part = _Part(job, job.done, min(len(job.items), job.done + room))
+        with self._cv:
+            self._queued -= part.b - part.a
+        if part.a == 0:
+            self.stats["jobs"] += 1
+        self.stats["items"] += part.b - part.a
+        return part
+
+    def _drop(self, job: _Job) -> None:
+        """A job that will not be answered (cancelled): its items leave the count."""
+        with self._cv:
+            self._queued -= job.left
+
+    def _requeue(self, job: _Job) -> None:
+        """A job with items left goes to the back of the queue (before a stop: close() finishes it)."""
+        with self._cv:
+            at = next((i for i, j in enumerate(self._waiting) if j is _STOP), len(self._waiting))
+            self._waiting.insert(at, job)
+            self._cv.notify()
+
     def _loop(self) -> None:
         while True:
             job = self._take(None, None)
             if job is _STOP:
                 return
-            if not job.future.set_running_or_notify_cancel():
-                continue  # the client went away before its turn
-            if job.key is None:
-                self._run_alone(job)
+            if job.future.cancelled():
+                self._drop(job)  # the client went away (or the drain cut it) before its turn
                 continue
-            batch, n = [job], len(job.items)
-            deadline = time.monotonic() + self.wait_s(job.key)
-            while n < self.max_batch:
-                more = self._take(job.key, deadline)
-                if more is None:
-                    break
-                if more.future.set_running_or_notify_cancel():
-                    batch.append(more)
-                    n += len(more.items)
-            t0 = time.monotonic()
-            self._run_batch(batch)
-            self._note(job.key, len(batch), time.monotonic() - t0)
+            if job.key is None:
+                self._drop(job)
+                if job.future.set_running_or_notify_cancel():
+                    self._run_alone(job)
+                continue
+            self._round(job)
+
+    def _round(self, first: _Job) -> None:
+        """One batch: the next items of `first`, then of further jobs of its key (within the
+        wait), through the key's function; each job finished, failed, or sent back in line."""
+        parts = [self._part(first, self.max_batch)]
+        room = self.max_batch - (parts[0].b - parts[0].a)
+        deadline = time.monotonic() + self.wait_s(first.key)
+        while room > 0:
+            more = self._take(first.key, deadline)
+            if more is None:
+                break
+            if more.future.cancelled():
+                self._drop(more)
+                continue
+            parts.append(self._part(more, room))
+            room -= parts[-1].b - parts[-1].a
+        t0 = time.monotonic()
+        failed = self._run_batch(parts)
+        self._note(first.key, len(parts), time.monotonic() - t0)
+        for p in parts:
+            job = p.job
+            if job in failed:
+                job.done = p.b  # its later items will not be asked either
+                self._drop(job)
+                self._settle(job, error=failed[job])
+            elif job.done == len(job.items):
+                self._settle(job)
+            elif job.future.cancelled():
+                self._drop(job)
+            else:
+                self._requeue(job)
+
+    def _settle(self, job: _Job, error: BaseException | None = None) -> None:
+        # the future stays pending until now, so a client that leaves mid-way can cancel it
+        if not job.future.set_running_or_notify_cancel():
+            return
+        if error is None:
+            job.future.set_result(job.results)
+        else:
+            self.stats["failures"] += 1
+            job.future.set_exception(error)
 
     def wait_s(self, key: Hashable) -> float:
         """How long a batch of `key` is held open for more jobs (see the module's docstring)."""
@@ -185,35 +276,38 @@ class Batcher:
             job.future.set_exception(e)
 
     def _apply(self, fn: Callable, items: list) -> list:
-        out: list = []
-        for a in range(0, len(items), self.max_batch):
-            part = items[a : a + self.max_batch]
-            self.stats["batches"] += 1
-            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(part))
-            res = fn(part)
-            if len(res) != len(part):
-                raise RuntimeError(f"a batch function returned {len(res)} results for {len(part)} items")
-            out.extend(res)
-        return out
+        self.stats["batches"] += 1
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(items))
+        if self.on_batch is not None:
+            self.on_batch(len(items))
+        res = fn(items)
+        if len(res) != len(items):
+            raise RuntimeError(f"a batch function returned {len(res)} results for {len(items)} items")
+        return res
 
-    def _run_batch(self, batch: list[_Job]) -> None:
-        self.stats["jobs"] += len(batch)
-        self.stats["items"] += sum(len(j.items) for j in batch)
+    def _run_batch(self, parts: list[_Part]) -> dict:
+        """The parts' items through their function; each part's results kept with its job.
+        {job: exception} of the jobs that failed."""
+        items = [x for p in parts for x in p.items]
         try:
-            results = self._apply(batch[0].fn, [x for j in batch for x in j.items])
+            results = self._apply(parts[0].job.fn, items) if items else []
         except BaseException as e:  # noqa: BLE001
-            if len(batch) == 1:
-                self.stats["failures"] += 1
-                batch[0].future.set_exception(e)
-                return
-            for j in batch:  # which request broke it: each on its own
+            if len(parts) == 1:
+                return {parts[0].job: e}
+            failed = {}
+            for p in parts:  # which request broke it: each on its own
                 try:
-                    j.future.set_result(self._apply(j.fn, j.items))
+                    self._keep(p, self._apply(p.job.fn, p.items))
                 except BaseException as e1:  # noqa: BLE001
-                    self.stats["failures"] += 1
-                    j.future.set_exception(e1)
-            return
+                    failed[p.job] = e1
+            return failed
         k = 0
-        for j in batch:
-            j.future.set_result(results[k : k + len(j.items)])
-            k += len(j.items)
+        for p in parts:
+            self._keep(p, results[k : k + p.b - p.a])
+            k += p.b - p.a
+        return {}
+
+    @staticmethod
+    def _keep(part: _Part, results: list) -> None:
+        part.job.results.extend(results)
+        part.job.done = part.b

@@ -20,8 +20,9 @@ class _Out(BaseModel):
 
 
 class ErrorInfo(_Out):
-    kind: str = Field(description="usage (a field of the request), too_large, overloaded, warming, not_found, "
-                                  "method_not_allowed, internal, or a PingctlError's kind")
+    kind: str = Field(description="usage (a field of the request, or a body that is not JSON), too_large, "
+                                  "over_budget, overloaded, warming, shutting_down, unauthorized, not_found, method_not_allowed, "
+                                  "internal, or a PingctlError's kind")
     message: str = Field(description="What is wrong, naming the field first (`pairs[3].src: ...`)")
 
 
@@ -35,10 +36,14 @@ class ErrorBody(_Out):
 
 ERRORS = {
     400: "A question the run cannot answer (a PingctlError)",
-    413: "The body is larger than the service's bound (by Content-Length, or while it streams in)",
+    401: "The service has an API key and the request did not present it (`Authorization: Bearer KEY` or "
+         "`X-API-Key: KEY`): unauthorized",
+    413: "The body is larger than the service's bound (too_large: by Content-Length, or while it streams in), "
+         "or the request asks the model for more work than one request may (over_budget)",
     422: "A field fails its checks (named first in `error.message`), or the body is not JSON (line and column)",
     500: "An internal failure of this request; the service goes on answering the next",
-    503: "The service is warming up (compiling its batch shapes) or its queue is full; retry after Retry-After",
+    503: "The service is warming up (compiling its batch shapes) or its queue is full (retry after Retry-After), "
+         "or it is shutting down and the request did not finish within the drain deadline (shutting_down)",
 }
 
 
@@ -67,7 +72,8 @@ class _RttHead(_Out):
     run: str = Field(description="The run (or export) answering")
     step: int = Field(description="Its checkpoint step (the last of averaged steps)")
     steps: list[int] = Field(description="Every step whose weights were averaged")
-    exact: bool = Field(description="Whether every code was computed (the request's `exact`)")
+    exact: bool = Field(description="Whether every code was computed (the request's `exact`, or its form's default: "
+                                    "true for one pair, false for many)")
     calibration: str | None = Field(description="The calibration map applied, if any")
     context_rows: int | None = Field(None, description="Context rows the request sent (when it sent some)")
     context_per_pair: int | None = Field(None, description="The cap on one (src, dst) pair's context measurements")
@@ -168,7 +174,8 @@ class Health(_Out):
     status: Literal["warming", "ready", "failed"] = Field(
         description="warming: compiling the batch shapes (the questions routes answer 503); ready: answering; "
                     "failed: the warm-up failed (see `warmup.error`), answering anyway")
-    run: str = Field(description="The run (or export) serving")
+    run: str = Field(description="The run (or export) serving, by name: its directory's name, or owner/name@commit "
+                                 "of a Hub repo (no path)")
     step: int = Field(description="Its checkpoint step")
     queued: int = Field(description="RTT questions waiting for the model")
     max_batch: int = Field(description="RTT questions per gathered batch")
@@ -182,7 +189,8 @@ class Health(_Out):
 
 class Version(_Out):
     pingctl: str = Field(description="The pingctl version serving")
-    run: str = Field(description="The run (or export) serving")
+    run: str = Field(description="The run (or export) serving, by name: its directory's name, or owner/name@commit "
+                                 "of a Hub repo (no path)")
     step: int = Field(description="Its checkpoint step (the last of averaged steps)")
     steps: list[int] = Field(description="Every step whose weights were averaged")
     device: str = Field(description="cpu, gpu or tpu")
@@ -191,7 +199,7 @@ class Version(_Out):
 class Metadata(_Out):
     model_config = ConfigDict(extra="allow")  # Model.metadata's keys, as that documents them
 
-    run: str = Field(description="The run (or export) serving")
+    run: str = Field(description="The run (or export) serving, by name (no path)")
     step: int = Field(description="Its checkpoint step (the last of averaged steps)")
     steps: list[int] = Field(description="Every step whose weights were averaged")
     preset: str | None = Field(description="The model preset it was trained with (null: unknown)")

@@ -14,10 +14,14 @@ Starlette is imported at the top (FastAPI reads the route signatures' annotation
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import functools
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from fastapi import Body
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -25,6 +29,7 @@ from pingctl import __version__
 from pingctl.api import Model
 from pingctl.errors import PingctlError
 from pingctl.serve import answers as A
+from pingctl.serve import examples as X
 from pingctl.serve import responses as R
 from pingctl.serve import schemas as S
 from pingctl.serve.batcher import Batcher
@@ -72,9 +77,20 @@ async def _on_worker(st: ServeState, fn):
 
 
 async def _in_thread(fn, *args):
-    from starlette.concurrency import run_in_threadpool
+    """`fn(*args)` in a thread of its own, awaited. A daemon thread, unlike Starlette's pool:
+    when the drain cuts a request whose prompts are still being built (seconds for 1,024
+    pairs), the stopping process does not wait for work whose request is already answered."""
+    future: cf.Future = cf.Future()
 
-    return await run_in_threadpool(fn, *args)
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - the request's to raise, on the event loop
+                future.set_exception(e)
+
+    threading.Thread(target=run, name="pingctl-request", daemon=True).start()
+    return await asyncio.wrap_future(future)
 
 
 # ------------------------------------------------------------------ liveness, readiness, identity
@@ -87,7 +103,7 @@ async def health(request: Request, response: Response) -> dict:
     if st.status == "warming":
         response.status_code = 503
         response.headers["Retry-After"] = "1"
-    return {"status": st.status, "run": str(st.model.run), "step": st.model.step, "queued": b.queued,
+    return {"status": st.status, "run": st.model.name, "step": st.model.step, "queued": b.queued,
             "max_batch": b.max_batch, "max_wait_ms": _ms(b.max_wait_s), "batcher": dict(b.stats),
             "warmup": {k: v for k, v in st.warmup.items() if k != "status"},
             "uptime_s": round(time.time() - st.started, 3)}
@@ -96,7 +112,7 @@ async def health(request: Request, response: Response) -> dict:
 async def version(request: Request) -> dict:
     st = state(request)
     m = st.model
-    return {"pingctl": __version__, "run": str(m.run), "step": m.step, "steps": list(m.steps), "device": m.device}
+    return {"pingctl": __version__, "run": m.name, "step": m.step, "steps": list(m.steps), "device": m.device}
 
 
 async def metadata(request: Request) -> dict:
@@ -106,13 +122,14 @@ async def metadata(request: Request) -> dict:
     return {**out, "serve": {"max_batch": b.max_batch, "max_wait_ms": _ms(b.max_wait_s),
                              "bounds": {"pairs": S.MAX_PAIRS, "context_rows": S.MAX_CONTEXT_ROWS,
                                         "search_samples": S.MAX_SEARCH_SAMPLES, "score_rows": S.MAX_SCORE_ROWS,
-                                        "body_bytes": st.max_body_bytes, "queued": b.max_queued}}}
+                                        "body_bytes": st.max_body_bytes, "queued": b.max_queued,
+                                        "work": S.MAX_WORK}}}
 
 
 # ------------------------------------------------------------------ questions
 
 
-async def rtt(body: S.RttRequest, request: Request) -> dict:
+async def rtt(body: Annotated[S.RttRequest, Body(openapi_examples=X.RTT)], request: Request) -> dict:
     """One pair (src, dst, time) or many (pairs): a bad pair of many is set aside with its reason."""
     from fastapi.exceptions import RequestValidationError
 
@@ -120,6 +137,7 @@ async def rtt(body: S.RttRequest, request: Request) -> dict:
     if missing := body.missing():
         raise RequestValidationError([{"loc": ("body", name), "msg": "Field required (give src and dst, or pairs)",
                                        "type": "missing"} for name in missing])
+    S.check_work(body, st.meta["seq_len"])  # 413 before any work
     _ready(st)
     questions, rejected = body.questions()
     many = body.pairs is not None
@@ -143,39 +161,82 @@ async def rtt(body: S.RttRequest, request: Request) -> dict:
     return A.rtt_response(st.model, body, questions, rejected, results, cap)
 
 
-async def complete(body: S.CompleteRequest, request: Request) -> dict:
+async def complete(body: Annotated[S.CompleteRequest, Body(openapi_examples=X.COMPLETE)], request: Request) -> dict:
     st = state(request)
     _ready(st)
     ctx = await _in_thread(A.context, body.context)
     return await _on_worker(st, functools.partial(A.complete, st.model, body, ctx))
 
 
-async def search(body: S.SearchRequest, request: Request) -> dict:
+async def search(body: Annotated[S.SearchRequest, Body(openapi_examples=X.SEARCH)], request: Request) -> dict:
     st = state(request)
     _ready(st)
     ctx = await _in_thread(A.context, body.context)
     return await _on_worker(st, functools.partial(A.search, st.model, body, ctx))
 
 
-async def score(body: S.ScoreRequest, request: Request) -> dict:
+async def score(body: Annotated[S.ScoreRequest, Body(openapi_examples=X.SCORE)], request: Request) -> dict:
     st = state(request)
     _ready(st)
     return await _on_worker(st, functools.partial(A.score, st.model, body))
 
 
-# (path, method, function, response model, summary, error codes)
-_BODY = (400, 413, 422, 500, 503)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format: requests by route and status, latency, batch sizes, queue depth."""
+    body, kind = request.app.state.metrics.text()
+    return Response(body, media_type=kind)
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    method: str
+    fn: object
+    model: object  # the 200's response model (None: /metrics' text)
+    summary: str
+    operation_id: str
+    tag: str
+    codes: tuple = ()
+    answers: dict | None = None  # named examples of the 200's body
+
+    def responses(self) -> dict:
+        out = R.errors(*self.codes)
+        if self.answers:
+            out[200] = {"content": {"application/json": {"examples": self.answers}}}
+        if self.model is None:
+            out[200] = {"content": {"text/plain": {"schema": {"type": "string"}}},
+                        "description": "Prometheus text exposition format"}
+        return out
+
+    def response_class(self):
+        from fastapi.responses import JSONResponse, PlainTextResponse
+
+        return PlainTextResponse if self.model is None else JSONResponse
+
+
+TAGS = [{"name": "questions", "description": "What the model answers: RTT distributions, completions, "
+                                             "destinations at an RTT, scores"},
+        {"name": "service", "description": "Readiness, identity, the run's metadata, Prometheus metrics"}]
+_BODY = (400, 401, 413, 422, 500, 503)
 ROUTES = [
-    ("/health", "GET", health, R.Health, "Readiness: warming (503) until the batch shapes are compiled, then ready",
-     (503,)),
-    ("/healthz", "GET", health, R.Health, "The same as /health (kept for existing probes)", (503,)),
-    ("/version", "GET", version, R.Version, "The pingctl version and the run serving", ()),
-    ("/metadata", "GET", metadata, R.Metadata, "The run: step, preset, scheme, seq_len, times, eval headline", (500,)),
-    ("/rtt", "POST", rtt, R.RttAnswer, "RTT distribution of one pair or many (pingctl sample --src/--dst, --pairs)",
-     _BODY),
-    ("/complete", "POST", complete, R.CompleteAnswer,
-     "Most probable completions of partial addresses (pingctl sample --src 8.8.*.*)", _BODY),
-    ("/search", "POST", search, R.SearchAnswer,
-     "Destinations a source reaches at an RTT (pingctl sample --src IP --rtt 10-30)", _BODY),
-    ("/score", "POST", score, R.ScoreAnswer, "Scores of measurements under the model (pingctl score)", _BODY),
+    Route("/health", "GET", health, R.Health, "Readiness: warming (503) until the batch shapes are compiled, then ready",
+          "health", "service", (503,), X.HEALTH_ANSWERS),
+    Route("/healthz", "GET", health, R.Health, "The same as /health (kept for existing probes)", "healthz", "service",
+          (503,), X.HEALTH_ANSWERS),
+    Route("/version", "GET", version, R.Version, "The pingctl version and the run serving", "version", "service",
+          (401,), X.VERSION_ANSWERS),
+    Route("/metadata", "GET", metadata, R.Metadata, "The run: step, preset, scheme, seq_len, times, eval headline",
+          "metadata", "service", (401, 500), X.METADATA_ANSWERS),
+    Route("/metrics", "GET", metrics, None, "Prometheus metrics: requests, latency, batch sizes, queue depth",
+          "metrics", "service", (401,)),
+    Route("/rtt", "POST", rtt, R.RttAnswer, "RTT distribution of one pair or many (pingctl sample --src/--dst, --pairs)",
+          "rtt", "questions", _BODY, X.RTT_ANSWERS),
+    Route("/complete", "POST", complete, R.CompleteAnswer,
+          "Most probable completions of partial addresses (pingctl sample --src 8.8.*.*)", "complete", "questions",
+          _BODY, X.COMPLETE_ANSWERS),
+    Route("/search", "POST", search, R.SearchAnswer,
+          "Destinations a source reaches at an RTT (pingctl sample --src IP --rtt 10-30)", "search", "questions",
+          _BODY, X.SEARCH_ANSWERS),
+    Route("/score", "POST", score, R.ScoreAnswer, "Scores of measurements under the model (pingctl score)", "score",
+          "questions", _BODY, X.SCORE_ANSWERS),
 ]

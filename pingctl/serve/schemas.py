@@ -24,20 +24,22 @@ from pydantic import (
     model_validator,
 )
 
-from pingctl.errors import UsageError
+from pingctl.errors import PingctlError, UsageError
+from pingctl.api import arguments as ARG
 from pingctl.api import checks as Q
 from pingctl.api import checks as QS
 from pingctl.api.checks import CONTEXT_ROWS_MAX, AddressError, clean_address
 from pingctl.schema.columns import check_rtt
-from pingctl.schema.times import MIN_TIME, max_time, parse_when
+from pingctl.schema.times import MIN_TIME, max_time
 from pingctl.tokenizer.rtt_codec import MAX_MS
 
 # ----------------------------------------------------------------- bounds
 #
-# One request holds the model's worker for the time its questions take, and every other
-# request waits behind it; the bounds keep that to seconds on a CPU and a request's memory to
-# megabytes. An RTT question at the quantiles costs one first-byte pass and a few dozen
-# second-byte sequences: 1,024 pairs are 32 batches of 32, a few seconds for `tiny` here.
+# The bounds keep a request's time to seconds on a CPU and its memory to megabytes. An /rtt
+# request takes turns with others on the model's worker a batch at a time (batcher); a
+# /complete, /search or /score request holds it for its whole run. An RTT question at the
+# quantiles costs one first-byte pass and a few dozen second-byte sequences: 1,024 pairs are
+# 32 batches of 32, a few seconds for `tiny` without context; MAX_WORK bounds them with it.
 MAX_PAIRS = 1024
 # A prompt of seq_len tokens holds at most seq_len / 12 measurements; the rest of a context is
 # read only to pick the probe's rows. `pingctl sample --pairs` picks from the same bound.
@@ -52,6 +54,17 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 # RTT pairs waiting for the worker across all requests; past it a request is answered 503 at
 # once rather than queued for minutes.
 MAX_QUEUED = 16 * MAX_PAIRS
+# What one /rtt request may ask of the model's worker (`rtt_work`): each pair costs 1 plus the
+# context rows its prompt can hold (at most seq_len / WORK_TOKENS_PER_ROW: the rest are only
+# read to pick from), times EXACT_WORK when exact. Turns are fair (batcher), so a large request
+# no longer holds the worker while others wait; the budget bounds how long the large request
+# itself takes: 1,024 pairs with full prompts of a seq_len-256 run (about 22,500), a few seconds
+# to tens of seconds on a CPU; 1,024 exact pairs with full prompts (about 90,000) is past it.
+MAX_WORK = 32_768
+EXACT_WORK = 4  # an exact distribution computes all 65,536 codes: 2-5x the forward work, measured
+# fewer tokens than a context measurement takes in a prompt (16-19 for IPv4 in the compact
+# scheme, more for IPv6), so seq_len / 12 bounds the measurements a prompt holds from above
+WORK_TOKENS_PER_ROW = 12
 MAX_TEXT = 64  # characters of an address, pattern or time (the longest IPv6 text is 45)
 # A probe id lands in the canonical table's int64 `prb_id` column (and NumPy int64 arrays on the
 # way): a larger one is refused here by name instead of overflowing there (a 500).
@@ -86,16 +99,23 @@ def _pattern(text: str, name: str) -> str:
 
 
 def _seconds(value, name: str = "time") -> int | None:
+    """`Model.rtt(time=...)`'s check (and so `sample --time`'s): "" or blanks are refused, not
+    read as "no time"."""
     try:
-        us = parse_when(value, name, UsageError)
+        return ARG.when(value, name)
     except UsageError as e:
         raise ValueError(str(e)) from None
-    return None if us is None else us // 1_000_000
 
 
 # a whole address, canonical; a time as Unix seconds: one validator each, wherever a body has one
 Address = Annotated[Text, AfterValidator(_whole)]
 Seconds = Annotated[Time, AfterValidator(_seconds)]
+
+
+class OverBudget(PingctlError):
+    """A request asking more of the model than one request may (`MAX_WORK`): HTTP 413."""
+
+    kind = "over_budget"
 
 
 def family(address: str) -> int:
@@ -191,8 +211,12 @@ class RttRequest(_WithContext):
         None, min_length=1, max_length=MAX_PAIRS,
         description=f"Many pairs (instead of src/dst/time), at most {MAX_PAIRS:,}: each answered in order; a pair "
                     "whose values fail the checks is listed in `rejected` with its reason, the others answered")
-    exact: StrictBool = Field(False, description="true: every one of the 65,536 codes (the means exact too, ~5x "
-                                                 "slower); false: exact at P(failure) and the quantiles")
+    exact: StrictBool | None = Field(
+        None, description="true: every one of the 65,536 codes (the means exact too; ~5x the forward work); false: "
+                          "exact at P(failure) and the quantiles, the means approximate (inside the first-byte "
+                          "bins nothing is read in). "
+                          "Default: as `pingctl sample` answers the same form: true for one pair (`sample --src "
+                          "--dst`), false for many (`sample --pairs`)")
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -202,6 +226,10 @@ class RttRequest(_WithContext):
         if self.pairs is None and self.src is not None and self.dst is not None \
                 and family(self.src) != family(self.dst):
             raise ValueError(f"src is IPv{family(self.src)} but dst is IPv{family(self.dst)}: a measurement has one family")
+        if self.exact is None:
+            # `pingctl sample --src --dst` computes every code, `--pairs` reads where it prints:
+            # the same question gets the same numbers from both
+            self.exact = self.pairs is None
         return self
 
     def missing(self) -> list[str]:
@@ -296,3 +324,25 @@ class ScoreRequest(_Body):
         "probe", description="probe: the probe's preceding rows; cold: none for a probe's first rows; none: no "
                              "context (as `pingctl score --context-policy`)")
     limit: StrictInt | None = Field(None, ge=1, le=MAX_SCORE_ROWS, description="Score only the first `limit` rows")
+
+
+def rtt_work(body: RttRequest, seq_len: int) -> int:
+    """What `body` asks of the model's worker, in the units of `MAX_WORK`: pairs x (1 + the
+    context rows a prompt can hold), x EXACT_WORK when exact."""
+    pairs = 1 if body.pairs is None else len(body.pairs)
+    rows = min(len(body.context or ()), seq_len // WORK_TOKENS_PER_ROW)
+    return pairs * (1 + rows) * (EXACT_WORK if body.exact else 1)
+
+
+def check_work(body: RttRequest, seq_len: int) -> None:
+    """OverBudget, saying how to ask within the budget, when `body` asks for more than MAX_WORK."""
+    work = rtt_work(body, seq_len)
+    if work <= MAX_WORK:
+        return
+    rows = min(len(body.context or ()), seq_len // WORK_TOKENS_PER_ROW)
+    per_pair = (1 + rows) * (EXACT_WORK if body.exact else 1)
+    how = f"{len(body.pairs or ())} pairs x (1 + {rows} context rows a prompt can hold)" + (
+        f" x {EXACT_WORK} (exact)" if body.exact else "")
+    raise OverBudget(f"this request asks for {work:,} units of model work ({how}); one request may ask for "
+                     f"{MAX_WORK:,}: send at most {MAX_WORK // per_pair:,} pairs per request"
+                     + (" (or exact false)" if body.exact else ""))

@@ -9,12 +9,24 @@ the time a head or a body takes to arrive: a client that sends part of its heade
 nothing held its connection for ever, and 200 such clients held 200 connections. `Limits`
 adds those two deadlines (a protocol subclass of uvicorn's h11 one) and caps the connections;
 docs/serve.md lists every figure.
+
+Stopping (SIGTERM, Ctrl-C): uvicorn stops taking connections and waits for the requests in
+flight; `Drain` gives that wait a deadline (`Limits.drain_s`): a request still running then is
+answered 503 `shutting_down` (the JSON error shape) by the application, and the process exits
+0; a second signal makes the deadline now. uvicorn's own cancellation (a plain-text 500 and a
+CancelledError traceback) comes only `DRAIN_GRACE_S` later, for an application that does not
+watch the drain.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +34,10 @@ from dataclasses import dataclass
 from pingctl.errors import PingctlError, UsageError
 
 START_TIMEOUT_S = 60.0  # uvicorn's start-up (the lifespan, the listening socket): seconds here
-log = logging.getLogger("pingctl.serve")
+# after the drain's deadline, for the 503s of the requests it cut to be written before uvicorn
+# cancels whatever is left
+DRAIN_GRACE_S = 2.0
+logger = logging.getLogger("pingctl.serve")
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,48 @@ class Limits:
     max_connections: int = 256
     # bytes of a request head (h11_max_incomplete_event_size); a larger one is a 400
     max_header_bytes: int = 16 * 1024
+    # on SIGTERM or Ctrl-C, requests in flight are answered for this many seconds; those still
+    # running then get 503 shutting_down, and the process exits
+    drain_s: float = 10.0
+
+
+class Drain:
+    """The deadline of a stopping service: `begin(seconds)` when the server stops taking
+    connections; every request running inside `cutting()` is cut (its `asyncio.timeout`
+    expires) `seconds` later, and so is one that starts after `begin`."""
+
+    def __init__(self):
+        self.deadline: float | None = None  # the event loop's time
+        self._running: set = set()
+        self._loop = None
+        self._now = False
+
+    @property
+    def draining(self) -> bool:
+        return self.deadline is not None
+
+    def begin(self, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.deadline = self._loop.time() + (0.0 if self._now else max(0.0, seconds))
+        for timeout in list(self._running):
+            timeout.reschedule(self.deadline)
+
+    def now(self) -> None:
+        """The deadline is now (a second signal); safe from a signal handler or another thread."""
+        self._now = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.begin, 0.0)
+
+    @contextlib.asynccontextmanager
+    async def cutting(self):
+        """`async with drain.cutting() as cut:` ... the body raises TimeoutError (and
+        `cut.expired()` is true) when the drain's deadline passes."""
+        async with asyncio.timeout(self.deadline) as cut:
+            self._running.add(cut)
+            try:
+                yield cut
+            finally:
+                self._running.discard(cut)
 
 
 def _protocol(limits: Limits):
@@ -55,7 +112,7 @@ def _protocol(limits: Limits):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
-                log.warning("closed a connection: %d open (bound %d)", len(self.connections), limits.max_connections)
+                logger.warning("closed a connection: %d open (bound %d)", len(self.connections), limits.max_connections)
                 self.transport.close()
                 return
             self._watch()
@@ -93,7 +150,7 @@ def _protocol(limits: Limits):
             self._deadline = None
             if self.transport is not None and not self.transport.is_closing():
                 if want == "body" or self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
-                    log.info("closed a connection: its request %s did not arrive within %g s", want, seconds)
+                    logger.info("closed a connection: its request %s did not arrive within %g s", want, seconds)
                 self.transport.close()
 
     return Bounded
@@ -127,19 +184,65 @@ def url(sock: socket.socket) -> str:
 
 
 def _server(app, log: bool, limits: Limits):
+    """uvicorn's server for `app`, stopping by its `Drain` (`app.state.drain`, where it has one)."""
     import uvicorn
+
+    drain = getattr(getattr(app, "state", None), "drain", None)
+
+    class Draining(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            if drain is not None:
+                drain.begin(limits.drain_s)
+            logger.info("stopping: requests in flight have %g s to finish", limits.drain_s)
+            await super().shutdown(sockets)
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and drain is not None:
+                # a second signal cuts the requests in flight now (503): uvicorn's own force-quit
+                # cancelled them into plain-text 500s and CancelledError tracebacks
+                drain.now()
+                return
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own capture re-raises the signal once it has shut down, so a drained service
+            # then died by SIGTERM; stopping on a signal is the service's normal end (exit 0)
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            before = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
 
     # access_log off: the application logs its own one line per request (create_app(log_requests=))
     config = uvicorn.Config(app, log_level="info" if log else "warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=10, http=_protocol(limits),
+                            timeout_graceful_shutdown=limits.drain_s + DRAIN_GRACE_S, http=_protocol(limits),
                             timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.max_connections,
                             h11_max_incomplete_event_size=limits.max_header_bytes)
-    return uvicorn.Server(config)
+    return Draining(config)
 
 
 def serve_forever(app, sock: socket.socket, log: bool = True, limits: Limits = Limits()) -> None:
-    """uvicorn on `sock` until Ctrl-C or SIGTERM (it finishes the requests in flight)."""
+    """uvicorn on `sock` until Ctrl-C or SIGTERM: then requests in flight have `limits.drain_s`
+    seconds to finish (503 shutting_down past it), and it returns."""
     _server(app, log, limits).run(sockets=[sock])
+
+
+def leave(app) -> None:
+    """After a foreground `serve_forever` returned: a process whose model worker is still in a
+    model call (a job that outlasted the close's wait, a large /score) exits here, 0, its output
+    flushed. Python's own exit would tear that thread down mid-call, and XLA then aborts the
+    process (SIGABRT, "FATAL: exception not rethrown")."""
+    batcher = getattr(getattr(app, "state", None), "batcher", None)
+    if batcher is not None and batcher.busy:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 class ServerThread:

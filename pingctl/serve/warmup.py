@@ -61,7 +61,9 @@ def warm(model: Model, max_batch: int, seq_len: int, forward_batch: int, log=lam
     ctx = _context(deepest[-1]) if deepest[-1] else None
     calls, held, shown = 0, [], -1
     for c in deepest:
-        for n, exact in ((1, False), (full, False), (1, True)):
+        # one pair is exact by default (as `pingctl sample --src --dst`), so concurrent one-pair
+        # clients gather full exact batches as often as many-pair requests gather lazy ones
+        for n, exact in ((1, False), (full, False), (1, True), (full, True)):
             p = model.rtt_many(_pairs(n), context=ctx if c else None, context_per_pair=c if c else None, exact=exact)
             calls += 1
             if n == 1 and not exact:

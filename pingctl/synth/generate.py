@@ -137,7 +137,7 @@ def chunk_arrays(w: World, a: _Arrays, i0: int, i1: int, chunk_index: int) -> di
 def _to_table(cols: dict, addr):
     import pyarrow as pa
 
-    return pa.Table.from_arrays(
+    table = pa.Table.from_arrays(
         [
             pa.array(cols["msm_id"]),
             pa.array(cols["event_time"]).view(pa.timestamp("us", tz="UTC")),
@@ -149,8 +149,14 @@ def _to_table(cols: dict, addr):
             pa.array(cols["packet_error_count"]),
             pa.array(cols["prb_id"]),
         ],
-        schema=arrow_schema(),
+        names=["msm_id", "event_time", "src_addr", "dst_addr", "ip_version", "rtt", "size",
+               "packet_error_count", "prb_id"],
     )
+    # the columns the world does not model (ttl, dst_name, dup) are null, as in a table from elsewhere
+    schema = arrow_schema()
+    n = table.num_rows
+    return pa.Table.from_arrays([table[f.name] if f.name in table.column_names else pa.nulls(n, f.type)
+                                 for f in schema], schema=schema)
 
 
 def _writer(path: Path):

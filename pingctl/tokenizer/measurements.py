@@ -193,10 +193,11 @@ class Measurements:
             "rtt": pa.array(self.rtt_ms, pa.float64()),
             "size": pa.array(self.size, pa.int64()),
             "packet_error_count": pa.array(self.errors, pa.int64()),
-            "prb_id": pa.nulls(len(self), pa.int64()),
         }
         schema = pa.schema([f.with_nullable(True) if f.name == "event_time" else f for f in arrow_schema()])
-        return pa.table(cols, schema=schema)
+        # the optional columns (prb_id, ttl, ...) are facts a parsed measurement does not carry
+        cols.update({f.name: pa.nulls(len(self), f.type) for f in schema if f.name not in cols})
+        return pa.table([cols[f.name] for f in schema], schema=schema)
 
     # ------------------------------------------------------------ array-like
 

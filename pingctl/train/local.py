@@ -4,7 +4,7 @@ Run directory (docs/train.md):
     config.yaml     resolved pingctl config          maxtext.yml   rendered MaxText config
     train.log       raw MaxText/absl log             metrics.jsonl train and eval records (from the events)
     loss.png        loss curves                      summary.json  the final summary
-    stopped.json    only when train.max_minutes stopped this invocation early
+    stopped.json    only when train.max_minutes stopped this invocation early (step, overrun)
     maxtext/checkpoints/<step>/{items,iter}  Orbax params+optimizer, Grain iterator state
     maxtext/tensorboard/maxtext/events.*     TensorBoard
 """
@@ -31,6 +31,7 @@ from pingctl.loader.hints import Hints
 from pingctl.loader.pipeline import check_triangulation, loss_keep_table
 from pingctl.train import metrics as M
 from pingctl.train.render import parameters, render_maxtext
+from pingctl.train.worker import STARTED_ENV
 
 
 OnRecord = Callable[[dict], None]
@@ -169,10 +170,15 @@ def keep_hints(cfg: Config, run: Path) -> None:
         (run / HINTS).unlink(missing_ok=True)
 
 
-def worker_env(cfg: Config) -> dict:
+def worker_env(cfg: Config, started: float | None = None) -> dict:
+    """`started`: when this invocation began, from which train.max_minutes counts (the worker's own
+    start when None: one left in the environment by some outer invocation is not about this one)."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env["PINGCTL_PARENT_PID"] = str(os.getpid())
+    env.pop(STARTED_ENV, None)
+    if started is not None:
+        env[STARTED_ENV] = repr(started)
     if cfg.train.hardware == "cpu":
         env.setdefault("JAX_PLATFORMS", "cpu")
     return env
@@ -181,6 +187,7 @@ def worker_env(cfg: Config) -> dict:
 def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnRecord | None = None,
               on_start: Callable[[Path], None] | None = None) -> dict:
     """`on_start(run)` is called once every pre-flight check has passed, before MaxText starts."""
+    started = time.time()  # the user's time bound includes the checks and the worker's start-up
     run = prepare_run(cfg, run_dir, fresh)
     if on_start:
         on_start(run)
@@ -195,7 +202,7 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
         start = log.tell()
         proc = subprocess.Popen(
             [sys.executable, "-m", "pingctl.train.worker", str(run)],
-            stdout=log, stderr=subprocess.STDOUT, env=worker_env(cfg), cwd=run,
+            stdout=log, stderr=subprocess.STDOUT, env=worker_env(cfg, started), cwd=run,
         )
         try:
             _follow(log_path, start, proc, parser, on_record)

@@ -15,9 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from pingctl.artifacts.run import (CONFIG, MAXTEXT_YML, STOPPED, checkpoint_steps, clear_input_wait,
-                                  write_input_wait)
-from pingctl.atomic import write_json
+from pingctl.artifacts.run import CONFIG, MAXTEXT_YML, clear_input_wait, write_input_wait, write_stopped
 from pingctl.config import load_config
 from pingctl.loader.pipeline import make_dataset
 from pingctl.train.metrics import WARMUP_STEPS
@@ -80,37 +78,79 @@ def _job_devices() -> tuple[int, str]:
     return jax.device_count(), jax.devices()[0].platform
 
 
-def _time_bounded(base: type, run: Path, deadline: float, minutes: float) -> type:
-    """A MaxText data iterator that ends training at the first checkpoint committed after `deadline`.
+STARTED_ENV = "PINGCTL_TRAIN_STARTED"  # when the invocation began (epoch seconds): train.max_minutes counts from it
 
-    MaxText 0.2.5 saves only on its period or at the last step, and a StopIteration from the data
-    iterator ends training without saving; so past the deadline we keep feeding batches until a new
-    checkpoint has committed, then stop. Work lost: the steps of one commit latency, never a period.
-    """
+
+def _agreed(flag: bool) -> bool:
+    """Process 0's `flag`, on every process: a decision that ends MaxText's loop must be the same on
+    all hosts, or the others would wait forever in the next step's collectives."""
+    import jax
+
+    if jax.process_count() == 1:
+        return flag
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.array(flag)))
+
+
+class TimeBound:
+    """train.max_minutes: the first train step that ends past the deadline is saved, waited for, and
+    the last one the run trains (`stop_step`); RUN/stopped.json says how far past the deadline that was.
+
+    MaxText 0.2.5 saves only on its period or at the last step, and ends its loop without saving when
+    the data iterator does; so the save wraps MaxText's own per-step `maybe_save_checkpoint`
+    (`save_at_deadline`) and the iterator (`_time_bounded`) ends the loop at the step after."""
+
+    def __init__(self, run: Path, minutes: float, started: float):
+        self.run, self.minutes = run, minutes
+        self.deadline = started + 60.0 * minutes
+        self.stop_step: int | None = None
+
+    def passed(self) -> bool:
+        return _agreed(time.time() > self.deadline)
+
+    def stop(self, step: int, checkpoint: int | None) -> None:
+        import jax
+
+        self.stop_step = step
+        if jax.process_index() == 0:
+            write_stopped(self.run, self.minutes, step, checkpoint, time.time() - self.deadline)
+
+    def save_at_deadline(self, checkpointing) -> None:
+        """Wrap MaxText's `checkpointing.maybe_save_checkpoint`, which its train loop looks up at every
+        step, so that the first step past the deadline also gets a checkpoint of its own."""
+        save = checkpointing.maybe_save_checkpoint
+
+        def maybe_save_checkpoint(checkpoint_manager, state, config, data_iterator, step=None):
+            save(checkpoint_manager, state, config, data_iterator, step)
+            # the last step is saved by MaxText itself, and a run that reaches it is not stopped early
+            if step is None or self.stop_step is not None or int(step) + 1 >= config.steps or not self.passed():
+                return
+            if checkpoint_manager is None:  # checkpointing off: nothing to save, stop all the same
+                self.stop(int(step), None)
+                return
+            checkpointing.wait_until_finished(checkpoint_manager)  # this step's periodic save, if it was one
+            # no step: MaxText's end-of-training save of the state's step (this one), forced off the
+            # period and waited for; it skips a step already saved
+            save(checkpoint_manager, state, config, data_iterator)
+            checkpointing.wait_until_finished(checkpoint_manager)
+            # MaxText skips step 0 unless save_checkpoint_on_start: then the next step stops
+            if _agreed(int(step) in checkpointing.all_steps(checkpoint_manager)):
+                self.stop(int(step), int(step))
+
+        checkpointing.maybe_save_checkpoint = maybe_save_checkpoint
+
+
+def _time_bounded(base: type, bound: TimeBound) -> type:
+    """A MaxText data iterator that ends training once `bound` has saved its last step: MaxText
+    answers the StopIteration by leaving its loop (after flushing that step's metrics)."""
+
     class TimeBounded(base):
-        _seen: int | None = None
-
-        def _stop_now(self) -> bool:
-            import jax
-
-            stop = False
-            if jax.process_index() == 0 and time.time() > deadline:
-                latest = max(checkpoint_steps(run), default=-1)
-                if self._seen is None:
-                    self._seen = latest
-                elif latest > self._seen:
-                    write_json(run / STOPPED, {"reason": "time limit", "max_minutes": minutes, "checkpoint": latest})
-                    stop = True
-            if jax.process_count() > 1:  # every host must leave the loop at the same step
-                import numpy as np
-                from jax.experimental import multihost_utils
-
-                stop = bool(multihost_utils.broadcast_one_to_all(np.array(stop)))
-            return stop
-
         def __next__(self):
-            if self._stop_now():
-                raise StopIteration(f"pingctl: train.max_minutes={minutes:g} reached, stopping after a committed checkpoint")
+            if bound.stop_step is not None:
+                raise StopIteration(f"pingctl: train.max_minutes={bound.minutes:g} reached; step {bound.stop_step} "
+                                    "was the last")
             return super().__next__()
 
     return TimeBounded
@@ -183,7 +223,7 @@ def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, waits:
         rows_dir, cfg, scheme, train=train, shard_index=shard_index, shard_count=shard_count,
         batch_size=int(total) // shard_count,
     )
-    cls = _time_bounded(MultiHostDataLoadIterator, *bound) if train and bound else MultiHostDataLoadIterator
+    cls = _time_bounded(MultiHostDataLoadIterator, bound) if train and bound else MultiHostDataLoadIterator
     if waits is not None:
         cls = _timed(cls, waits)
     # MaxText's exit-time cleanup asserts the iterator has a parent: end with a trivial map.
@@ -236,12 +276,14 @@ def main(run_dir: str) -> None:
     run = Path(run_dir).resolve()
     cfg = load_config(run / CONFIG)
     minutes = cfg.train.max_minutes
-    bound = (run, time.time() + 60.0 * minutes, minutes) if minutes else None
+    started = float(os.environ.get(STARTED_ENV) or time.time())
+    bound = TimeBound(run, minutes, started) if minutes else None
     jax_env(cfg.train.hardware)
     devices, platform = _job_devices()  # before MaxText's imports, in case one touches a backend
 
     import jax
     from absl import app
+    from maxtext.common import checkpointing
     from maxtext.input_pipeline import input_pipeline_interface as ipi
     from maxtext.trainers.pre_train import train
 
@@ -252,6 +294,8 @@ def main(run_dir: str) -> None:
     eval_rows = cfg.train.eval_rows or cfg.train.train_rows
     ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None, None)
     _tensorboard_written_every_step()
+    if bound:
+        bound.save_at_deadline(checkpointing)
 
     if cfg.loader.batch_size % devices:
         sys.exit(f"loader.batch_size={cfg.loader.batch_size} is not divisible by the {devices} devices")
