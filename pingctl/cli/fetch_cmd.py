@@ -15,13 +15,14 @@ _TIME = "ISO 8601 (naive = UTC), Unix seconds, now, or a time ago such as '7 day
 
 def _times(start: str | None, stop: str | None, lookback: str | None) -> tuple[int | None, int | None]:
     from pingctl.errors import UsageError
-    from pingctl.ingest.fetch_meta import duration_s, parse_time
+    from pingctl.ingest.fetch_meta import parse_time
+    from pingctl.schema.times import parse_duration
 
     now = int(time.time())
     if lookback is not None:
         if start is not None or stop is not None:
             raise UsageError("--lookback sets both ends (now less it, to now): give it without --start and --stop")
-        return now - duration_s(lookback, "--lookback"), now
+        return now - parse_duration(lookback, "--lookback", UsageError, bare_seconds=True), now
     return (None if start is None else parse_time(start, "--start", now),
             None if stop is None else parse_time(stop, "--stop", now))
 
@@ -78,15 +79,16 @@ def fetch(
 
     Example: pingctl fetch 2001 2013 --start 2019-05-01 --stop 2019-05-08 -o runs/fetch && pingctl ingest runs/fetch -o runs/ingest
     """
-    from pingctl.errors import require_command
+    from pingctl.errors import UsageError, require_command
 
     require_command("fetch")  # before anything is read or written
     from pingctl.ingest.fetch import fetch as run
     from pingctl.ingest.fetch_http import Retry, api_from_env
-    from pingctl.ingest.fetch_meta import ProbeFilters, duration_s, read_probe_ids
+    from pingctl.ingest.fetch_meta import ProbeFilters, read_probe_ids
+    from pingctl.schema.times import parse_duration
 
     begin, end = _times(start, stop, lookback)
-    window_s = duration_s(window, "--window")
+    window_s = parse_duration(window, "--window", UsageError, bare_seconds=True)
     probe_ids = read_probe_ids(probe or [])
     filters = ProbeFilters.parse(probe_asn, probe_country, probe_prefix)
     conn = api_from_env(api, key_env, timeout_s=timeout, retry=Retry(tries=retries, wait_s=retry_wait),

@@ -16,33 +16,18 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pingctl.errors import UsageError
 from pingctl.ingest.fetch_http import Api, FetchError, get_json, refusal, utc
-from pingctl.schema.times import parse_when
+from pingctl.schema.times import parse_duration, parse_when
 
 MEASUREMENT_PATH = "/api/v2/measurements/{}/"
 PROBES_PATH = "/api/v2/probes/"
 PROBES_PAGE = 500  # the most the API gives in one page
 # pages of probes followed for one filter: the whole network is about 60,000 probes (120 pages)
 MAX_PROBE_PAGES = 400
-_UNIT_S = {**dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
-           **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
-           **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
-           **dict.fromkeys(("d", "day", "days"), 86_400),
-           **dict.fromkeys(("w", "week", "weeks"), 7 * 86_400)}
-_DURATION = re.compile(r"([0-9]+)\s*([a-z]*)")
 _AGO = re.compile(r"(.+?)\s+ago")
 _IDS = re.compile(r"[0-9]+(\s*,\s*[0-9]+)*\s*,?")  # ripe-atlas-tools' comma list ("6090,33194")
 
 
 # -- times ----------------------------------------------------------------------------------------
-
-
-def duration_s(text: str, option: str) -> int:
-    """A positive duration as users write it (7d, 6h, 30m, 2w, "2 hours", or seconds)."""
-    m = _DURATION.fullmatch(text.strip().lower())
-    unit = _UNIT_S.get(m[2] or "s") if m else None
-    if unit is None or int(m[1]) == 0:
-        raise UsageError(f"{option} {text!r}: expected a positive duration such as 7d, 6h, 30m, 2w or 3600 (seconds)")
-    return int(m[1]) * unit
 
 
 def parse_time(text: str, option: str, now: int) -> int:
@@ -55,7 +40,7 @@ def parse_time(text: str, option: str, now: int) -> int:
         return now
     ago = _AGO.fullmatch(t)
     if ago:
-        when = now - duration_s(ago[1], option)
+        when = now - parse_duration(ago[1], option, UsageError, bare_seconds=True)
         if when < 0:
             raise UsageError(f"{option} {text!r}: before 1970")
         return when

@@ -55,18 +55,25 @@ def parse_when(value: Any, what: str, error: type[PingctlError] = PingctlError) 
     return parse_when(when, what, error)
 
 
-_DURATION_RE = re.compile(r"\s*([0-9]{1,9})\s*(s|m|min|h|d|w)\s*", re.I)
-_UNIT_S = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_DURATION_RE = re.compile(r"\s*([0-9]{1,9})\s*([a-z]*)\s*", re.I)
+_UNIT_S = {**dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+           **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+           **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+           **dict.fromkeys(("d", "day", "days"), 86_400),
+           **dict.fromkeys(("w", "week", "weeks"), 7 * 86_400)}
 MAX_DURATION_S = 100 * 366 * 86_400  # far past any table's span; keeps microseconds within int64
 
 
-def parse_duration(value: str, what: str, error: type[PingctlError] = PingctlError) -> int:
-    """A duration as users give it (`15m`, `1h`, `1d`, `90s`, `2w`) -> whole seconds, > 0."""
+def parse_duration(value: str, what: str, error: type[PingctlError] = PingctlError, bare_seconds: bool = False) -> int:
+    """A duration as users give it (`15m`, `1h`, `1d`, `90s`, `2w`, "2 hours"; a bare number is
+    seconds where `bare_seconds`) -> whole seconds, > 0."""
     m = _DURATION_RE.fullmatch(str(value))
-    seconds = int(m.group(1)) * _UNIT_S[m.group(2).lower()] if m else 0
+    unit = (m.group(2).lower() or ("s" if bare_seconds else "")) if m else ""
+    seconds = int(m.group(1)) * _UNIT_S[unit] if unit in _UNIT_S else 0
     if not 0 < seconds <= MAX_DURATION_S:
-        raise error(f"{what} {value!r}: expected a duration such as 15m, 1h or 1d (a whole number of s, m, "
-                    "h, d or w, at most 100 years)")
+        such = "7d, 6h, 30m, 2w or 3600 (seconds)" if bare_seconds else "15m, 1h or 1d"
+        raise error(f"{what} {value!r}: expected a duration such as {such} (a whole number of s, m, h, d or w, "
+                    "at most 100 years)")
     return seconds
 
 

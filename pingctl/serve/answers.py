@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.api import Context, Model, RttPrompts
+from pingctl.artifacts.export import shown_path
 from pingctl.errors import UsageError
-from pingctl.schema.columns import arrow_schema
+from pingctl.schema.parquet import to_canonical
 from pingctl.serve import schemas as S
 from pingctl.tokenizer import Measurements
 
@@ -69,15 +70,15 @@ def canonical_table(src: list[str], dst: list[str], seconds: list[int], rtt: lis
     context or scores."""
     import pyarrow as pa
 
-    n, schema = len(src), arrow_schema()
-    given = {
+    n = len(src)
+    given = pa.table({
         "msm_id": [0] * n, "event_time": pa.array([int(t) * 1_000_000 for t in seconds], pa.timestamp("us", tz="UTC")),
         "src_addr": src, "dst_addr": dst, "ip_version": [S.family(a) for a in src], "rtt": [float(x) for x in rtt],
         "size": [0] * n, "packet_error_count": [0] * n, "prb_id": prb,
-    }
+    })
     # an optional column a request has no field for (the schema may grow) is null, as a table
     # without it reads
-    return pa.table({f.name: given.get(f.name, pa.nulls(n, f.type)) for f in schema}, schema=schema)
+    return to_canonical(given)
 
 
 def rows_table(rows: list[S.ContextRow]):
@@ -206,12 +207,9 @@ def score(model: Model, body: S.ScoreRequest) -> dict:
 
 
 def shown(path) -> str | None:
-    """A file as the service names it: its directory's name and its own, never the path that
-    would tell a client where the server keeps its files (or whose home it is)."""
-    if path is None:
-        return None
-    p = Path(str(path))
-    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+    """A file as the service names it, as an export does (`shown_path`: its last two parts), never
+    the path that would tell a client where the server keeps its files (or whose home it is)."""
+    return None if path is None else shown_path(path)
 
 
 def metadata(model: Model, started: float) -> dict:

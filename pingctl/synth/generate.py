@@ -22,7 +22,7 @@ from pingctl import __version__
 from pingctl.atomic import atomic_dir, check_replaceable, is_pingctl_output, MANIFEST, write_json
 from pingctl.errors import UsageError
 from pingctl.schema.columns import arrow_schema, FAILED_RTT
-from pingctl.schema.parquet import WRITE_OPTIONS
+from pingctl.schema.parquet import to_canonical, WRITE_OPTIONS
 from pingctl.synth import model as M
 from pingctl.synth.truth import write_truth
 from pingctl.synth.world import World, build_world
@@ -153,10 +153,7 @@ def _to_table(cols: dict, addr):
                "packet_error_count", "prb_id"],
     )
     # the columns the world does not model (ttl, dst_name, dup) are null, as in a table from elsewhere
-    schema = arrow_schema()
-    n = table.num_rows
-    return pa.Table.from_arrays([table[f.name] if f.name in table.column_names else pa.nulls(n, f.type)
-                                 for f in schema], schema=schema)
+    return to_canonical(table)
 
 
 def _writer(path: Path):
