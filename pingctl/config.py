@@ -237,6 +237,10 @@ class LoaderConfig(Section):
     hint_share: float = Field(
         0.5, ge=0.0, le=1.0, description="share of triangulation contexts given a hint (with loader.hints_file); "
         "the rest are trained without, as prompts without an estimate are asked")
+    relative_target: bool = Field(
+        False, description="hinted triangulation contexts (needs loader.hints_file): the query's RTT as a ratio to "
+        "the hint's, rtt * 100 / hint ms through the same codec, so the model learns the correction to the estimate; "
+        "answers multiply back (docs/loader.md, \"Hints\"); prompts without a hint stay absolute")
     pair_history_share: float = Field(
         0.0, ge=0.0, le=1.0,
         description="share of plain contexts that are one pair's history instead of a window of the probe: the "
@@ -277,6 +281,13 @@ class LoaderConfig(Section):
         if self.hints_file and self.triangulation_share <= 0:
             raise ValueError("loader.hints_file puts the embedding's estimate into triangulation contexts, which "
                              "loader.triangulation_share 0 leaves out: set it above 0 (e.g. 0.5)")
+        return self
+
+    @model_validator(mode="after")
+    def _relative_needs_hints(self):
+        if self.relative_target and not self.hints_file:
+            raise ValueError("loader.relative_target makes a hinted query's RTT relative to its hint, and "
+                             "loader.hints_file is unset, so no context has one: set a hints file or leave it off")
         return self
 
     @model_validator(mode="after")
@@ -340,8 +351,19 @@ class TrainConfig(Section):
     jax_cache_dir: str = Field("~/.cache/pingctl/jax", description="persistent XLA compilation cache")
     wandb: bool = Field(False, description="also log to Weights & Biases (WANDB_API_KEY from the environment)")
     wandb_project: str = Field("pingctl", description="W&B project")
+    processes: int = Field(
+        1, ge=1, description="local CPU runs: JAX processes on this machine, each reading its share of the rows "
+        "(the multi-node path, on one machine; several nodes: train.slurm.nodes)")
     slurm: SlurmConfig = SlurmConfig()
     modal: ModalConfig = ModalConfig()
+
+    @model_validator(mode="after")
+    def _processes_are_local_cpu(self):
+        if self.processes > 1 and (self.target != "local" or self.hardware != "cpu"):
+            raise ValueError(f"train.processes {self.processes} starts CPU processes on this machine (target local, "
+                             f"hardware cpu; this run: {self.target}, {self.hardware}); on GPUs one process drives a "
+                             "node's GPUs: several nodes are train.slurm.nodes")
+        return self
 
 
 class SampleConfig(Section):

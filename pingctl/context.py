@@ -15,93 +15,15 @@ loader applies it to probe and destination records, eval/sample/score to tables.
 
 The `pair` policy (a *pair-history* context) is the pair's own last `context` measurements
 strictly before the query: the information the pair median reads, so `eval --regimes` gives it
-to the time regime (FAIR_POLICIES); a per-pair cap does not apply (every one is of the pair).
+to the time regime (prompt.FAIR_POLICIES); a per-pair cap does not apply (every one is of the pair).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pingctl.errors import UsageError
-from pingctl.tokenizer.measurements import SMALL  # below it, Python beats building Arrow arrays
-
-POLICIES = ("probe", "cold", "none", "both", "pair")
-# `eval --regimes --context-policy fair`: each regime's prompt carries what the classical
-# predictor it is judged against reads: the pair's history for the time regime (the pair
-# median), both ends' other measurements where the pair is unseen (the coordinate systems).
-FAIR = "fair"
-FAIR_POLICIES = {"time": "pair", "pair": "both", "probe": "both", "target": "both"}
-
-
-def dict_encode(values):
-    """Arrow DictionaryArray of strings for NumPy/list/Arrow input (no copy when already encoded)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if isinstance(values, pa.ChunkedArray):
-        if pa.types.is_dictionary(values.type):
-            values = values.unify_dictionaries()
-            if values.num_chunks == 0:
-                return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
-            dictionary = values.chunk(0).dictionary
-            indices = pa.concat_arrays([c.indices for c in values.chunks])
-            return pa.DictionaryArray.from_arrays(indices, dictionary)
-        values = values.combine_chunks()
-    if isinstance(values, pa.Array):
-        if pa.types.is_dictionary(values.type):
-            return values
-        return pc.dictionary_encode(values.cast(pa.string()))
-    arr = np.asarray(values, dtype=object)
-    return pc.dictionary_encode(pa.array(arr, type=pa.string(), from_pandas=True))
-
-
-def _few_strings(values) -> list | None:
-    """`values` as a list where it is a few Python strings (None = null), else None: the
-    Arrow path's per-call cost is most of a small request's."""
-    if len(values) >= SMALL or type(values).__module__.startswith("pyarrow"):
-        return None
-    out = values.tolist() if isinstance(values, np.ndarray) else list(values)
-    return out if all(v is None or type(v) is str for v in out) else None
-
-
-def codes_in(values, vocab, transform=None) -> np.ndarray:
-    """int64 code of each value in `vocab` (an Arrow string array), -1 where absent.
-
-    `transform` maps each *distinct* input string (e.g. to its prefix) before the lookup.
-    """
-    few = _few_strings(values)
-    if few is not None:
-        lut = {v: i for i, v in enumerate(vocab.to_pylist())}
-        seen: dict = {}
-        for v in few:
-            if v not in seen:
-                seen[v] = -1 if v is None else lut.get(transform(v) if transform else v, -1)
-        return np.array([seen[v] for v in few], np.int64)
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    enc = dict_encode(values)
-    dictionary = enc.dictionary
-    if transform is not None:
-        dictionary = pa.array([transform(s) for s in dictionary.to_pylist()], pa.string())
-    lut = pc.index_in(dictionary, value_set=vocab).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    lut = np.append(lut, -1)
-    idx = enc.indices.fill_null(len(lut) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return lut[idx]
-
-
-def vocabulary(*columns, transform=None):
-    """Sorted Arrow string array of the distinct (transformed) values of the given columns."""
-    import pyarrow as pa
-
-    values: set = set()
-    for col in columns:
-        few = _few_strings(col)
-        distinct = list(dict.fromkeys(few)) if few is not None else dict_encode(col).dictionary.to_pylist()
-        distinct = [v for v in distinct if v is not None]
-        values.update(map(transform, distinct) if transform else distinct)
-    values.discard(None)
-    return pa.array(sorted(values), pa.string())
+from pingctl.prompt import Policy, parse_policy
+from pingctl.schema.arrow_strings import codes_in, vocabulary
 
 
 def first_k_per_key(key: np.ndarray, k: int) -> np.ndarray:
@@ -124,11 +46,6 @@ def _probe_keys(d: dict, sources) -> np.ndarray:
     """int64 probe key: the prb_id, else -1 - the source's index in `sources` (a vocabulary)."""
     prb = np.asarray(d["prb_id"], np.int64)
     return np.where(prb >= 0, prb, -1 - codes_in(d["src"], sources))
-
-
-def check_policy(policy: str) -> None:
-    if policy not in POLICIES:
-        raise UsageError(f"context policy {policy!r} (--context-policy): expected one of {', '.join(POLICIES)}")
 
 
 def recent_others(time: np.ndarray, other: np.ndarray, t_query: int, exclude: int, k: int,
@@ -168,8 +85,7 @@ def context_pool(test: dict, train: dict | None, policy: str) -> dict:
     host that training never saw (a new probe's measurements to other destinations, other
     sources' to a new destination): the context rules keep only packets before the query and
     never its own pair. Without `train` (`pingctl score` of one table), the test split alone."""
-    check_policy(policy)
-    if policy not in ("cold", "both", "pair") or train is None:
+    if parse_policy(policy) not in (Policy.COLD, Policy.BOTH, Policy.PAIR) or train is None:
         return test
     keys = ("src", "dst", "rtt", "event_time", "prb_id", "ip_version")
     return {k: np.concatenate([np.asarray(train[k]), np.asarray(test[k])]) for k in keys}
@@ -182,12 +98,13 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
     to other pairs only; with `per_pair`, at most that many of each pair). For `both`, the
     triangulation context: `context` of the source side and `context_dst` (None: `context`)
     of the destination side, merged in time order (`recent_others`)."""
-    if policy == "both":
+    policy = parse_policy(policy)
+    if policy is Policy.BOTH:
         return triangulation_indices(pool, test, idx, context, context if context_dst is None else context_dst,
                                      per_pair)
-    if policy == "pair":
+    if policy is Policy.PAIR:
         return pair_history_indices(pool, test, idx, context)
-    if policy == "none" or context <= 0:
+    if policy is Policy.NONE or context <= 0:
         return [np.zeros(0, np.int64) for _ in idx]
     sources = vocabulary(pool["src"], test["src"])
     pk = _probe_keys(pool, sources)
@@ -206,11 +123,11 @@ def context_indices(pool: dict, test: dict, idx: np.ndarray, context: int, polic
         lo = np.searchsorted(sk, qk[i], side="left")
         end = np.searchsorted(sk, qk[i], side="right")
         hi = lo + np.searchsorted(st[lo:end], qt[i], side="left")
-        if policy == "probe" and pair is None:
+        if policy is Policy.PROBE and pair is None:
             out.append(order[max(lo, hi - context) : hi])
             continue
         prev = order[lo:hi]
-        if policy == "cold":
+        if policy is Policy.COLD:
             prev = prev[(psrc[prev] != test["src"][i]) | (pdst[prev] != test["dst"][i])]
         if pair is not None:
             prev = prev[last_k_per_key(pair[prev], per_pair)]

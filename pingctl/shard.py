@@ -219,8 +219,44 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
        held-out destination's from a source train lacks), and test_time rows of a pair that
        has no train row.
     """
-    r, seed = cfg.regimes, int(cfg.seed)
+    r = cfg.regimes
     val_f, time_f = cfg.val_fraction, r.time
+    details = _hold_out_groups(con, r, int(cfg.seed))
+    val_start = test_start = None
+    if val_f > 0 or time_f > 0:
+        val_start, test_start = one(
+            con,
+            "SELECT quantile_disc(c.event_time, ?), quantile_disc(c.event_time, ?) FROM canonical c "
+            "JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL "
+            "AND p.cls IN ('time', 'pair', 'val_pair')",
+            [1.0 - time_f - val_f, 1.0 - time_f],
+        )
+    if val_start is None:  # no time pairs at all: every row is held out or dropped
+        val_f = time_f = 0.0
+    # Rows at exactly a cut go to the later split; a pair is in train when it has a row before the cut.
+    cut = val_start if val_f > 0 else test_start if time_f > 0 else None
+    _settle_held_out(con, details["pairs"], cut)
+    in_train = "true" if cut is None else f"p.first < {_ts(cut)}"
+    by_time = "".join(
+        ([f"WHEN c.event_time >= {_ts(test_start)} THEN "
+          f"CASE WHEN {in_train} THEN 'test_time' ELSE 'drop:pair_not_in_train' END "] if time_f > 0 else [])
+        + ([f"WHEN c.event_time >= {_ts(val_start)} THEN 'val' "] if val_f > 0 else [])
+    ) or "WHEN false THEN NULL "
+    con.execute(
+        f"""CREATE TEMP VIEW labelled AS
+        SELECT c.*, CASE WHEN p.cls = 'time' THEN (CASE {by_time} ELSE 'train' END)
+                         WHEN p.cls LIKE 'drop:%' OR p.cls LIKE 'val_%' THEN p.cls ELSE 'test_' || p.cls END AS split
+        FROM canonical c JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL"""
+    )
+    details.update({"val_start": val_start, "test_time_start": test_start,
+                    "fractions": {"val": val_f, **r.model_dump()}})
+    return details
+
+
+def _hold_out_groups(con, r, seed: int) -> dict:
+    """Steps 1 and 2 of `_label_regimes`: create `rg_pairs(src_addr, dst_addr, n, first, cls)`,
+    each pair classed by the held-out sources, destinations and pairs (test and val) it
+    belongs to, or 'time'. Returns the group counts."""
     con.execute(
         f"""CREATE TABLE rg_triples AS SELECT {_PROBE_KEY} AS pk, src_addr, dst_addr, count(*) AS n,
                    min(event_time) AS first
@@ -253,19 +289,13 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
     con.execute("UPDATE rg_pairs SET cls = 'pair' WHERE src_addr || '>' || dst_addr IN (SELECT k FROM rg_held_pair)")
     con.execute("UPDATE rg_pairs SET cls = 'val_pair' "
                 "WHERE src_addr || '>' || dst_addr IN (SELECT k FROM rg_held_pair_val)")
-    val_start = test_start = None
-    if val_f > 0 or time_f > 0:
-        val_start, test_start = one(
-            con,
-            "SELECT quantile_disc(c.event_time, ?), quantile_disc(c.event_time, ?) FROM canonical c "
-            "JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL "
-            "AND p.cls IN ('time', 'pair', 'val_pair')",
-            [1.0 - time_f - val_f, 1.0 - time_f],
-        )
-    if val_start is None:  # no time pairs at all: every row is held out or dropped
-        val_f = time_f = 0.0
-    # Rows at exactly a cut go to the later split; a pair is in train when it has a row before the cut.
-    cut = val_start if val_f > 0 else test_start if time_f > 0 else None
+    return details
+
+
+def _settle_held_out(con, pairs: dict, cut) -> None:
+    """Steps 3 and 4 of `_label_regimes` for the train cut `cut` (None: no time cut): held-out
+    pairs with an end train lacks go back to the time pairs (counted into `pairs`), then
+    held-out sources' and destinations' pairs whose other end train lacks are dropped."""
     before_cut = "true" if cut is None else f"first < {_ts(cut)}"
     train_ends = ("CREATE OR REPLACE TABLE rg_train_src AS SELECT DISTINCT src_addr FROM rg_pairs "
                   f"WHERE cls = 'time' AND {before_cut}; "
@@ -275,30 +305,15 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
     con.execute("""UPDATE rg_pairs SET cls = 'time' WHERE cls IN ('pair', 'val_pair') AND (
                      src_addr NOT IN (SELECT src_addr FROM rg_train_src)
                      OR dst_addr NOT IN (SELECT dst_addr FROM rg_train_dst))""")
-    details["pairs"]["returned_to_train"] = (details["pairs"]["held_out"]
-                                             - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'pair'")[0])
-    details["pairs"]["val_returned_to_train"] = (details["pairs"]["val"]
-                                                 - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'val_pair'")[0])
+    pairs["returned_to_train"] = (pairs["held_out"]
+                                  - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'pair'")[0])
+    pairs["val_returned_to_train"] = (pairs["val"]
+                                      - one(con, "SELECT count(*) FROM rg_pairs WHERE cls = 'val_pair'")[0])
     con.execute(train_ends)
     con.execute("UPDATE rg_pairs SET cls = 'drop:destination_not_in_train' WHERE cls IN ('probe', 'val_probe') "
                 "AND dst_addr NOT IN (SELECT dst_addr FROM rg_train_dst)")
     con.execute("UPDATE rg_pairs SET cls = 'drop:source_not_in_train' WHERE cls IN ('target', 'val_target') "
                 "AND src_addr NOT IN (SELECT src_addr FROM rg_train_src)")
-    in_train = "true" if cut is None else f"p.first < {_ts(cut)}"
-    by_time = "".join(
-        ([f"WHEN c.event_time >= {_ts(test_start)} THEN "
-          f"CASE WHEN {in_train} THEN 'test_time' ELSE 'drop:pair_not_in_train' END "] if time_f > 0 else [])
-        + ([f"WHEN c.event_time >= {_ts(val_start)} THEN 'val' "] if val_f > 0 else [])
-    ) or "WHEN false THEN NULL "
-    con.execute(
-        f"""CREATE TEMP VIEW labelled AS
-        SELECT c.*, CASE WHEN p.cls = 'time' THEN (CASE {by_time} ELSE 'train' END)
-                         WHEN p.cls LIKE 'drop:%' OR p.cls LIKE 'val_%' THEN p.cls ELSE 'test_' || p.cls END AS split
-        FROM canonical c JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL"""
-    )
-    details.update({"val_start": val_start, "test_time_start": test_start,
-                    "fractions": {"val": val_f, **r.model_dump()}})
-    return details
 
 
 def _verify_regimes(con) -> dict:
@@ -411,8 +426,6 @@ def shard(
     progress: Progress = _noop,
 ) -> dict:
     """Split canonical Parquet `inputs` into `out/{train,val,test}/part-NNNNN.parquet`."""
-    import pyarrow.parquet as pq
-
     t0 = time.perf_counter()
     refuse_whole_shard_output(inputs)
     files = resolve_inputs(inputs)
@@ -424,62 +437,17 @@ def shard(
         work.mkdir()
         con = connect(cfg.memory_limit, cfg.threads, temp_dir=work / "spill", database=work / "shard.duckdb")
         progress("validate", 0, total_steps)
-        canonical_query(con, files)
-        read, rejected = one(
-            con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical"
-        )
-        by_reason = dict(
-            con.execute(
-                "SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1"
-            ).fetchall()
-        )
-        rejects_path = tmp / "rejects.jsonl"
-        # `raw` carries the input's own values as text (NaN/inf stay readable JSON strings).
-        raw_cols = ", ".join(f"{c} := r.{'_time_raw' if c == 'event_time' else c}::VARCHAR"
-                             for c in COLUMNS if c != "prb_id")
-        con.execute(
-            f"""COPY (SELECT c._file AS file, c._row AS row, c.reject_reason AS reason,
-                       struct_pack({raw_cols}) AS raw
-                     FROM canonical c JOIN _raw r ON r.filename = c._file AND r.file_row_number = c._row
-                     WHERE c.reject_reason IS NOT NULL ORDER BY c._file, c._row)
-                TO '{rejects_path}' (FORMAT json)"""
-        )
-        if read - rejected == 0:
-            raise all_rejected(con, files, read)
+        read, rejected, by_reason = _validate(con, files, tmp / "rejects.jsonl")
         progress("assign splits", 1, total_steps)
         con.execute("SET preserve_insertion_order=true")
         details = _assign_splits(con, cfg)
         progress("verify", 2, total_steps)
         checks = _verify(con, cfg.strategy)
-        written = 0
-        files_out: dict[str, list[str]] = {}
-        n_files = sum(details["shards"].values())
-        done = 0
-        for split in splits_of(cfg.strategy):
-            (tmp / split).mkdir()
-            files_out[split] = []
-            for k in range(details["shards"][split]):
-                path = tmp / split / f"part-{k:05d}.parquet"
-                reader = con.sql(
-                    f"SELECT {', '.join(COLUMNS)} FROM assigned WHERE split = '{split}' AND shard = {k} "
-                    "ORDER BY event_time, src_addr, dst_addr, rtt"
-                ).to_arrow_reader(batch_size=262_144)
-                n = write_canonical(reader, path)
-                reader.close()  # DuckDB 2 keeps the result open on the connection until closed
-                written += n
-                files_out[split].append(f"{split}/{path.name}")
-                done += 1
-                progress(f"write {split} shard {k}", 3 * n_files + done, 4 * n_files)
+        files_out, written = _write_splits(con, tmp, splits_of(cfg.strategy), details["shards"], progress)
         stats = _split_stats(con, splits_of(cfg.strategy))
         con.close()
-        # Reconcile from what is on disk, not from what we meant to write.
-        on_disk = sum(pq.ParquetFile(tmp / f).metadata.num_rows for fs in files_out.values() for f in fs)
         dropped = details["dropped"]
-        if on_disk != written or written + rejected + sum(dropped.values()) != read:
-            raise PingctlError(f"row counts do not reconcile: read {read}, written {on_disk}, rejected {rejected}, "
-                               f"dropped {sum(dropped.values())} "
-                               "(nothing was written; the likeliest cause is a damaged input file, which DuckDB "
-                               "can read differently from one query to the next)")
+        _reconcile(tmp, files_out, read=read, written=written, rejected=rejected, dropped=sum(dropped.values()))
         import shutil
 
         shutil.rmtree(work)
@@ -511,6 +479,72 @@ def shard(
     result["rows_per_s"] = read / result["elapsed_s"] if result["elapsed_s"] else 0.0
     progress("done", 1, 1)
     return result
+
+
+def _validate(con, files: list[Path], rejects_path: Path) -> tuple[int, int, dict]:
+    """Check the inputs (the view `canonical`) and write their rejected rows to `rejects_path`.
+    Returns (rows read, rows rejected, rejected by reason); raises when no row is valid."""
+    canonical_query(con, files)
+    read, rejected = one(
+        con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical"
+    )
+    by_reason = dict(
+        con.execute(
+            "SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    )
+    # `raw` carries the input's own values as text (NaN/inf stay readable JSON strings).
+    raw_cols = ", ".join(f"{c} := r.{'_time_raw' if c == 'event_time' else c}::VARCHAR"
+                         for c in COLUMNS if c != "prb_id")
+    con.execute(
+        f"""COPY (SELECT c._file AS file, c._row AS row, c.reject_reason AS reason,
+                   struct_pack({raw_cols}) AS raw
+                 FROM canonical c JOIN _raw r ON r.filename = c._file AND r.file_row_number = c._row
+                 WHERE c.reject_reason IS NOT NULL ORDER BY c._file, c._row)
+            TO '{rejects_path}' (FORMAT json)"""
+    )
+    if read - rejected == 0:
+        raise all_rejected(con, files, read)
+    return read, rejected, by_reason
+
+
+def _write_splits(con, tmp: Path, splits: tuple[str, ...], shards: dict[str, int],
+                  progress: Progress) -> tuple[dict[str, list[str]], int]:
+    """Write table `assigned` as `tmp/SPLIT/part-NNNNN.parquet`, one file per shard. Returns
+    each split's files (relative to `tmp`) and the rows written."""
+    written = 0
+    files_out: dict[str, list[str]] = {}
+    n_files = sum(shards.values())
+    done = 0
+    for split in splits:
+        (tmp / split).mkdir()
+        files_out[split] = []
+        for k in range(shards[split]):
+            path = tmp / split / f"part-{k:05d}.parquet"
+            reader = con.sql(
+                f"SELECT {', '.join(COLUMNS)} FROM assigned WHERE split = '{split}' AND shard = {k} "
+                "ORDER BY event_time, src_addr, dst_addr, rtt"
+            ).to_arrow_reader(batch_size=262_144)
+            n = write_canonical(reader, path)
+            reader.close()  # DuckDB 2 keeps the result open on the connection until closed
+            written += n
+            files_out[split].append(f"{split}/{path.name}")
+            done += 1
+            progress(f"write {split} shard {k}", 3 * n_files + done, 4 * n_files)
+    return files_out, written
+
+
+def _reconcile(tmp: Path, files_out: dict[str, list[str]], *, read: int, written: int, rejected: int,
+               dropped: int) -> None:
+    """Reconcile from what is on disk, not from what we meant to write."""
+    import pyarrow.parquet as pq
+
+    on_disk = sum(pq.ParquetFile(tmp / f).metadata.num_rows for fs in files_out.values() for f in fs)
+    if on_disk != written or written + rejected + dropped != read:
+        raise PingctlError(f"row counts do not reconcile: read {read}, written {on_disk}, rejected {rejected}, "
+                           f"dropped {dropped} "
+                           "(nothing was written; the likeliest cause is a damaged input file, which DuckDB "
+                           "can read differently from one query to the next)")
 
 
 def bench_shard(rows: int, strategies: list[str], memory_limit: str) -> dict:

@@ -8,8 +8,8 @@ measurement, not an engine). jax2onnx 0.17.1 pins orbax-checkpoint < 0.11.37 (pi
 and pulls equinox, optax, dm-pix, netron, huggingface-hub: install it without them,
 `uv pip install --no-deps jax2onnx onnx onnx-ir onnxruntime flatbuffers`. What it does, on the CPU:
 
-1. Loads the export with the light engine (pingctl/infer/light.py) and converts its forward
-   pass, `light.decoder` with the weights baked in as constants, to ONNX with jax2onnx: one
+1. Loads the export with the light engine (pingctl/infer/engines/jax/) and converts its forward
+   pass, its `net.decoder` with the weights baked in as constants, to ONNX with jax2onnx: one
    model per length bucket the model's `log_probs` pads to, the batch dimension dynamic (a
    symbolic length fails in jax2onnx 0.17.1 with JAX 0.12: "'_DynamicDimSentinel' object has
    no attribute 'rmax'" while tracing; a symbolic batch converts).
@@ -22,7 +22,7 @@ and pulls equinox, optax, dm-pix, netron, huggingface-hub: install it without th
    forward 32xLEN, lazy and exact RTT distributions with 0 and 24 context measurements) for
    the light engine as it answers (the key-value cache on), the light engine with whole
    sequences (PINGCTL_KV_CACHE's off), and ONNX Runtime (whole sequences: the key-value-cache
-   path, `light.decode`, is not exported).
+   path, `net.decode`, is not exported).
 
 The ONNX models go to --out (default: a temporary directory).
 """
@@ -54,12 +54,12 @@ def convert(model, out: Path) -> dict:
     import jax.numpy as jnp
     from jax2onnx import to_onnx
 
-    from pingctl.infer import light
+    from pingctl.infer.engines.jax import net
 
-    arch, params = model._arch, model._state
+    arch, params = model.net.arch, model.net.state
 
     def forward(tok, pos, seg):  # jax2onnx's symbolic batch comes as float32 inputs: integers < 2**24 are exact
-        return light.decoder(params, tok.astype(jnp.int32), pos.astype(jnp.int32), seg.astype(jnp.int32), arch)
+        return net.decoder(params, tok.astype(jnp.int32), pos.astype(jnp.int32), seg.astype(jnp.int32), arch)
 
     files, t0 = {}, time.perf_counter()
     for length in _buckets(model):
@@ -81,11 +81,11 @@ def ort_sessions(files: dict[int, Path]) -> dict:
 
 def use_ort(model, sessions: dict) -> None:
     """Route the model's whole-sequence forward passes through ONNX Runtime (no key-value cache)."""
-    def forward(_state, tok, pos, seg):
+    def forward(tok, pos, seg):
         feed = {k: np.asarray(v, np.float32) for k, v in zip(INPUTS, (tok, pos, seg))}
         return sessions[tok.shape[1]].run(None, feed)[0]
 
-    model._forward = forward
+    model.net.forward = forward
     model._kv = False
     model.engine = "onnx"
 
@@ -139,7 +139,7 @@ def equality(model, sessions: dict) -> dict:
             tok = rng.integers(0, model.vocab_size, (b, length)).astype(np.int32)
             pos = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)).copy()
             seg = np.ones((b, length), np.int32)
-            ref = np.asarray(model._forward(model._state, tok, pos, seg))
+            ref = model.net.forward(tok, pos, seg)
             got = sessions[length].run(None, {k: v.astype(np.float32) for k, v in zip(INPUTS, (tok, pos, seg))})[0]
             worst = max(worst, float(np.abs(ref - got).max()))
     return {"max_abs_log_prob_diff": worst}

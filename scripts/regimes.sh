@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The regimes experiment (docs/eval.md, "Every regime"): one model per world trained on a
+# The regimes experiment (docs/eval.md, "./run regimes: the recipe from nothing"): one model per world trained on a
 # `shard --strategy regimes` split with two-sided (triangulation) prompts, then evaluated on the
 # four test sets — time, held-out pairs, unseen probes, unseen destinations — against the best
 # classical predictor with the same information in each.
@@ -36,6 +36,7 @@ K="${PINGCTL_REGIMES_K:-16}"                    # context measurements a side
 QUERIES="${PINGCTL_REGIMES_QUERIES:-1000}"
 HARDWARE="${PINGCTL_REGIMES_HARDWARE:-cpu}"
 HINTS="${PINGCTL_REGIMES_HINTS:-1}"             # triangulation contexts carry the embedding's estimate (pingctl hints); 0: off
+RELATIVE="${PINGCTL_REGIMES_RELATIVE:-1}"       # with hints: a hinted query's RTT relative to its hint (loader.relative_target); 0: off
 PERIOD="${PINGCTL_REGIMES_PERIOD:-$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))}"  # checkpoint and eval interval
 
 step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
@@ -82,6 +83,7 @@ for world in $WORLDS; do
       $PINGCTL hints "$W/splits/train" -o "$W/hints.npz"
     fi
     hint_args=(--set loader.hints_file="$W/hints.npz")
+    [ "$RELATIVE" = 1 ] && hint_args+=(--set loader.relative_target=true)
   fi
   if ! trained "$W/train"; then
     step "$world: pingctl train $PRESET, $STEPS steps, triangulation share $SHARE, $K a side"

@@ -153,7 +153,7 @@ def tiny_run(synth_rows):
         # the light engine's converted checkpoints, written now (under the lock): a test that
         # copies the run never meets one being written
         from pingctl.artifacts.run import checkpoint_steps
-        from pingctl.infer.light_weights import run_tensors
+        from pingctl.infer.engines.weights import run_tensors
 
         for step in checkpoint_steps(run):
             run_tensors(run, step)

@@ -15,13 +15,13 @@ from pingctl.cli.app import app
 from pingctl.config import LoaderConfig, SynthConfig
 from pingctl.errors import PingctlError
 from pingctl.executor import fanout as driver
-from pingctl.executor import slurm as fslurm
-from pingctl.executor.modal import DirBoundary, ModalExecutor, ModalSettings
-from pingctl.executor.slurm import SlurmExecutor, SlurmSettings
+from pingctl.executor.slurm import engine as fslurm
+from pingctl.executor.modal.engine import DirBoundary, ModalExecutor, ModalSettings
+from pingctl.executor.slurm.engine import SlurmExecutor, SlurmSettings
 from pingctl.loader.pipeline import make_dataset
 from pingctl.records.build import build_rows
-from pingctl.records.fanout import read_plan, run_task, task_dir, task_states, work_dir
-from pingctl.records.fanout_step import BuildRowsFanout
+from pingctl.records.fanout.work import read_plan, run_task, task_dir, task_states, work_dir
+from pingctl.records.fanout.step import BuildRowsFanout
 from pingctl.records.layout import decode
 from pingctl.synth.generate import generate
 from tests.conftest import build_once, shared_root
@@ -205,7 +205,7 @@ def test_dry_run_shows_the_plan_and_writes_nothing(split, tmp_path):
     assert plan["tasks"] == plan["tasks_run"] == 5 and len(plan["plan"]) == 5
     (script,) = plan["scripts"]
     assert "#SBATCH --array=0-4" in script and "#SBATCH --partition=cpu" in script
-    assert "-m pingctl.records.fanout_task" in script
+    assert "-m pingctl.records.fanout.task" in script
     assert not out.exists() and not work_dir(out).exists()
     r = CliRunner().invoke(app, ["build-rows", str(split / "synth"), "-o", str(out), "--dry-run", "--json"])
     assert r.exit_code == 0 and json.loads(r.stdout)["target"] == "local" and not out.exists()
@@ -215,8 +215,8 @@ def test_dry_run_shows_the_plan_and_writes_nothing(split, tmp_path):
 
 def test_the_task_module_runs_one_task_and_refuses_one_outside_the_plan(split, tmp_path):
     out = tmp_path / "rows"
-    from pingctl.records.fanout import make_plan, write_plan
-    from pingctl.records.fanout_task import main as task_main
+    from pingctl.records.fanout.work import make_plan, write_plan
+    from pingctl.records.fanout.task import main as task_main
 
     work = work_dir(out)
     write_plan(work, make_plan([split / "synth" / p.name for p in sorted((split / "synth").glob("*.parquet"))], out,
@@ -229,7 +229,7 @@ def test_the_task_module_runs_one_task_and_refuses_one_outside_the_plan(split, t
 
 def test_modal_app_builds_offline():
     pytest.importorskip("modal")
-    from pingctl.executor.modal import build_app
+    from pingctl.executor.modal.engine import build_app
 
     app, fn, volume = build_app(ModalSettings(app_name="pingctl-build-rows", volume="v"), BuildRowsFanout.task_ref,
                                 BuildRowsFanout.function)

@@ -1,4 +1,4 @@
-"""The small-input paths of pingctl.context and Measurements' address text (a service
+"""The small-input paths of pingctl.schema.arrow_strings and Measurements' address text (a service
 request's few rows go through Python dicts instead of Arrow arrays) agree with the Arrow
 paths value for value."""
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pingctl import context as CX
+from pingctl.schema import arrow_strings as CX
 from pingctl.tokenizer import Measurements
 from pingctl.tokenizer import measurements as M
 

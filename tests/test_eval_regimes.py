@@ -4,7 +4,9 @@ figures recomputed from predictions.parquet."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -13,9 +15,19 @@ from typer.testing import CliRunner
 
 from pingctl.cli.app import app
 from pingctl.eval.regimes import MIN_VAL_HOSTS, best_candidates, describe_val, map_groups
+from pingctl.prompt import Policy, PromptSpec
 from tests.conftest import build_once
 
 runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def own_run(tiny_run, tmp_path_factory):
+    """A copy of the tiny run: `eval --regimes` records its val-fitted combination in the run it
+    evaluates, and the shared run must keep answering with the model alone for other tests."""
+    import shutil
+
+    return Path(shutil.copytree(tiny_run, tmp_path_factory.mktemp("regimes-run") / "run"))
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +48,9 @@ def test_best_is_fixed_per_regime_and_policy():
     assert best_candidates("time", "probe") == ("pair_median",)  # the pair's own history either way
 
 
-def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp_path):
+def test_eval_regimes_table_matches_its_predictions(own_run, regimes_split, tmp_path):
     out = tmp_path / "ev"
-    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "36",
+    r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "36",
                             "--context", "4", "--context-policy", "probe", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
@@ -111,7 +123,7 @@ def test_eval_regimes_table_matches_its_predictions(tiny_run, regimes_split, tmp
     assert "PIT KS, raw → recalibrated" in shown.output
 
 
-def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split, tmp_path):
+def test_fair_prompts_per_regime_and_val_sets_per_regime(own_run, regimes_split, tmp_path):
     """The default policy of --regimes (fair): the time regime's prompts hold the pair's own
     earlier packets, the held-out regimes' never the pair; the time regime is recalibrated on
     val/, the held-out regimes on their own val sets together; no val set shares a packet with
@@ -120,7 +132,7 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
     from pingctl.artifacts.table import load_split
 
     out = tmp_path / "fair"
-    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "40",
+    r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "40",
                             "--context", "4", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
@@ -172,13 +184,13 @@ def test_fair_prompts_per_regime_and_val_sets_per_regime(tiny_run, regimes_split
     assert "(val_pair+val_probe+val_target)" in shown.output
 
 
-def test_own_recalibration_fits_one_map_per_held_out_regime(tiny_run, regimes_split, tmp_path):
+def test_own_recalibration_fits_one_map_per_held_out_regime(own_run, regimes_split, tmp_path):
     """--recalibration own: each held-out regime's map on its own val set, and a map fitted on
     few held-out hosts says so (the table prints it)."""
     from pingctl.artifacts.table import load_split, regime_val_dirs
 
     out = tmp_path / "own"
-    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(regimes_split), "--queries", "40",
+    r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "40",
                             "--context", "4", "--recalibration", "own", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
@@ -202,20 +214,20 @@ def test_own_recalibration_fits_one_map_per_held_out_regime(tiny_run, regimes_sp
     assert shown.exit_code == 0
     for line in flagged:
         assert line in shown.output, (line, shown.output)
-    r = runner.invoke(app, ["eval", str(tiny_run), "--train", str(regimes_split / "train"), "--test",
+    r = runner.invoke(app, ["eval", str(own_run), "--train", str(regimes_split / "train"), "--test",
                             str(regimes_split / "test_pair"), "--recalibration", "own", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--recalibration" in r.output
 
 
 def test_map_groups_pool_the_held_out_regimes_only_where_they_share_prompts(tmp_path):
-    both = {"context_policy": "both", "context_measurements": 16, "context_per_pair": 1, "context_dst": 16}
-    pair = {"context_policy": "pair", "context_measurements": 16, "context_per_pair": 0}
+    both = PromptSpec(Policy.BOTH, 16, context_dst=16, cap=1)
+    pair = PromptSpec(Policy.PAIR, 16)
     prompts = {"time": pair, "pair": both, "probe": both, "target": both}
     vals = {"time": tmp_path / "val", **{r: tmp_path / f"val_{r}" for r in ("pair", "probe", "target")}}
     assert map_groups(vals, prompts, "pooled") == [["time"], ["pair", "probe", "target"]]
     assert map_groups(vals, prompts, "own") == [["time"], ["pair"], ["probe"], ["target"]]
     # prompts of another shape in one held-out regime: a map per prompt shape
-    assert map_groups(vals, {**prompts, "target": {**both, "context_dst": 4}}, "pooled") == \
+    assert map_groups(vals, {**prompts, "target": dataclasses.replace(both, context_dst=4)}, "pooled") == \
         [["time"], ["pair"], ["probe"], ["target"]]
     # a split without per-regime val sets: regimes asked alike on val/ share a map, either way
     old = {r: tmp_path / "val" for r in vals}
@@ -224,12 +236,12 @@ def test_map_groups_pool_the_held_out_regimes_only_where_they_share_prompts(tmp_
         assert map_groups(old, {r: both for r in vals}, how) == [["time", "pair", "probe", "target"]]
 
 
-def test_eval_regimes_refuses_other_inputs(tiny_run, time_split, tmp_path):
-    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(time_split), "--train", str(time_split / "train")])
+def test_eval_regimes_refuses_other_inputs(own_run, time_split, tmp_path):
+    r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(time_split), "--train", str(time_split / "train")])
     assert r.exit_code == 2 and "leave out --train" in r.output
-    r = runner.invoke(app, ["eval", str(tiny_run)])
+    r = runner.invoke(app, ["eval", str(own_run)])
     assert r.exit_code == 2 and "--regimes" in r.output
-    r = runner.invoke(app, ["eval", str(tiny_run), "--regimes", str(time_split), "-o", str(tmp_path / "x")])
+    r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(time_split), "-o", str(tmp_path / "x")])
     assert r.exit_code == 1 and "--strategy regimes" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
 

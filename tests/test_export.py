@@ -135,7 +135,7 @@ def _rewrite(src, dst, change):
 
 def test_a_mismatched_or_damaged_weights_file_is_named(exported, models, tmp_path, pair):
     from pingctl.artifacts import export as EX
-    from pingctl.infer.weights import assign
+    from pingctl.infer.engines.maxtext.weights import assign
 
     out = exported[0]
     tensors = dict(EX.read_tensors(out))
@@ -150,10 +150,10 @@ def test_a_mismatched_or_damaged_weights_file_is_named(exported, models, tmp_pat
     assert r.exit_code == 1 and f"tensor {first} has shape" in r.output and "Traceback" not in r.output, r.output
     # every other mismatch is found by the same check, before any weight is replaced (the
     # engine's: the light engine's names-shapes-dtypes check, or MaxText's assign)
-    from pingctl.infer.light import check_weights
+    from pingctl.infer.engines.arch import check_weights
 
     m = models[1]
-    state, before = m._state, m.weights()
+    state, before = m.net.state, m.weights()
     for change, why in ((lambda t: t.update({first: t[first].astype(np.float16)}), f"tensor {first} is float16"),
                         (lambda t: t.pop(first), f"tensor {first} is missing"),
                         (lambda t: t.update({"decoder.extra.kernel": t[first]}), "tensor decoder.extra.kernel is not")):
@@ -163,7 +163,7 @@ def test_a_mismatched_or_damaged_weights_file_is_named(exported, models, tmp_pat
             if m.engine == "maxtext":
                 assign(state, changed, out / EX.WEIGHTS)
             else:
-                check_weights(m._arch, changed, out / EX.WEIGHTS)
+                check_weights(m.net.arch, changed, out / EX.WEIGHTS)
     assert all(np.array_equal(a, models[1].weights()[k]) for k, a in before.items())
     cut = tmp_path / "cut"
     shutil.copytree(out, cut)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from pingctl.config import Config
 from pingctl.errors import PingctlError, UsageError
-from pingctl.eval.hints import fit_hints, hinted
+from pingctl.eval.hints import fit_hints
+from pingctl.prompt import PromptSpec
 from pingctl.infer.score import prompts
 from pingctl.loader.hints import Hints, fold_of
 from pingctl.loader.sequences import FULL, NONE, PARTIAL
@@ -351,6 +352,10 @@ def _first_query_token(tokens) -> int:
 
 def _trained(hints_file=None, share=0.5):
     return Config.model_validate({"loader": {"hints_file": hints_file, "triangulation_share": share}})
+
+
+def hinted(trained, policy, use=None) -> bool:
+    return PromptSpec.from_run(trained, policy=policy, hints=use).hint
 
 
 def test_prompts_carry_hints_where_the_run_learned_them():

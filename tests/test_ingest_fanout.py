@@ -26,9 +26,9 @@ from pingctl.cli.app import app
 from pingctl.config import IngestConfig
 from pingctl.errors import PingctlError, UsageError
 from pingctl.executor import fanout as driver
-from pingctl.executor import slurm as fslurm
-from pingctl.executor.modal import DirBoundary, ModalExecutor, ModalSettings, remote_name
-from pingctl.executor.slurm import SlurmExecutor, SlurmSettings
+from pingctl.executor.slurm import engine as fslurm
+from pingctl.executor.modal.engine import DirBoundary, ModalExecutor, ModalSettings, remote_name
+from pingctl.executor.slurm.engine import SlurmExecutor, SlurmSettings
 from pingctl.ingest.core import ingest
 from pingctl.ingest.fanout.step import IngestFanout
 from pingctl.ingest.fanout.task import main as task_main
@@ -318,7 +318,7 @@ def test_a_task_whose_input_went_away_fails_with_its_name(small_cut, tmp_path):
 
 def test_modal_app_builds_offline():
     pytest.importorskip("modal")
-    from pingctl.executor.modal import build_app
+    from pingctl.executor.modal.engine import build_app
 
     app, fn, volume = build_app(ModalSettings(app_name="pingctl-ingest-test", volume="v"), IngestFanout.task_ref,
                                 IngestFanout.function)

@@ -24,6 +24,7 @@ def test_the_layer_and_cycle_contracts_hold():
     assert ", 0 broken" in r.stdout, r.stdout
     text = " ".join(r.stdout.split())  # lint-imports wraps long contract names
     for contract in ("Layers: cli > ", "No import cycle between files or packages", "Engines: one module each",
+                     "Inference engines: one subpackage each", "Inference engines: below the questions",
                      "Public API: serve and the answering commands"):
         assert contract in text, f"contract {contract!r} is not in .importlinter"
         rest = text[text.index(contract):]
@@ -37,6 +38,10 @@ def test_the_layer_and_cycle_contracts_hold():
     ("pingctl/tokenizer/rtt_codec.py", "from pingctl.tokenizer import vocab  # noqa: F401"),
     # one engine reaching into another: an engine must stand alone in its module
     ("pingctl/executor/local.py", "from pingctl.executor import slurm  # noqa: F401"),
+    # one inference engine borrowing another's decoder
+    ("pingctl/infer/engines/numpy/net.py", "from pingctl.infer.engines.jax import net as _jax  # noqa: F401,E402"),
+    # an inference engine reaching up into the questions
+    ("pingctl/infer/engines/jax/kv.py", "from pingctl.infer import queries  # noqa: F401,E402"),
     # the service reaching past the public API into the engine
     ("pingctl/serve/schemas.py", "from pingctl.infer import questions  # noqa: F401,E402"),
     # an answering command doing the same, lazily inside a function as the CLI imports

@@ -1,4 +1,4 @@
-"""The light engine (pingctl/infer/light.py) against MaxText, the reference: the same logits on
+"""The JAX engine (`--engine light`, pingctl/infer/engines/jax/) against MaxText, the reference: the same logits on
 every preset's architecture, the same answers from the trained fixture, and no MaxText import
 on the answering path.
 
@@ -79,15 +79,17 @@ def test_light_logits_are_maxtext_s_on_every_preset(preset, dtype):
     weights: the log-probabilities of a padded batch."""
     pytest.importorskip("maxtext")
     from pingctl.artifacts.run import MAXTEXT_YML
-    from pingctl.infer.runtime import inference_config, prepare_env
+    from pingctl.infer.engines.maxtext.config import inference_config
+    from pingctl.infer.runtime import prepare_env
 
     prepare_env("cpu", True)
     import jax
     from flax import nnx
     from maxtext.utils import model_creation_utils
 
-    from pingctl.infer import light
-    from pingctl.infer import weights as W
+    from pingctl.infer.engines import arch as A
+    from pingctl.infer.engines.jax import net as jnet
+    from pingctl.infer.engines.maxtext import weights as W
 
     keys = _keys(preset, dtype)
     rng = np.random.default_rng(1)
@@ -108,13 +110,13 @@ def test_light_logits_are_maxtext_s_on_every_preset(preset, dtype):
         logits = m(tok, pos, decoder_segment_ids=seg, enable_dropout=False)
         return jax.nn.log_softmax(logits.astype(jax.numpy.float32), axis=-1)
 
-    arch = light.Arch.from_keys(keys)
-    light.check_weights(arch, tensors, "random")  # the names and shapes MaxText gave them
+    arch = A.Arch.from_keys(keys)
+    A.check_weights(arch, tensors, "random")  # the names and shapes MaxText gave them
     tok, pos, seg = _batch(rng)
     with jax.set_mesh(mesh):
         want = np.asarray(reference(state, tok, pos, seg))
-    got = np.asarray(jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch))(
-        light.prepare(arch, tensors), tok, pos, seg))
+    got = np.asarray(jax.jit(lambda p, t, q, s: jnet.decoder(p, t, q, s, arch))(
+        jnet.prepare(arch, tensors), tok, pos, seg))
     real = seg > 0  # padding's outputs are ignored by every caller
     diff = float(np.abs(got - want)[real].max())
     assert np.isfinite(want[real]).all() and want[real].min() < -5  # spread-out log-probs, not a flat line
@@ -136,7 +138,7 @@ def _whole_sequence_reads(fwd, params, first, candidates, byte0: int = 11, lengt
 
 
 def test_attention_in_query_blocks_gives_one_block_s_log_probs():
-    """`light.decoder` computing attention a block of query rows at a time (each block attending
+    """The JAX decoder computing attention a block of query rows at a time (each block attending
     only to the keys up to its last row) against the whole sequence at once, on sequences longer
     than a block, not a multiple of it, with padding: the same log-probs and keys and values to
     float32 rounding (the softmax's sums run over fewer exact zeros, in another order)."""
@@ -145,21 +147,22 @@ def test_attention_in_query_blocks_gives_one_block_s_log_probs():
     prepare_env("cpu", True)
     import jax
 
-    from pingctl.infer import light
+    from pingctl.infer.engines import arch as A
+    from pingctl.infer.engines.jax import net as jnet
 
-    arch = light.Arch.from_keys(_keys("tiny"))
-    params = light.prepare(arch, _random_tensors(arch))
+    arch = A.Arch.from_keys(_keys("tiny"))
+    params = jnet.prepare(arch, _random_tensors(arch))
     tok, pos, seg = _batch(np.random.default_rng(5), batch=3, length=150)
     seg[0, 120:] = 0  # a row of padding that starts inside a block
 
     def run(block):
-        return jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch, want_kv=True, block=block))(
+        return jax.jit(lambda p, t, q, s: jnet.decoder(p, t, q, s, arch, want_kv=True, block=block))(
             params, tok, pos, seg)
 
     want, (wk, wv) = run(None)
     want, wk, wv = np.asarray(want), np.asarray(wk), np.asarray(wv)
     real = seg > 0
-    for block in (16, 64, light.ATTENTION_BLOCK):
+    for block in (16, 64, jnet.ATTENTION_BLOCK):
         got, (gk, gv) = run(block)
         assert_log_probs_close(np.asarray(got)[real], want[real], arch, tok.shape[1], f"block {block}")
         for g, w in ((gk, wk), (gv, wv)):  # [layers, b, t, heads, head_dim]: at most the whole depth's terms
@@ -168,22 +171,24 @@ def test_attention_in_query_blocks_gives_one_block_s_log_probs():
 
 
 def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
-    """Second-byte scoring from one cache per prompt (light_kv) against whole sequences, for
+    """Second-byte scoring from one cache per prompt (the JAX engine's `kv`) against whole sequences, for
     prompts of different lengths and numbers of candidates (bucketed and padded together)."""
     from pingctl.infer.runtime import prepare_env
 
     prepare_env("cpu", True)
     import jax
 
-    from pingctl.infer import light, light_kv
+    from pingctl.infer.engines import arch as A
+    from pingctl.infer.engines.jax import kv as jkv
+    from pingctl.infer.engines.jax import net as jnet
 
-    arch = light.Arch.from_keys(_keys("tiny"))
-    params = light.prepare(arch, _random_tensors(arch))
-    fwd = jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch))
+    arch = A.Arch.from_keys(_keys("tiny"))
+    params = jnet.prepare(arch, _random_tensors(arch))
+    fwd = jax.jit(lambda p, t, q, s: jnet.decoder(p, t, q, s, arch))
     rng = np.random.default_rng(3)
     firsts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 30, 12, 60)]
     candidates = [rng.choice(256, k, replace=False) for k in (1, 17, 256, 3)]
-    kv = light_kv.SecondBytes(arch, params, byte0=11)
+    kv = jkv.SecondBytes(arch, params, byte0=11)
     got = kv.log_probs(firsts, candidates, lambda n: 64)
     for f, c, g in zip(firsts, candidates, got):
         assert g.shape == (len(c), VOCAB)
@@ -191,7 +196,7 @@ def test_the_key_value_cache_gives_the_whole_sequence_log_probs():
 
 
 def test_a_session_keeps_each_prompt_s_cache_across_calls():
-    """light_kv.Session: prompts prefilled on their first call, their caches reused by later calls
+    """The JAX engine's key-value `Session`: prompts prefilled on their first call, their caches reused by later calls
     (a few rows of a prefill, a 256-candidate prompt split by the slot budget), against whole
     sequences."""
     from pingctl.infer.runtime import prepare_env
@@ -199,14 +204,16 @@ def test_a_session_keeps_each_prompt_s_cache_across_calls():
     prepare_env("cpu", True)
     import jax
 
-    from pingctl.infer import light, light_kv
+    from pingctl.infer.engines import arch as A
+    from pingctl.infer.engines.jax import kv as jkv
+    from pingctl.infer.engines.jax import net as jnet
 
-    arch = light.Arch.from_keys(_keys("tiny"))
-    params = light.prepare(arch, _random_tensors(arch))
-    fwd = jax.jit(lambda p, t, q, s: light.decoder(p, t, q, s, arch))
+    arch = A.Arch.from_keys(_keys("tiny"))
+    params = jnet.prepare(arch, _random_tensors(arch))
+    fwd = jax.jit(lambda p, t, q, s: jnet.decoder(p, t, q, s, arch))
     rng = np.random.default_rng(4)
     firsts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 30, 12, 60, 9) * 8]
-    session = light_kv.SecondBytes(arch, params, byte0=11).session(firsts, lambda n: 64)
+    session = jkv.SecondBytes(arch, params, byte0=11).session(firsts, lambda n: 64)
     rounds = [(list(range(0, 40, 2)), [rng.choice(256, k, replace=False) for k in (1, 3, 0, 17) * 5]),
               ([3, 4, 39], [rng.choice(256, 2, replace=False), rng.choice(256, 256, replace=False), np.arange(5)]),
               (list(range(40)), [rng.choice(256, 2, replace=False) for _ in range(40)])]
@@ -265,7 +272,7 @@ def test_eval_reads_are_the_same_with_and_without_the_teacher_forced_caches(tiny
     same reads with every prompt prefilled apart (the model without `teacher_forced_session`)."""
     import pyarrow.parquet as pq
 
-    from pingctl.infer import light_kv
+    from pingctl.infer.engines.jax import kv as jkv
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
     from pingctl.infer.score import teacher_forced_kept
@@ -290,8 +297,8 @@ def test_eval_reads_are_the_same_with_and_without_the_teacher_forced_caches(tiny
             return getattr(lt, name)
 
     prefilled: list[int] = []
-    real = light_kv.SecondBytes.prefill
-    monkeypatch.setattr(light_kv.SecondBytes, "prefill",
+    real = jkv.SecondBytes.prefill
+    monkeypatch.setattr(jkv.SecondBytes, "prefill",
                         lambda self, firsts, bucket: prefilled.append(len(firsts)) or real(self, firsts, bucket))
     got = {}
     for name, m in (("kept", lt), ("apart", Apart())):
@@ -312,28 +319,28 @@ def test_eval_reads_are_the_same_with_and_without_the_teacher_forced_caches(tiny
 
 
 def test_the_architecture_is_read_or_refused_by_key():
-    from pingctl.infer import light
+    from pingctl.infer.engines import arch as A
 
     run_keys = {**_keys("mini"), "base_config": "base.yml", "run_name": "r", "learning_rate": 1e-3,
                 "remat_policy": "minimal", "adam_weight_decay": 1.0, "attention": "flash", "grain_train_files": "x"}
-    a = light.Arch.from_keys(run_keys)  # a run's maxtext.yml: its run and training keys change no forward pass
+    a = A.Arch.from_keys(run_keys)  # a run's maxtext.yml: its run and training keys change no forward pass
     assert (a.emb, a.layers, a.heads, a.head_dim, a.mlp, a.activations, a.dtype) == (256, 4, 4, 64, 1024, ("gelu",),
                                                                                         "float32")
     assert (a.eps, a.rope_min, a.rope_max) == (1e-5, 1, 10_000)  # MaxText's base.yml defaults
-    assert light.Arch.from_keys({**run_keys, "dtype": "bfloat16"}).dtype == "bfloat16"
+    assert A.Arch.from_keys({**run_keys, "dtype": "bfloat16"}).dtype == "bfloat16"
     for key, value, says in [("logits_via_embedding", True, "logits_via_embedding=True"),
                              ("decoder_block", "gemma", "decoder_block='gemma'"),
                              ("final_logits_soft_cap", 30.0, "final_logits_soft_cap"),
                              ("sliding_window_size", 128, "does not implement")]:
-        with pytest.raises(light.Unsupported, match=says):
-            light.Arch.from_keys({**run_keys, key: value})
-    with pytest.raises(light.Unsupported, match="no base_mlp_dim"):
-        light.Arch.from_keys({k: v for k, v in run_keys.items() if k != "base_mlp_dim"})
-    arch = light.Arch.from_keys(run_keys)
+        with pytest.raises(A.Unsupported, match=says):
+            A.Arch.from_keys({**run_keys, key: value})
+    with pytest.raises(A.Unsupported, match="no base_mlp_dim"):
+        A.Arch.from_keys({k: v for k, v in run_keys.items() if k != "base_mlp_dim"})
+    arch = A.Arch.from_keys(run_keys)
     tensors = _random_tensors(arch)
     tensors["decoder.layers.mlp.wo.kernel"] = tensors["decoder.layers.mlp.wo.kernel"][:, :2]
     with pytest.raises(PingctlError, match=r"wo.kernel has shape \[1024, 2, 256\].*\[1024, 4, 256\]"):
-        light.check_weights(arch, tensors, "f.safetensors")
+        A.check_weights(arch, tensors, "f.safetensors")
 
 
 # ----------------------------------------------------------------- the trained fixture
@@ -397,7 +404,7 @@ def test_a_run_s_checkpoint_is_converted_once(tiny_run, tmp_path):
     import shutil
 
     from pingctl.artifacts.run import COMMITTED, checkpoint_items, checkpoint_steps
-    from pingctl.infer import light_weights as LW
+    from pingctl.infer.engines import weights as LW
     from pingctl.infer.model import LoadedModel
 
     run = tmp_path / "run"
@@ -485,7 +492,7 @@ def test_a_diverged_checkpoint_is_refused_naming_the_tensor(tiny_run, tmp_path):
     from safetensors.numpy import load_file, save_file
 
     from pingctl.artifacts.run import checkpoint_steps
-    from pingctl.infer import light_weights as LW
+    from pingctl.infer.engines import weights as LW
     from pingctl.infer.model import LoadedModel
 
     run = tmp_path / "run"

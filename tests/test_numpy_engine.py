@@ -1,5 +1,5 @@
-"""The NumPy engine (pingctl/infer/light_numpy.py, light_numpy_kv.py) against the JAX engine
-(pingctl/infer/light.py, light_kv.py): the same log-probabilities of whole sequences and of
+"""The NumPy engine (pingctl/infer/engines/numpy/) against the JAX engine
+(pingctl/infer/engines/jax/): the same log-probabilities of whole sequences and of
 second bytes from a key-value cache, on the `tiny` and `mini` architectures, and the same
 answers from the trained fixture; and the engine chosen where JAX is not installed.
 
@@ -28,11 +28,13 @@ def _engines(preset: str):
     from pingctl.infer.runtime import prepare_env
 
     prepare_env("cpu", True)
-    from pingctl.infer import light, light_numpy
+    from pingctl.infer.engines import arch as A
+    from pingctl.infer.engines.jax import net as jnet
+    from pingctl.infer.engines.numpy import net as nnet
 
-    arch = light.Arch.from_keys(_keys(preset))
+    arch = A.Arch.from_keys(_keys(preset))
     tensors = _random_tensors(arch)
-    return arch, light.prepare(arch, tensors), light_numpy.prepare(arch, tensors)
+    return arch, jnet.prepare(arch, tensors), nnet.prepare(arch, tensors)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -41,48 +43,51 @@ def test_the_numpy_decoder_is_the_jax_one(preset):
     mask), at every position a caller reads."""
     import jax
 
-    from pingctl.infer import light, light_numpy
+    from pingctl.infer.engines.jax import net as jnet
+    from pingctl.infer.engines.numpy import net as nnet
 
     arch, pj, pn = _engines(preset)
     tok, pos, seg = _batch(np.random.default_rng(1))
     seg[0, 30:] = 2  # two segments in one row: masked attention rather than a prefix's causal one
     pos[0, 30:] -= 30
-    want = np.asarray(jax.jit(lambda p, *x: light.decoder(p, *x, arch))(pj, tok, pos, seg))
-    got = light_numpy.decoder(pn, tok, pos, seg, arch)
+    want = np.asarray(jax.jit(lambda p, *x: jnet.decoder(p, *x, arch))(pj, tok, pos, seg))
+    got = nnet.decoder(pn, tok, pos, seg, arch)
     assert got.dtype == np.float32 and got.shape == want.shape
     live = seg > 0
     assert_log_probs_close(got[live], want[live], arch, SEQ, preset)
     # keys and values for a cache: those of the same pass, at every live position (the same
     # operations on the same inputs as the call above: equal to the bit)
-    lp, (keys, values) = light_numpy.decoder(pn, tok, pos, seg, arch, want_kv=True)
+    lp, (keys, values) = nnet.decoder(pn, tok, pos, seg, arch, want_kv=True)
     assert np.array_equal(lp, got) and keys.shape == (arch.layers, *tok.shape, arch.kv_heads, arch.head_dim)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_second_bytes_from_the_cache_are_the_jax_engine_s(preset):
-    """light_numpy_kv against light_kv and against the NumPy engine's own whole sequences: prompts
+    """The NumPy engine's key-value cache against the JAX engine's and against the NumPy engine's own whole sequences: prompts
     of different lengths, 0 to 256 candidates (one prompt's 256 split over decode steps)."""
-    from pingctl.infer import light_kv, light_numpy, light_numpy_kv
+    from pingctl.infer.engines.jax import kv as jkv
+    from pingctl.infer.engines.numpy import kv as nkv
+    from pingctl.infer.engines.numpy import net as nnet
 
     arch, pj, pn = _engines(preset)
     rng = np.random.default_rng(3)
     firsts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 30, 12, 60, 7)]
     candidates = [rng.choice(256, k, replace=False) for k in (1, 17, 256, 3, 0)]
-    want = light_kv.SecondBytes(arch, pj, byte0=11).log_probs(firsts, candidates, lambda n: 64)
-    kv = light_numpy_kv.SecondBytes(arch, pn, byte0=11)
-    kv_slots = light_numpy_kv.SLOTS
+    want = jkv.SecondBytes(arch, pj, byte0=11).log_probs(firsts, candidates, lambda n: 64)
+    kv = nkv.SecondBytes(arch, pn, byte0=11)
+    kv_slots = nkv.SLOTS
     try:
-        light_numpy_kv.SLOTS = 100  # several decode steps, a prompt's candidates split across them
+        nkv.SLOTS = 100  # several decode steps, a prompt's candidates split across them
         got = kv.log_probs(firsts, candidates)
     finally:
-        light_numpy_kv.SLOTS = kv_slots
+        nkv.SLOTS = kv_slots
     for f, c, g, w in zip(firsts, candidates, got, want):
         assert g.shape == (len(c), VOCAB)
         if not len(c):
             continue
         assert_log_probs_close(g, w, arch, SEQ, "numpy cache against jax cache")
         seqs = np.concatenate([np.broadcast_to(f, (len(c), len(f))), 11 + c[:, None]], axis=1).astype(np.int32)
-        whole = light_numpy.decoder(pn, seqs, np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape),
+        whole = nnet.decoder(pn, seqs, np.broadcast_to(np.arange(seqs.shape[1]), seqs.shape),
                                     np.ones_like(seqs), arch)[:, -1]
         assert_log_probs_close(g, whole, arch, SEQ, "numpy cache against numpy whole sequences")
 
@@ -93,29 +98,30 @@ def test_the_float32_bound_still_sees_half_precision(preset):
     rounded to float16 (a model computed at half precision) is far outside it."""
     import jax
 
-    from pingctl.infer import light, light_numpy
+    from pingctl.infer.engines.jax import net as jnet
+    from pingctl.infer.engines.numpy import net as nnet
 
     arch, pj, _ = _engines(preset)
     half = {k: v.astype(np.float16).astype(np.float32) for k, v in _random_tensors(arch).items()}
     tok, pos, seg = _batch(np.random.default_rng(1))
-    want = np.asarray(jax.jit(lambda p, *x: light.decoder(p, *x, arch))(pj, tok, pos, seg))
-    got = light_numpy.decoder(light_numpy.prepare(arch, half), tok, pos, seg, arch)
+    want = np.asarray(jax.jit(lambda p, *x: jnet.decoder(p, *x, arch))(pj, tok, pos, seg))
+    got = nnet.decoder(nnet.prepare(arch, half), tok, pos, seg, arch)
     live = seg > 0
     assert np.abs(got - want)[live].max() > 10 * log_prob_tol(arch, SEQ, want[live])
 
 
 def test_a_session_keeps_each_prompt_s_cache(monkeypatch):
-    """light_numpy_kv.Session: a prompt prefilled on its first call with candidates, or taken from
+    """The NumPy engine's key-value `Session`: a prompt prefilled on its first call with candidates, or taken from
     a teacher-forced pass over a sequence it starts, and never prefilled again."""
-    from pingctl.infer import light_numpy_kv
+    from pingctl.infer.engines.numpy import kv as nkv
 
     arch, pj, pn = _engines("tiny")
     rng = np.random.default_rng(4)
     firsts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 30, 12, 60)]
-    kv = light_numpy_kv.SecondBytes(arch, pn, byte0=11)
+    kv = nkv.SecondBytes(arch, pn, byte0=11)
     prefilled: list[int] = []
-    real = light_numpy_kv.SecondBytes.prefill
-    monkeypatch.setattr(light_numpy_kv.SecondBytes, "prefill",
+    real = nkv.SecondBytes.prefill
+    monkeypatch.setattr(nkv.SecondBytes, "prefill",
                         lambda self, f: prefilled.append(len(f)) or real(self, f))
     session = kv.session(firsts)
     # prompts 0 and 1 start their sequences; prompt 2's sequence is another one
@@ -128,7 +134,7 @@ def test_a_session_keeps_each_prompt_s_cache(monkeypatch):
     assert prefilled == [1]  # prompt 2 only
     got_again = session.log_probs([2, 0], [np.array([9]), np.arange(7)])
     assert prefilled == [1]
-    fresh = light_numpy_kv.SecondBytes(arch, pn, byte0=11).log_probs(firsts, c)
+    fresh = nkv.SecondBytes(arch, pn, byte0=11).log_probs(firsts, c)
     for g, f in zip(got, fresh):
         assert_log_probs_close(g, f, arch, SEQ, "a session against a fresh cache")
     # the same caches, read in a decode step of other rows: a matmul of another height, for
@@ -146,7 +152,7 @@ def test_answers_are_the_light_engine_s(tiny_run, pair, synth_rows):
     lazy reads at quantiles and points, teacher-forced scores; the NumPy engine on its cache."""
     import pyarrow.parquet as pq
 
-    from pingctl.infer import light_numpy_kv
+    from pingctl.infer.engines.numpy import kv as nkv
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
     from pingctl.infer.score import teacher_forced_kept
@@ -166,7 +172,7 @@ def test_answers_are_the_light_engine_s(tiny_run, pair, synth_rows):
     for a, b in zip(Q.rtt_distributions(lt, prompts), Q.rtt_distributions(npy, prompts)):
         assert_probs_close([b.p_fail], [a.p_fail], 2 * tol, "p_fail")
         assert_probs_close(b.probs, a.probs, 2 * tol, "probs")
-    assert isinstance(npy._kv, light_numpy_kv.SecondBytes)  # 256 candidates a prompt: the cache ran
+    assert isinstance(npy._kv, nkv.SecondBytes)  # 256 candidates a prompt: the cache ran
     points = np.linspace(1.0, 300.0, len(prompts))
     for a, b in zip(Q.rtt_distributions_at(lt, prompts, points=points),
                     Q.rtt_distributions_at(npy, prompts, points=points)):

@@ -370,7 +370,7 @@ def test_averaged_checkpoints_hold_the_mean_of_their_weights(tiny_run, pair):
     m = LoadedModel.load(tiny_run, [last, first])
     assert (m.step, m.steps, b.steps) == (last, (first, last), (last,))
     floats = 0
-    for x, y, z in zip(jax.tree.leaves(a._state), jax.tree.leaves(b._state), jax.tree.leaves(m._state), strict=True):
+    for x, y, z in zip(jax.tree.leaves(a.net.state), jax.tree.leaves(b.net.state), jax.tree.leaves(m.net.state), strict=True):
         if jax.numpy.issubdtype(x.dtype, jax.numpy.floating):  # not RNG keys
             x, y, z = np.asarray(x), np.asarray(y), np.asarray(z)
             floats += 1
@@ -567,7 +567,7 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     """The MaxText engine's second-byte passes from one prefilled cache per prompt (MaxEngine)
     against whole sequences: the same distributions, to float32 noise (the light engine's
     cache: tests/test_light_engine.py)."""
-    from pingctl.infer import kv_cache
+    from pingctl.infer.engines.maxtext import kv as MKV
     from pingctl.infer import queries as Q
     from pingctl.infer.model import LoadedModel
     from pingctl.tokenizer import Measurements
@@ -583,11 +583,11 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     want_at = Q.rtt_distributions_at(plain, prompts, eps=1e-4)
     assert plain._kv is None  # the switch kept it off
     monkeypatch.delenv("PINGCTL_KV_CACHE")
-    monkeypatch.setattr(kv_cache, "MIN_TOKENS", 0)
-    monkeypatch.setattr(kv_cache, "MIN_PROMPT", 0)
+    monkeypatch.setattr(MKV, "MIN_TOKENS", 0)
+    monkeypatch.setattr(MKV, "MIN_PROMPT", 0)
     cached = LoadedModel.load(tiny_run, engine="maxtext")
     got = Q.rtt_distributions(cached, prompts)
-    assert isinstance(cached._kv, kv_cache.SecondBytes)  # the cache answered
+    assert isinstance(cached._kv, MKV.SecondBytes)  # the cache answered
     got_at = Q.rtt_distributions_at(cached, prompts, eps=1e-4)
     # each code's probability: two log-probabilities, the second byte's from the cache or a whole pass
     tol = 2 * model_log_tol(plain, [np.append(p, C.RttStart).astype(np.int32) for p in prompts], tiny_run)
@@ -599,19 +599,19 @@ def test_shared_kv_cache_gives_the_whole_sequence_numbers(tiny_run, pair, monkey
     for w, g in zip(want_at, got_at):
         assert [g.quantile(q) for q in Q.QUANTILES] == [w.quantile(q) for q in Q.QUANTILES]
     # a cache that fails mid-way (device memory, say) leaves the whole-sequence path, same numbers
-    monkeypatch.setattr(kv_cache.SecondBytes, "log_probs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("oom")))
+    monkeypatch.setattr(MKV.SecondBytes, "log_probs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("oom")))
     # the rule is per call: prompts shorter than MIN_PROMPT never reach the built cache
-    monkeypatch.setattr(kv_cache, "MIN_PROMPT", len(prompts[0]) + 2)
+    monkeypatch.setattr(MKV, "MIN_PROMPT", len(prompts[0]) + 2)
     short = Q.rtt_distributions(cached, prompts[:1])[0]
-    assert isinstance(cached._kv, kv_cache.SecondBytes)
+    assert isinstance(cached._kv, MKV.SecondBytes)
     assert_probs_close(short.probs, want[0].probs, tol, "short prompt")
-    monkeypatch.setattr(kv_cache, "MIN_PROMPT", 0)
+    monkeypatch.setattr(MKV, "MIN_PROMPT", 0)
     again = Q.rtt_distributions(cached, prompts[:1])[0]
     assert cached._kv is False
     assert_probs_close(again.probs, want[0].probs, tol, "after the cache failed")
     # averaged weights have no single checkpoint for the engine: whole sequences, same numbers
     avg = LoadedModel.load(tiny_run, [cached.step, cached.step], engine="maxtext")
-    assert avg._items is None and Q.rtt_distributions(avg, prompts[:1])[0].quantile(0.5) == want[0].quantile(0.5)
+    assert avg.net.items is None and Q.rtt_distributions(avg, prompts[:1])[0].quantile(0.5) == want[0].quantile(0.5)
 
 
 def test_a_run_trained_with_gpu_flash_attention_is_asked_on_this_cpu(model, tiny_run, pair, tmp_path):
@@ -650,8 +650,8 @@ def test_hardware_option_picks_where_the_model_runs(model, tiny_run, pair, tmp_p
     prefix = Q.query_prefix(*pair, None, np.zeros(0, np.int32), None)
     want = Q.rtt_distribution(model, prefix)
     default, cpu = LoadedModel.load(run), LoadedModel.load(run, hardware="cpu")
-    assert (default._hardware, default.device) == ("gpu", "cpu")
-    assert (cpu._hardware, cpu.device) == ("cpu", "cpu")
+    assert (default.net.source.hardware, default.device) == ("gpu", "cpu")
+    assert (cpu.net.source.hardware, cpu.device) == ("cpu", "cpu")
     for m in (default, cpu):
         np.testing.assert_allclose(Q.rtt_distribution(m, prefix).probs, want.probs, atol=1e-6)
     r = runner.invoke(app, ["sample", str(run), "--src", pair[0], "--dst", pair[1], "--hardware", "gpu"])

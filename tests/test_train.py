@@ -320,7 +320,7 @@ def test_kill_9_then_rerun_continues_at_the_same_data_position(first50, rows, tm
 
 
 def test_modal_app_builds_offline(rows, tmp_path):
-    from pingctl.train.modal_app import build_app, remote_config
+    from pingctl.executor.modal.app import build_app, remote_config
 
     cfg = load_config(None, [f"train.train_rows={rows[0]}", f"train.eval_rows={rows[1]}",
                              "train.modal.gpu=A100", "train.modal.gpu_count=2"])

@@ -5,7 +5,7 @@ decides and does at the volume boundary: remote naming, the upload plan by the r
 `--fresh` deletion, the resume checks against what the volume holds, the container's code path
 (run_in_container, on a directory standing in for the mounted volume) and the pull into a run
 directory that `inspect` and `sample` take, plus the errors a user meets without a token.
-`DirVolume` stands in for `modal.Volume` behind the same small interface (modal_volume.Volume).
+`DirVolume` stands in for `modal.Volume` behind the same small interface (pingctl.executor.modal.volume.Volume).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from pingctl.artifacts.run import checkpoint_steps, is_run_dir, run_config
 from pingctl.cli.app import app
 from pingctl.config import load_config
 from pingctl.errors import PingctlError, UsageError
+from pingctl.executor.modal import pull as P
+from pingctl.executor.modal import sync as S
+from pingctl.executor.modal.volume import Entry, credentials_source, modal_errors, norm
 from pingctl.train import metrics as M
-from pingctl.train import modal_sync as S
-from pingctl.train.modal_volume import Entry, credentials_source, modal_errors, norm
 from pingctl.train.render import render_maxtext
 
 runner = CliRunner()
@@ -113,7 +114,7 @@ def test_remote_names_are_unique_per_run_directory(tmp_path, monkeypatch):
 
 
 def test_a_run_keeps_the_name_it_was_submitted_under(tmp_path):
-    from pingctl.train.modal_run import remote_name
+    from pingctl.executor.modal.run import remote_name
 
     run = tmp_path / "run"
     assert remote_name(run, None) == S.default_name(run)
@@ -186,7 +187,7 @@ def test_a_hints_file_goes_up_beside_the_rows_and_comes_back_local(two_splits, t
     assert [v for _, v in S.plan_upload(cfg, "r1", vol).upload] == ["rows/r1/hints.npz"]
     rc = S.remote_config(cfg, "r1")
     assert rc.loader.hints_file == "/data/rows/r1/hints.npz"
-    back = S.local_config(rc, tmp_path / "run", {"hints_file": str(hints)})
+    back = P.local_config(rc, tmp_path / "run", {"hints_file": str(hints)})
     assert back.loader.hints_file == str(hints)
 
 
@@ -204,7 +205,7 @@ def _remote_run(vol: DirVolume, name: str, cfg, steps: list[int]) -> Path:
 
 
 def test_fresh_deletes_the_remote_run_first_and_a_rerun_resumes(two_splits, tmp_path):
-    from pingctl.train.modal_run import sync_for_launch
+    from pingctl.executor.modal.run import sync_for_launch
 
     train, _ = two_splits
     cfg = _cfg(train, None, "train.steps=200")
@@ -224,7 +225,7 @@ def test_fresh_deletes_the_remote_run_first_and_a_rerun_resumes(two_splits, tmp_
 
 
 def test_resume_refusals_name_the_volume_and_change_nothing(two_splits, tmp_path):
-    from pingctl.train.modal_run import sync_for_launch
+    from pingctl.executor.modal.run import sync_for_launch
 
     train, _ = two_splits
     cfg = _cfg(train, None, "train.steps=200")
@@ -279,12 +280,12 @@ def test_pull_brings_home_a_run_that_inspect_and_sample_take(tiny_run, synth_row
     # a pull cut short inside a checkpoint leaves nothing that looks like one; the rerun completes it
     cut = CutVolume(vol.root, left=12)
     with pytest.raises(PingctlError, match="connection reset"):
-        S.pull(run, cut, "tiny-1", local=local)
+        P.pull(run, cut, "tiny-1", local=local)
     ckpts = run / "maxtext" / "checkpoints"
     assert checkpoint_steps(run) == [] and not (ckpts.is_dir() and list(ckpts.iterdir()))
     assert not is_run_dir(run)
 
-    res = S.pull(run, vol, "tiny-1", local=local)
+    res = P.pull(run, vol, "tiny-1", local=local)
     assert res["remote_checkpoints"] == [0, 59] and res["pulled_checkpoints"] == [59] and res["checkpoints"] == [59]
     assert res["summary"] and res["run_dir_ready"] and is_run_dir(run)
     assert not [p for p in ckpts.iterdir() if p.name != "59"]  # no temp left over
@@ -302,13 +303,13 @@ def test_pull_brings_home_a_run_that_inspect_and_sample_take(tiny_run, synth_row
 
     # again: only the small files move; then more checkpoints on request, a missing one refused
     before = vol.downloads
-    assert S.pull(run, vol, "tiny-1", local=local)["pulled_checkpoints"] == []
+    assert P.pull(run, vol, "tiny-1", local=local)["pulled_checkpoints"] == []
     assert vol.downloads - before <= 6
-    assert S.pull(run, vol, "tiny-1", steps="all", local=local)["checkpoints"] == [0, 59]
+    assert P.pull(run, vol, "tiny-1", steps="all", local=local)["checkpoints"] == [0, 59]
     with pytest.raises(PingctlError, match=r"no committed checkpoint at step 7 \(committed: 0, 59\)"):
-        S.pull(run, vol, "tiny-1", steps=[7], local=local)
+        P.pull(run, vol, "tiny-1", steps=[7], local=local)
     with pytest.raises(PingctlError, match="no run at /runs/nope"):
-        S.pull(tmp_path / "x", vol, "nope")
+        P.pull(tmp_path / "x", vol, "nope")
 
     d = json.loads(runner.invoke(app, ["inspect", str(run), "--json"]).stdout)
     assert d["kind"] == "run" and d["complete"] and d["last_step"] == 59 and d["checkpoints"] == [0, 59]
@@ -333,15 +334,15 @@ def test_pull_brings_home_a_run_that_inspect_and_sample_take(tiny_run, synth_row
     local_run = tmp_path / "local-run"
     shutil.copytree(tiny_run, local_run, ignore=shutil.ignore_patterns("checkpoints"))
     with pytest.raises(UsageError, match="holds a local run"):
-        S.pull(local_run, vol, "tiny-1")
+        P.pull(local_run, vol, "tiny-1")
 
     # the remote run started over elsewhere: its old checkpoints here would pass for the latest
     shutil.rmtree(vol.root / "runs/tiny-1/maxtext/checkpoints/59")
     with pytest.raises(PingctlError, match=r"holds checkpoint 59, newer than any on test-volume:/runs/tiny-1"):
-        S.pull(run, vol, "tiny-1")
+        P.pull(run, vol, "tiny-1")
     # --fresh clears what pulls brought, and only that
     write_remote(run, "modal", name="tiny-1", volume=vol.name, call_id="fc-1")
-    gone = S.clear_pulled(run)
+    gone = P.clear_pulled(run)
     assert {"config.yaml", "maxtext.yml", "maxtext", "summary.json", "metrics.jsonl"} <= set(gone)
     assert sorted(p.name for p in run.iterdir()) == ["modal", "remote.json"]
 
@@ -350,8 +351,8 @@ def test_the_container_writes_the_run_s_outputs_to_the_volume(tiny_run, synth_ro
     """run_in_container, the Modal function's body, on a directory standing in for the mounted
     volume: it resumes the run there, writes train.log, metrics.jsonl, loss.png and
     summary.json beside the checkpoints and commits; the pull then has the new checkpoint."""
-    from pingctl.train.modal_container import run_in_container
-    from pingctl.train.modal_run import sync_for_launch
+    from pingctl.executor.modal.container import run_in_container
+    from pingctl.executor.modal.run import sync_for_launch
 
     vol = DirVolume(tmp_path / "vol")
     mount = str(vol.root)
@@ -375,7 +376,7 @@ def test_the_container_writes_the_run_s_outputs_to_the_volume(tiny_run, synth_ro
     assert S.committed_steps(vol, "tiny-2")[-1] == 61
 
     run = tmp_path / "home"
-    res = S.pull(run, vol, "tiny-2")
+    res = P.pull(run, vol, "tiny-2")
     assert res["pulled_checkpoints"] == [61] and is_run_dir(run)
     d = json.loads(runner.invoke(app, ["inspect", str(run), "--json"]).stdout)
     assert d["complete"] and d["last_step"] == 61
@@ -480,11 +481,12 @@ def test_status_follow_and_pull_commands_on_a_modal_run(tiny_run, tmp_path, monk
     import modal
     import modal.exception as E
 
-    from pingctl.train import modal_run
+    from pingctl.executor.modal import run as modal_run
 
     vol = DirVolume(tmp_path / "vol")
     _volume_from_run(tiny_run, vol, "tiny-3")
     monkeypatch.setattr(modal_run, "ModalVolume", lambda name, create=False: vol)
+    monkeypatch.setattr(P, "ModalVolume", lambda name, create=False: vol)  # `pingctl pull`'s own
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-1")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-2")
     run = tmp_path / "run"
@@ -534,7 +536,7 @@ def test_submit_detach_resume_and_blocking_run_through_the_cli(tiny_run, synth_r
     (the volume, and the app whose spawned call "trains" by leaving the tiny run on the volume)."""
     import modal
 
-    from pingctl.train import modal_run
+    from pingctl.executor.modal import run as modal_run
 
     vol = DirVolume(tmp_path / "vol")
     monkeypatch.setattr(modal_run, "ModalVolume", lambda name, create=False: vol)
@@ -614,7 +616,7 @@ def test_the_modal_volume_wrapper_speaks_the_sdk_s_shapes(tmp_path):
     import modal.exception as E
     from modal.types import FileEntry, FileEntryType
 
-    from pingctl.train.modal_volume import ModalVolume
+    from pingctl.executor.modal.volume import ModalVolume
 
     calls = []
 

@@ -19,7 +19,7 @@ from pingctl.artifacts.remote import read_remote, write_remote
 from pingctl.artifacts.run import checkpoint_steps
 from pingctl.cli.app import app
 from pingctl.config import load_config
-from pingctl.train.slurm import worker_command
+from pingctl.executor.slurm.job import worker_command
 from pingctl.train.worker import slurm_distributed
 from tests import test_train as T
 
@@ -52,7 +52,7 @@ def test_the_script_requeues_appends_to_the_run_log_and_runs_the_job(rows, tmp_p
         for line in ("#SBATCH --partition=a100", "#SBATCH --account=proj", f"#SBATCH --nodes={nodes}",
                      "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4", "#SBATCH --time=02:00:00",
                      f"#SBATCH --output={run.resolve()}/train.log", "#SBATCH --open-mode=append", "#SBATCH --requeue",
-                     f"exec python -m pingctl.train.slurm {run.resolve()}"):
+                     f"exec python -m pingctl.executor.slurm.job {run.resolve()}"):
             assert line in lines, line
         assert not any(line.startswith("#SBATCH --error") for line in lines)  # stderr joins the one log
         mt = yaml.safe_load((run / "maxtext.yml").read_text())

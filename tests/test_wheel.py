@@ -129,7 +129,7 @@ def test_the_wheel_installs_and_renders_runs_without_the_source_tree(installed):
     script = (work / "slurm-run" / "train.sbatch").read_text()
     maxtext = (work / "slurm-run" / "maxtext.yml").read_text()
     assert f"source {venv}/bin/activate" in script and f"cd {(work / 'slurm-run').resolve()}" in script
-    assert "python -m pingctl.train.slurm" in script and "export JAX_PLATFORMS=cpu" in script
+    assert "python -m pingctl.executor.slurm.job" in script and "export JAX_PLATFORMS=cpu" in script
     # one CPU process: MaxText must not try to join a distributed system it has no launcher for
     assert "skip_jax_distributed_system: true" in maxtext.splitlines()
     for text in (script, maxtext, r.stdout):
@@ -408,7 +408,7 @@ def test_the_extras_split_keeps_train_and_the_modal_images_whole(built_wheel, mo
     the base and `[data]`, training all of `[train]`."""
     from packaging.requirements import Requirement
 
-    from pingctl.train import modal_image
+    from pingctl.executor.modal import image as modal_image
 
     reqs = _requirements(built_wheel)
     by_extra: dict = {}

@@ -44,7 +44,7 @@ def f32_tol(scale: float, terms: int) -> float:
 
 
 def decoder_terms(arch, length: int) -> int:
-    """Terms accumulated on the way to one log-probability of a decoder of `arch` (light.Arch)
+    """Terms accumulated on the way to one log-probability of a decoder of `arch` (pingctl.infer.engines.arch.Arch)
     over `length` tokens: per layer its two RMS norms, the query/key/value projection, the
     attention scores, the softmax's normaliser and its weighted sum of values over the keys, the
     output projection, the MLP's input projections and its output one; then the final norm, the
@@ -69,11 +69,11 @@ def prob_tol(probs, log_tol: float) -> float:
 
 
 def run_arch(run):
-    """The light.Arch of a trained run, from its maxtext.yml."""
+    """The architecture (engines.arch.Arch) of a trained run, from its maxtext.yml."""
     from pingctl.artifacts.run import read_maxtext_doc
-    from pingctl.infer import light
+    from pingctl.infer.engines import arch as A
 
-    return light.Arch.from_keys(read_maxtext_doc(run))
+    return A.Arch.from_keys(read_maxtext_doc(run))
 
 
 def model_log_tol(model, sequences, run=None) -> float:
@@ -81,7 +81,7 @@ def model_log_tol(model, sequences, run=None) -> float:
     its log-probabilities at every position of `sequences`: those of the answers compared (an
     RTT's prompts with RttStart after them). Its architecture: the light engines' own, or that of
     the run's maxtext.yml (`run`, for the MaxText engine)."""
-    arch = run_arch(run) if run is not None else model._arch
+    arch = run_arch(run) if run is not None else model.net.arch
     return log_prob_tol(arch, model.seq_len, np.concatenate(model.log_probs(sequences)))
 
 

@@ -8,6 +8,7 @@ from pingctl.infer.calibration import Calibration, check_fits, prompt_mismatch
 from pingctl.infer.calibration import load as load_calibration
 from pingctl.infer.model import check_engine, trained_with_timestamps, untimed_run
 from pingctl.infer.pairs import CONTEXT_ROWS_MAX, AddressError, Pairs, clean_address, read_pairs
+from pingctl.infer.predictor import PREDICTORS, check_answer, check_combination
 from pingctl.infer.queries import MEAN_CEILING_MS, QUANTILES, TRIM, any_address, parse_pair, parse_pattern
 from pingctl.infer.questions import (COMPLETE_BEAM, CONTEXT_K, MAX_SAMPLES, MAX_STREAMS, MEASUREMENTS, MODE_NAMES,
                                      STREAMS, K, SAMPLES, CompleteQuestion, GenerateQuestion, InverseQuestion,
@@ -21,9 +22,9 @@ from pingctl.infer.score import score_meta
 from pingctl.infer.score import summary as score_summary
 
 __all__ = ["COMPLETE_BEAM", "CONTEXT_K", "CONTEXT_ROWS_MAX", "K", "MAX_SAMPLES", "MAX_STREAMS", "MEAN_CEILING_MS",
-           "MEASUREMENTS", "MODE_NAMES", "QUANTILES", "SAMPLES", "STREAMS", "TRIM", "AddressError", "Calibration",
+           "MEASUREMENTS", "MODE_NAMES", "PREDICTORS", "QUANTILES", "SAMPLES", "STREAMS", "TRIM", "AddressError", "Calibration",
            "CompleteQuestion", "GenerateQuestion", "InverseQuestion", "Pairs", "PairsQuestion", "Question",
-           "RttQuestion", "address_option", "any_address", "bound", "check_context_options", "check_engine",
+           "RttQuestion", "address_option", "any_address", "bound", "check_answer", "check_combination", "check_context_options", "check_engine",
            "check_fits", "check_hardware", "check_run", "check_score_options", "check_writable", "clean_address",
            "generation_period", "is_pattern", "load_calibration", "parse_pair", "parse_pattern", "probe_context",
            "prompt_mismatch", "read_pairs", "read_scores", "rtt_range", "score_meta", "score_summary", "time_option",

@@ -32,6 +32,7 @@ from pingctl.api import arguments as A
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
 from pingctl.infer import pairs as P
+from pingctl.infer import predictor as PR
 from pingctl.infer import queries as Q
 from pingctl.infer import questions as QS
 from pingctl.infer import score as S
@@ -69,6 +70,11 @@ class Rtt(Q.RttDistribution):
     dst: str = ""
     time: int | None = None
     info: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def answered_by(self) -> dict | None:
+        """Which predictor answered (model, combined or classical), in which regime, and why."""
+        return self.info.get("answered_by")
 
     @property
     def quantiles(self) -> dict[float, float]:
@@ -134,6 +140,16 @@ class RttPrompts:
     @property
     def prompts(self) -> list[np.ndarray]:
         return self.built.prompts
+
+    @property
+    def choices(self) -> list | None:
+        """Per prompt, the predictor answering it (`pingctl.infer.predictor.Choice`)."""
+        return self.built.choices
+
+    @property
+    def scales(self):
+        """Per prompt, the scale its answer is relative to (NaN: in ms); None: every one in ms."""
+        return self.built.scales
 
     @property
     def pairs(self) -> P.Pairs:
@@ -237,9 +253,19 @@ class Context:
 class Model:
     """A trained run (or an exported model directory), loaded once and asked many questions."""
 
-    def __init__(self, loaded: LoadedModel, calibration: CAL.Calibration | None = None):
+    def __init__(self, loaded: LoadedModel, calibration: CAL.Calibration | None = None,
+                 predictor: PR.Predictor | None = None):
         self.loaded = loaded
         self.calibration = calibration
+        self._predictor = predictor
+
+    @property
+    def predictor(self) -> PR.Predictor:
+        """Which predictor answers its RTT questions (`pingctl.infer.predictor`): by default the
+        combined answer where the run's combination.json fits and was better on val."""
+        if self._predictor is None:
+            self._predictor = PR.resolve(self.loaded.run, self.loaded.steps)
+        return self._predictor
 
     @property
     def name(self) -> str:
@@ -251,7 +277,7 @@ class Model:
     @A.argument_names
     def load(cls, path: str | Path, step: int | list[int] | str | None = None, hardware: str | None = None,
              calibration: str | Path | bool | None = None, engine: str | None = None,
-             revision: str | None = None) -> Model:
+             revision: str | None = None, answer: str | None = None, combination=None) -> Model:
         """Load `path` (a `pingctl train` run directory, an export, or an export's Hugging Face Hub
         repo id `org/name`, through huggingface_hub's cache, at `revision`: a branch, tag or
         commit, default its main branch) at
@@ -261,18 +287,24 @@ class Model:
         or the map read: `checks.load_calibration`), whose
         recalibrated distributions `rtt` and `rtt_many` then answer with; default: the map an
         exported model carries, if any; False: none. `engine`: light (plain JAX, no MaxText, the
-        default) or maxtext (the reference); default: $PINGCTL_ENGINE, else light."""
+        default) or maxtext (the reference); default: $PINGCTL_ENGINE, else light.
+        `answer`: which predictor answers `rtt` and `rtt_many` (docs/sample.md, "Which predictor
+        answers"): model, combined or classical; default: combined where `combination` (a
+        combination.json path; default: the run's or the export's own, False: none) fits this
+        run, step and prompt and was better than the model on val, else the model."""
         path = resolve_model_path(path, revision)  # a directory, or a Hugging Face Hub repo id
         check_hardware(hardware)
         steps = parse_steps(step) if isinstance(step, str) else step
         if calibration is not None and not isinstance(calibration, (str, Path, bool, CAL.Calibration)):
             raise UsageError("calibration: a calibration.json path, True, False or None")
         check_engine(engine)
+        PR.check_answer(answer, "answer")
         loaded = LoadedModel.load(path, steps, hardware, engine=engine)
+        predictor = PR.resolve(loaded.run, loaded.steps, answer, combination, "combination")
         if isinstance(calibration, CAL.Calibration):  # a map already read (the CLI reads it before the load)
             CAL.check_fits(calibration, loaded.run, loaded.steps)
-            return cls(loaded, calibration)
-        return cls(loaded, CAL.for_model(loaded.run, loaded.steps, calibration))
+            return cls(loaded, calibration, predictor)
+        return cls(loaded, CAL.for_model(loaded.run, loaded.steps, calibration), predictor)
 
     # ------------------------------------------------------------ what it is
 
@@ -315,7 +347,8 @@ class Model:
         return {"run": str(m.run), "step": m.step, "steps": list(m.steps), "preset": preset, "scheme": m.scheme,
                 "seq_len": m.seq_len, "timestamps": m.timestamps, "max_per_pair": m.max_per_pair,
                 "device": m.device, "engine": m.engine, "checkpoint_time": checkpoint_time, "training": training,
-                "eval": _eval_headline(m.run), "calibration": CAL.describe(self.calibration) if self.calibration else None}
+                "eval": _eval_headline(m.run), "calibration": CAL.describe(self.calibration) if self.calibration else None,
+                "answering": self.predictor.describe()}
 
     def __repr__(self) -> str:
         return f"Model({str(self.run)!r}, {self.loaded.label}, device={self.device!r}, engine={self.loaded.engine!r})"
@@ -324,7 +357,7 @@ class Model:
 
     @A.argument_names
     def rtt(self, src: str, dst: str, time=None, context=None, context_per_pair: int | None = None,
-            context_policy: str = "probe", context_k: int | None = None) -> Rtt:
+            context_policy: str = "probe", context_k: int | None = None, answer: str | None = None) -> Rtt:
         """The exact RTT distribution of src -> dst (`pingctl sample --src --dst`): at `time`
         (ISO 8601 text, Unix seconds or a datetime; naive = UTC) if given, after `context` (a
         canonical table's path or pyarrow Table, `Measurements` or a `Context`: of it, the
@@ -333,20 +366,23 @@ class Model:
         (default: as the run was trained; 0 = no cap). `context_policy="both"`: a triangulation
         context from `context` instead, `context_k` (default 16) of the probe's measurements to
         other destinations and as many of dst's from other sources (`pingctl sample
-        --context-policy both`); `Rtt.info["context"]` lists them."""
+        --context-policy both`); `Rtt.info["context"]` lists them. `answer`: model, combined or
+        classical for this call (default: as loaded); `Rtt.info["answered_by"]` says which
+        predictor answered and why."""
         src, dst = A.address(src, "src", True), A.address(dst, "dst", True)
         A.one_family(src, dst)
         q = QS.RttQuestion(src=src, dst=dst,
                            time=A.when(time, "time"), **A.context_fields(context, context_per_pair),
                            context_policy=context_policy,
                            context_k=None if context_k is None else A.whole("context_k", context_k))
-        a = self._answer(q, context)
+        a = self._answer(q, context, answer)
         d = a.distribution
         return Rtt(d.p_fail, d.codes, d.values_ms, d.probs, src=q.src, dst=q.dst, time=q.time, info=a.result)
 
     @A.argument_names
     def rtt_many(self, pairs, context=None, context_per_pair: int | None = None, exact: bool = False,
-                 progress=None, context_policy: str = "probe", context_k: int | None = None) -> Predictions:
+                 progress=None, context_policy: str = "probe", context_k: int | None = None,
+                 answer: str | None = None) -> Predictions:
         """The RTT distribution of every row of `pairs` (`pingctl sample --pairs`): a CSV or
         Parquet path, a pyarrow Table or a list of dicts, with src|src_addr, dst|dst_addr and
         optionally time|event_time (or pairs already read, `checks.read_pairs`). A row that fails the `rtt` checks is set aside with its
@@ -356,15 +392,18 @@ class Model:
         `progress(done, total)` is called as batches finish.
         `context_policy="both"`: each prompt holds the pair's triangulation context from
         `context` instead (`context_k`, default 16, measurements a side: its probe's to other
-        destinations, its destination's from other sources), as `rtt(..., context_policy="both")`."""
-        asked = self.rtt_prompts(pairs, context, context_per_pair, context_policy, context_k)
+        destinations, its destination's from other sources), as `rtt(..., context_policy="both")`.
+        `answer`: as `rtt`'s, per row: its columns answered_by, regime and answered_why say which
+        predictor answered and why (a row asked for one it cannot have gets the model's)."""
+        asked = self.rtt_prompts(pairs, context, context_per_pair, context_policy, context_k, answer)
         sums = P.summaries(self.loaded, asked.prompts, exact, self.calibration,
-                           **({"progress": progress} if progress else {}))
+                           **({"progress": progress} if progress else {}), choices=asked.choices,
+                           scales=asked.scales)
         return self.rtt_predictions(asked, sums, exact)
 
     @A.argument_names
     def rtt_prompts(self, pairs, context=None, context_per_pair: int | None = None, context_policy: str = "probe",
-                    context_k: int | None = None) -> RttPrompts:
+                    context_k: int | None = None, answer: str | None = None) -> RttPrompts:
         """`rtt_many`'s first half: its pairs checked and the prompt of each distinct question
         built, with no forward pass (pure Python and NumPy, safe beside the model's own thread).
         `rtt_summaries(asked.prompts)` is the model's half, and `rtt_predictions` puts them
@@ -379,13 +418,18 @@ class Model:
         ctx = Context.load(context) if context is not None else None
         per_pair = P.context_cap(m, context_policy, context_per_pair)
         built = P.prompts(m, rows, ctx.measurements if ctx else None, per_pair, prb=ctx.prb if ctx else None,
-                          policy=context_policy, k=QS.CONTEXT_K if context_k is None else context_k)
+                          policy=context_policy, k=QS.CONTEXT_K if context_k is None else context_k,
+                          predictor=self.predictor.asking(answer))
         return RttPrompts(built, label, per_pair)
 
-    def rtt_summaries(self, prompts: list[np.ndarray], exact: bool = False) -> list[dict]:
+    def rtt_summaries(self, prompts: list[np.ndarray], exact: bool = False, choices: list | None = None,
+                      scales=None) -> list[dict]:
         """The model's half of `rtt_many`: per prompt (of any `RttPrompts`, in any mix), the
-        distribution's summary as `rtt_many`'s columns hold it (recalibrated where the model is)."""
-        return P.summaries(self.loaded, list(prompts), exact, self.calibration)
+        distribution's summary as `rtt_many`'s columns hold it (recalibrated where the model is,
+        then pooled where its choice, `RttPrompts.choices`, says; None: the model's). `scales`:
+        per prompt, `RttPrompts.scales` (a hinted prompt of a run trained with
+        loader.relative_target is answered relative to its hint; None: every answer in ms)."""
+        return P.summaries(self.loaded, list(prompts), exact, self.calibration, choices=choices, scales=scales)
 
     def rtt_predictions(self, asked: RttPrompts, summaries: list[dict], exact: bool = False) -> Predictions:
         """`rtt_many`'s answer from its prompts and their `rtt_summaries` (in order)."""
@@ -395,7 +439,8 @@ class Model:
         cols = P.columns(asked.built, summaries)
         meta = {"run": str(m.run), "step": m.step, "steps": list(m.steps), "timestamps": m.timestamps,
                 "pairs": asked.label, "exact": exact,
-                "calibration": self.calibration.path if self.calibration is not None else None}
+                "calibration": self.calibration.path if self.calibration is not None else None,
+                "combination": self.predictor.path}
         return Predictions(SO.predictions_table(cols, meta), rows.rejects, rows.rows_read, rows.reject_summary(),
                            cols, asked.context_per_pair)
 
@@ -454,7 +499,7 @@ class Model:
 
     @A.argument_names
     def score(self, table, context: int = S.CONTEXT, context_policy: str = S.STREAM, limit: int | None = None,
-              context_per_pair: int | None = None, progress=None):
+              context_per_pair: int | None = None, progress=None, answer: str | None = None):
         """How surprising each measurement of a canonical table (a Parquet path, directory or
         glob, or a pyarrow Table) is to the model (`pingctl score`, `pingctl.infer.score`): a
         pyarrow Table of the valid rows' canonical columns, then `nll` (nats), `pit`, `tail_p`,
@@ -462,29 +507,33 @@ class Model:
         preceding measurements in the table (`context_policy` "stream", the default as for
         `pingctl score`: each probe's rows as one teacher-forced stream; or "probe", "cold", "none"). Rows
         build-rows would reject are set aside; the counts are in the schema metadata
-        (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most)."""
-        if isinstance(table, S.ScoreInput):  # read and checked before the load (`read_scores`)
-            return S.score_rows(self.loaded, table, context=context, context_policy=context_policy,
-                                per_pair=context_per_pair, progress=progress)
-        return S.score_table(self.loaded, table, context=context, context_policy=context_policy, limit=limit,
-                             per_pair=context_per_pair, progress=progress)
+        (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most). Each row is
+        read from the answer to its question (`answer`, as `rtt`'s; columns answered_by and regime)."""
+        predictor = self.predictor.asking(answer)
+        if not isinstance(table, S.ScoreInput):  # else read and checked before the load (`read_scores`)
+            S.check_options(context, context_policy, limit)
+            table = S.read_input(table, limit)
+        return S.score_rows(self.loaded, table, context=context, context_policy=context_policy,
+                            per_pair=context_per_pair, progress=progress, predictor=predictor)
 
     def answer(self, question: QS.Question, context: Measurements | None = None, read: dict | None = None,
-               run: Path | str | None = None) -> QS.Answer:
+               run: Path | str | None = None, answer: str | None = None) -> QS.Answer:
         """The answer to one question `pingctl sample` built (`pingctl.cli.sample_options.question_from_options`):
         `context` the measurements already picked for its prompt (`checks.probe_context`), `read`
         what became of the context file's rows, `run` how the result names the run (default:
-        `self.run`). The methods above build the question from Python arguments first."""
-        return QS.answer(self.loaded, question, self.run if run is None else run, context, read, self.calibration)
+        `self.run`); `answer` the predictor of an RTT question (default: as loaded). The methods
+        above build the question from Python arguments first."""
+        return QS.answer(self.loaded, question, self.run if run is None else run, context, read, self.calibration,
+                         self.predictor.asking(answer))
 
-    def _answer(self, q: QS.Question, context) -> QS.Answer:
+    def _answer(self, q: QS.Question, context, answer: str | None = None) -> QS.Answer:
         QS.check_run(q, self.run)
         ctx, read = None, None
         if context is not None:
             c = Context.load(context)
             read = dict(c.read)
             ctx = QS.probe_context(q, c.measurements, read, c.prb, self.run)
-        return self.answer(q, ctx, read)
+        return self.answer(q, ctx, read, answer=answer)
 
 
 def check_pairs(rows: P.Pairs, what: str, run: Path, timestamps: bool, whose: str = "their") -> None:

@@ -40,9 +40,11 @@ WEIGHTS = "model.safetensors"
 CARD = "README.md"
 CALIBRATION = "calibration.json"
 HINTS = "hints.npz"  # the run's hints file (artifacts.run.HINTS): what a hinted model's answers carry
+# optional: the weights of the combined answer `pingctl eval --regimes` fitted (infer.combine.COMBINATION)
+COMBINATION = "combination.json"
 # Every file an export may hold: what `files` lists, what a Hub download fetches (hub.py), what a
 # push replaces. A file added to the layout goes here, or a copy from the Hub would lack it.
-FILES = (CONFIG, WEIGHTS, CARD, CALIBRATION, HINTS)
+FILES = (CONFIG, WEIGHTS, CARD, CALIBRATION, HINTS, COMBINATION)
 FORMAT = "pingctl.model-export"
 # Raised when a reader of an older version could misread a newer directory (a key changes
 # meaning or a file is added that a load must not ignore); added keys alone keep it.
@@ -144,6 +146,8 @@ class _Loader(_Section):
     result_last: float = Field(ge=0, le=1)
     mode_weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=3, max_length=3)
     timestamps: bool
+    # hinted answers are read relative to the hint (loader.relative_target); absent before it existed
+    relative_target: bool = False
 
 
 class _Weights(_Section):
@@ -182,6 +186,11 @@ class ExportConfig(_Section):
         if self.loader.seq_len > net.max_target_length:
             raise ValueError(f"loader.seq_len {self.loader.seq_len} exceeds architecture.maxtext.max_target_length "
                              f"{net.max_target_length}")
+        section = self.pingctl_config.get("loader")
+        embedded = section.get("relative_target", False) if isinstance(section, dict) else False
+        if embedded != self.loader.relative_target:  # one edited alone would read answers in the wrong unit
+            raise ValueError(f"loader.relative_target {self.loader.relative_target} differs from "
+                             f"pingctl_config.loader.relative_target {embedded}")
         # the Hugging Face names are copies: one edited alone would describe another network
         extra = self.model_extra or {}
         stated = net.model_dump(exclude_none=True)
@@ -341,10 +350,10 @@ def maxtext_yaml(config: dict, output_dir: Path) -> str:
 
 
 def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict | None = None,
-          hints: Path | None = None) -> Path:
+          hints: Path | None = None, combination: dict | None = None) -> Path:
     """The whole directory, atomically: a reader never finds config.json without its weights.
     `tensors`: name -> NumPy array, written in name order (a deterministic file). `hints`: the
-    run's hints file, copied."""
+    run's hints file, copied; `combination`: the combined answer's weights, as JSON."""
     from safetensors.numpy import save_file
 
     out = Path(out)
@@ -360,6 +369,8 @@ def write(out: Path, config: dict, tensors: dict, card: str, calibration: dict |
             (tmp / CALIBRATION).write_text(json.dumps(calibration, indent=2, sort_keys=True) + "\n")
         if hints is not None:
             shutil.copyfile(hints, tmp / HINTS)
+        if combination is not None:
+            (tmp / COMBINATION).write_text(json.dumps(combination, indent=2, sort_keys=True) + "\n")
         (tmp / CARD).write_text(card)
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out

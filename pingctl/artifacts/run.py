@@ -34,7 +34,7 @@ INPUT_WAIT = "input_wait.json"  # the worker writes it: how long its train steps
 HINTS = export.HINTS
 MAXTEXT_RUN_NAME = "maxtext"  # MaxText writes <run_dir>/maxtext/{checkpoints,tensorboard}
 COMMITTED = "commit_success.txt"  # Orbax's marker of a checkpoint written whole
-LIGHT_CACHE = ".light"  # the light engine's weights, converted from the checkpoints (pingctl.infer.light_weights)
+LIGHT_CACHE = ".light"  # the light engine's weights, converted from the checkpoints (pingctl.infer.engines.weights)
 
 
 # Keys of a run's maxtext.yml about the run, not the network: where it wrote, its data, its
@@ -96,6 +96,22 @@ def run_config(run_dir: Path | str) -> Config:
         raise PingctlError(f"{run}: not a `pingctl train` run directory (no config.yaml / maxtext.yml) "
                            "nor a `pingctl export` model directory (no config.json / model.safetensors)")
     return read_config(run / CONFIG)
+
+
+def hints_path(run_dir: Path | str) -> Path | None:
+    """The one rule for a model directory's hints: a model trained with `loader.hints_file` (its
+    config says so, a run's or an export's) carries its copy, `HINTS` in the directory, which its
+    answers read; None for one trained without. A directory that should carry them and does not
+    is refused here, naming the file, rather than answered without the hints it was trained with."""
+    run = Path(run_dir)
+    trained_with = run_config(run).loader.hints_file
+    if not trained_with:
+        return None
+    path = run / HINTS
+    if not path.is_file():
+        raise PingctlError(f"{run} was trained with hints (loader.hints_file {trained_with}) but holds no "
+                           f"{HINTS}, which its answers read: copy that file to {path}")
+    return path
 
 
 def read_config(path: Path | str) -> Config:

@@ -197,6 +197,38 @@ def bench_build_rows(
     report(run(rows, memory_limit, max_row_mb), as_json, out)
 
 
+@app.command("path")
+@handle_errors
+def bench_path(
+    size: Annotated[str, typer.Option(
+        help="Comma-separated sizes in rows, smallest first (k, M suffixes): one synthetic day each.")] = "1M,10M",
+    keep: Annotated[Path | None, typer.Option(
+        help="Keep every stage's output and result in this directory; a rerun resumes, redoing only the "
+             "stages not finished.")] = None,
+    memory_limit: Annotated[str, typer.Option(help="DuckDB memory limit of shard and build-rows.")] = "4GB",
+    as_json: JsonOpt = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write the JSON report here (default runs/bench/path.json).")] = None,
+) -> None:
+    """Synth (shaped like RIPE Atlas built-ins), shard --strategy regimes, build-rows --by both and
+    hints at each size, each stage a measured child process: rows in, wall s, rows/s, peak RSS and
+    the growth exponent between sizes (above 1.15 flagged worse than linear).
+
+    Example: pingctl bench path --size 1M,10M --keep runs/bench/path-work
+    """
+    from pingctl.benchpath import bench_path as run, parse_sizes
+    from pingctl.cli.common import step_progress
+
+    sizes = parse_sizes(size)
+    _memory(memory_limit)
+    if keep is not None and keep.exists() and not keep.is_dir():
+        raise UsageError(f"--keep {keep}: not a directory")
+    _check_out(out)
+    with step_progress("bench path") as bar:
+        result = run(sizes, keep, memory_limit, progress=bar)
+    report(result, as_json, out)
+
+
 @app.command("loader")
 @handle_errors
 def bench_loader(
@@ -311,16 +343,9 @@ EngineChoiceOpt = Annotated[str | None, typer.Option(
 
 def _engines(engine: str | None) -> list[str]:
     """The engines `--engine` names, each one in turn."""
-    import importlib.util
+    from pingctl.infer.engines.registry import compared
 
-    from pingctl.infer.model import check_engine
-    from pingctl.infer.runtime import default_engine
-
-    if engine is None:
-        return ["light", "maxtext"] if importlib.util.find_spec("maxtext") is not None else [default_engine()]
-    if engine in ("both", "all"):
-        return ["light", "maxtext"] + (["numpy"] if engine == "all" else [])
-    return [check_engine(engine)]
+    return compared(engine)
 
 
 # bench serve: the clients are threads of one child process, each with its connection; a

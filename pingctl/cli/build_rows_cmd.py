@@ -98,7 +98,7 @@ def build_rows(
                                 "rows.dst_max_row_mb": dst_max_row_mb})
     if executor.remote:
         from pingctl.executor.fanout import run
-        from pingctl.records.fanout_step import BuildRowsFanout
+        from pingctl.records.fanout.step import BuildRowsFanout
 
         step = BuildRowsFanout.plan(inputs, out, tasks=tasks, by=by, max_row_mb=cfg.rows.max_row_mb,
                                     dst_max_row_mb=cfg.rows.dst_max_row_mb, memory_limit=cfg.rows.memory_limit,
@@ -109,7 +109,7 @@ def build_rows(
         with step_progress(f"build-rows --target {target}"):
             result = run(step, executor, on_event=lambda msg: err_console.print(msg, markup=False, highlight=False))
     elif dry_run:
-        from pingctl.records.fanout_step import local_dry_run
+        from pingctl.records.fanout.step import local_dry_run
 
         _plan_report(local_dry_run(inputs, out, by, force), as_json)
         return

@@ -40,6 +40,15 @@ EngineOpt = Annotated[str | None, typer.Option(
 StepOpt = Annotated[str | None, typer.Option(
     help="Checkpoint step (default: the latest); several, comma-separated (1000,1100,1200), "
          "average those checkpoints' weights.")]
+AnswerOpt = Annotated[str | None, typer.Option(
+    metavar="model|combined|classical",
+    help="Which predictor answers RTT questions: model; combined: the model pooled with the classical estimate "
+         "of the question's regime (the pair's own packets in the prompt, else the run's hints), weighted as "
+         "`pingctl eval RUN --regimes SPLITS` fitted it; classical: that estimate alone. Default: combined where "
+         "the run's combination.json fits and was better than the model on val, else model; each answer says "
+         "which and why.")]
+CombinationOpt = Annotated[Path | None, typer.Option(
+    help="The combination.json to pool with (default: RUN/combination.json, or an export's copy).")]
 RevisionOpt = Annotated[str | None, typer.Option(
     help="A model given as a Hugging Face Hub repo id: its branch, tag or commit (default: main).")]
 

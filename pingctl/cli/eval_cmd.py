@@ -91,57 +91,67 @@ def evaluate(
     pingctl eval RUN --regimes runs/demo/regimes -o runs/demo/eval-regimes
     """
     from pingctl.artifacts.eval_output import check_copy
-    from pingctl.errors import UsageError, require_command
+    from pingctl.artifacts.run import parse_steps
+    from pingctl.errors import require_command
 
     require_command("eval")  # before anything is read or written
     check_copy(predictions)
-    from pingctl.eval.run import evaluate as run_eval
-    from pingctl.artifacts.run import parse_steps
-
     steps = parse_steps(step)
-    if regimes is not None and context_policy is None and config is None and not any(
+    cfg = _eval_config(config, set_, regimes, queries=queries, context=context, seed=seed,
+                       context_policy=context_policy, context_per_pair=context_per_pair, context_dst=context_dst,
+                       recalibration=recalibration)
+    _check_inputs(cfg, regimes, train, test, calibration, recalibration, context_dst, hints)
+    run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
+    options = {"policy": cfg.context_policy, "per_pair": cfg.context_per_pair, "hardware": hardware,
+               "context_dst": cfg.context_dst, "hints": hints}
+    with step_progress("eval") as report_progress:
+        def progress(s, done=0, total=None):
+            report_progress(f"eval: {s}", done, total)
+
+        if regimes is not None:
+            from pingctl.eval.regimes import evaluate_regimes
+
+            result = evaluate_regimes(run, regimes, out, truth, cfg.queries, cfg.context, cfg.seed, steps,
+                                      recalibration=cfg.recalibration, progress=progress, **options)
+        else:
+            from pingctl.eval.run import evaluate as run_eval
+
+            result = run_eval(run, train, test, out, truth, cfg.queries, cfg.context, cfg.seed, steps,
+                              calibration=calibration, progress=progress, **options)
+    _finish(result, out, predictions, as_json, print_regimes if regimes is not None else print_report)
+
+
+def _eval_config(config, set_, regimes, **options):
+    """The eval section of the config with the options given on the command line, checked
+    against eval's bounds (a --set or --config value here; the options are bounded by Typer)."""
+    from pingctl.errors import UsageError
+    from pingctl.prompt import FAIR
+
+    if regimes is not None and options["context_policy"] is None and config is None and not any(
             str(s).startswith("eval.context_policy") for s in set_ or []):
-        context_policy = "fair"  # each regime the prompt with its baseline's information
-    cfg = load(config, set_, **{"eval.queries": queries, "eval.context": context, "eval.seed": seed,
-                                "eval.context_policy": context_policy, "eval.context_per_pair": context_per_pair,
-                                "eval.context_dst": context_dst, "eval.recalibration": recalibration}).eval
+        options["context_policy"] = FAIR  # each regime the prompt with its baseline's information
+    cfg = load(config, set_, **{f"eval.{k}": v for k, v in options.items()}).eval
     for key, value, most in (("queries", cfg.queries, MAX_QUERIES), ("context", cfg.context, MAX_CONTEXT)):
-        if value > most:  # the options are bounded by Typer; a --set or --config value here
+        if value > most:
             raise UsageError(f"eval.{key} {value:,} is beyond the bound of {most:,} (see --{key} in "
                              "`pingctl eval --help`)")
-    queries, context, seed, context_policy = cfg.queries, cfg.context, cfg.seed, cfg.context_policy
-    if context_dst is not None and context_policy not in ("both", "fair"):
-        raise UsageError(f"--context-dst is the destination side of --context-policy both (this eval: {context_policy})")
-    context_per_pair, context_dst = cfg.context_per_pair, cfg.context_dst
-    if hints and context_policy not in ("both", "fair"):
-        raise UsageError(f"--hints go into `both` prompts (--context-policy both, or fair with --regimes); "
-                         f"this eval's are {context_policy}")
+    return cfg
+
+
+def _check_inputs(cfg, regimes, train, test, calibration, recalibration, context_dst, hints) -> None:
+    """The combinations of options eval refuses, before the model is downloaded or read."""
+    from pingctl.errors import UsageError
+    from pingctl.prompt import check_sides
+
+    check_sides(cfg.context_policy, context_dst, hints)
     if recalibration is not None and regimes is None:
         raise UsageError("--recalibration chooses the held-out regimes' maps of --regimes; without it, fit a map "
                          "with an eval on val and give it as --calibration")
-    run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
-    if regimes is not None:
-        if train is not None or test is not None or calibration is not None:
-            raise UsageError("--regimes takes the train, val and test sets from the regimes split; "
-                             "leave out --train, --test and --calibration")
-        from pingctl.eval.regimes import evaluate_regimes
-
-        with step_progress("eval") as report_progress:
-            result = evaluate_regimes(run, regimes, out, truth, queries, context, seed, steps, policy=context_policy,
-                                      per_pair=context_per_pair, hardware=hardware, context_dst=context_dst,
-                                      recalibration=cfg.recalibration, hints=hints,
-                                      progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
-        _finish(result, out, predictions, as_json, print_regimes)
-        return
-    if train is None or test is None:
+    if regimes is not None and (train is not None or test is not None or calibration is not None):
+        raise UsageError("--regimes takes the train, val and test sets from the regimes split; "
+                         "leave out --train, --test and --calibration")
+    if regimes is None and (train is None or test is None):
         raise UsageError("give --train and --test (the splits to fit baselines on and to evaluate), or --regimes")
-
-    with step_progress("eval") as report_progress:
-        report = run_eval(run, train, test, out, truth, queries, context, seed, steps, policy=context_policy,
-                          per_pair=context_per_pair, hardware=hardware, calibration=calibration,
-                          context_dst=context_dst, hints=hints,
-                          progress=lambda s, done=0, total=None: report_progress(f"eval: {s}", done, total))
-    _finish(report, out, predictions, as_json, print_report)
 
 
 def _finish(result: dict, out: Path, predictions: Path | None, as_json: bool, show) -> None:
@@ -278,6 +288,8 @@ def register(app) -> None:
 def print_regimes(result: dict, path) -> None:
     """`eval --regimes`: one row per regime, the model against the best classical predictor with
     the same information; also what `pingctl inspect` prints from its report.json."""
+    from pingctl.eval.presentation import combined_line
+
     p = result.get("prompt") or {}
     t = grid_table(f"eval by regime ({result['inputs']['splits']}), context policy {p.get('context_policy', '?')}, "
                    f"{p.get('context_measurements', '?')} context measurements",
@@ -334,6 +346,8 @@ def print_regimes(result: dict, path) -> None:
             console.print(f"{r['regime']}: on these test packets {r['best_on_test']} did better than {r['best']} "
                           f"({_pct(r.get('best_on_test_median_rel_err'))}); the comparison stays with the one chosen "
                           "before testing", highlight=False, soft_wrap=True)
+    if line := combined_line(result["table"]):
+        console.print(line, highlight=False, soft_wrap=True)
     console.print("ratio: model rel err / the baseline's; model − it: in points, interval over (src, dst) pairs",
                   highlight=False, soft_wrap=True)
     console.print(f"report: {path}   predictions: {result.get('predictions', '-')}", highlight=False)
@@ -346,7 +360,8 @@ def _prompt(p: dict | None) -> str:
         return "-"
     pol, k = p.get("context_policy", "?"), p.get("context_measurements", "?")
     hint = " +hint" if p.get("hint") else ""
-    return f"{pol} {k}+{p.get('context_dst', k)}{hint}" if pol == "both" else f"{pol} {k}"
+    # only a two-sided prompt records a destination side
+    return f"{pol} {k}+{p['context_dst']}{hint}" if p.get("context_dst") is not None else f"{pol} {k}{hint}"
 
 
 def _crps(v) -> str:

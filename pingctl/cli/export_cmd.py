@@ -17,6 +17,10 @@ def export(
     calibration: Annotated[Path | None, typer.Option(
         help="A calibration.json `pingctl eval` fitted for this run and step(s), copied into the export "
              "(default: none).")] = None,
+    combination: Annotated[Path | None, typer.Option(
+        help="A combination.json `pingctl eval RUN --regimes` fitted for this run and step(s), copied into the "
+             "export, whose answers are then combined by default (default: RUN/combination.json where it fits "
+             "this step).")] = None,
     eval_report: Annotated[Path | None, typer.Option(
         help="A `pingctl eval` output whose table goes into the model card (default: the newest eval "
              "output beside the run of this run and step(s), if any).")] = None,
@@ -54,7 +58,8 @@ def export(
         hub.check_push()
     with step_progress("export") as report:
         result = export_model(run, out, steps, calibration, eval_report, force,
-                              progress=lambda what: report(what, 0, None), repo_id=push_to_hub)
+                              progress=lambda what: report(what, 0, None), repo_id=push_to_hub,
+                              combination=combination)
         if push_to_hub is not None:
             report(f"pushing to {push_to_hub}", 0, None)
             result["hub"] = hub.push(out, push_to_hub, revision, private)
@@ -63,6 +68,7 @@ def export(
             ("tensors / dtypes", f"{result['tensors']:,} / {', '.join(result['dtypes'])}"),
             *[(f["name"], _size(f["bytes"])) for f in result["files"]],
             ("eval report in the card", result["eval_report"] or "-"),
+            ("combination", result["combination"] or result["combination_note"] or "-"),
             *([("pushed to", f"{result['hub']['repo']} ({result['hub']['revision']}): {result['hub']['url']}")]
               if "hub" in result else []),
             ("seconds", result["seconds"])]

@@ -35,7 +35,8 @@ def hints(
         raise UsageError(f"-o {out}: a hints file is .npz (NumPy's archive), e.g. -o {out.with_suffix('.npz')}")
     with step_progress("hints") as report:
         report("loading the train split", 0, None)
-        train = load_split(split, split_hint="train")
+        # the fit reads the ends and the RTT only: the other columns would triple its memory
+        train = load_split(split, columns=["src_addr", "dst_addr", "rtt"], split_hint="train")
         if not len(train["rtt"]):
             raise PingctlError(f"{split}: no rows to fit the embedding on")
         got = fit_hints(train, out, folds=folds, seed=seed,

@@ -80,72 +80,48 @@ def inspect(
         _groups(path, by, limit, out, sample, as_json, every)
         return
     result = describe(model_dir(path, revision), sample, cfg.tokenizer.scheme)
-    if result["kind"] == "rows" and result["errors"]:
+    failed = result["kind"] == "rows" and bool(result["errors"])
+    if failed:
         result["exit_code"] = 1  # as ingest's summary: a result to read, and a failure to see
-    if as_json or result["kind"] == "rows":
-        if as_json:
-            emit(result, True)
-        else:
-            _print_rows(result)
-        if result["kind"] == "rows" and result["errors"]:
-            raise typer.Exit(1)  # the figures above are of the readable records only
-        return
-    if result["kind"] == "run":
-        _print_run(result)
-        return
-    if result["kind"] == "export":
-        _print_export(result)
-        return
-    if result["kind"] in ("predictions", "distribution"):
-        (_print_predictions if result["kind"] == "predictions" else _print_distribution)(result)
-        return
-    if result["kind"] == "calibration":
-        _print_calibration(result)
-        return
-    if result["kind"] == "eval":
-        from pingctl.cli.eval_cmd import print_report
-        from pingctl.errors import PingctlError
+    if as_json:
+        emit(result, True)
+    else:
+        _print_result(result, path)
+    if failed:
+        raise typer.Exit(1)  # the figures shown are of the readable records only
 
-        # printed only once whole: a hand-edited report must not leave half a table behind
-        try:
-            with console.capture() as captured:
-                print_report(result, result["path"])
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise PingctlError(f"{result['path']}: a damaged eval report ({type(e).__name__}: {e}); "
-                               "rerun `pingctl eval`") from None
-        console.file.write(captured.get())
-        return
-    from rich.table import Table
 
+def _print_result(result: dict, path: Path) -> None:
+    printers = {"rows": _print_rows, "run": _print_run, "export": _print_export, "predictions": _print_predictions,
+                "distribution": _print_distribution, "calibration": _print_calibration, "eval": _print_eval}
+    printer = printers.get(result["kind"])
+    if printer is None:
+        _print_tables(result, path)
+    else:
+        printer(result)
+
+
+def _print_eval(result: dict) -> None:
+    from pingctl.cli.eval_cmd import print_report
+    from pingctl.errors import PingctlError
+
+    # printed only once whole: a hand-edited report must not leave half a table behind
+    try:
+        with console.capture() as captured:
+            print_report(result, result["path"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise PingctlError(f"{result['path']}: a damaged eval report ({type(e).__name__}: {e}); "
+                           "rerun `pingctl eval`") from None
+    console.file.write(captured.get())
+
+
+def _print_tables(result: dict, path: Path) -> None:
+    """A table or a `pingctl shard` output: one column per split, their sample rows, and what
+    each set aside as invalid."""
     # the title holds the whole path; a column header of it would be cut at 80 columns
     parts = result["splits"] if result["kind"] == "splits" else {Path(path).name or str(path): result}
-    tables: list = []
-    # three splits to a table fit 80 columns (a regimes split has six)
-    names = list(parts)
-    for k in range(0, len(names), 3):
-        chunk = names[k:k + 3]
-        t = Table(title=f"{result['kind']}: {path}" if k == 0 else None, title_justify="left")
-        t.add_column("", style="bold")
-        for name in chunk:
-            t.add_column(name, justify="right")
-        labelled = [_table_rows(parts[name]) for name in chunk]
-        for i, (label, _) in enumerate(labelled[0]):
-            if label.startswith("  invalid:"):
-                continue
-            t.add_row(label, *(fmt(rows[i][1]) for rows in labelled))
-        tables.append(t)
-    for name, d in parts.items():
-        if d.get("sample"):
-            st = grid_table(f"{name}: {len(d['sample'])} sample rows",
-                            ["event_time (UTC)", "src_addr", "dst_addr", "rtt", "msm_id", "prb_id", "errors"],
-                            left=("event_time (UTC)", "src_addr", "dst_addr"),
-                            whole=("event_time (UTC)", "rtt", "msm_id", "prb_id", "errors"), listing=True)
-            for r in d["sample"]:
-                st.add_row(
-                    str(r["event_time"])[:19], r["src_addr"], r["dst_addr"], fmt(r["rtt"]),
-                    str(r["msm_id"]), str(r["prb_id"] if r["prb_id"] is not None else "-"), str(r["packet_error_count"]),
-                )
-            tables.append(st)
+    tables = _split_tables(parts, f"{result['kind']}: {path}")
+    tables += [_sample_table(name, d) for name, d in parts.items() if d.get("sample")]
     emit(result, False, tables)
     for name, d in parts.items():
         if d["invalid_rows"]:
@@ -157,6 +133,40 @@ def inspect(
     if result.get("missing"):
         console.print(f"[yellow]no Parquet data in {', '.join(s + '/' for s in result['missing'])} "
                       "(an empty split, or one not written)[/]", highlight=False)
+
+
+def _split_tables(parts: dict[str, dict], title: str) -> list:
+    from rich.table import Table
+
+    tables: list = []
+    # three splits to a table fit 80 columns (a regimes split has six)
+    names = list(parts)
+    for k in range(0, len(names), 3):
+        chunk = names[k:k + 3]
+        t = Table(title=title if k == 0 else None, title_justify="left")
+        t.add_column("", style="bold")
+        for name in chunk:
+            t.add_column(name, justify="right")
+        labelled = [_table_rows(parts[name]) for name in chunk]
+        for i, (label, _) in enumerate(labelled[0]):
+            if label.startswith("  invalid:"):
+                continue
+            t.add_row(label, *(fmt(rows[i][1]) for rows in labelled))
+        tables.append(t)
+    return tables
+
+
+def _sample_table(name: str, d: dict):
+    st = grid_table(f"{name}: {len(d['sample'])} sample rows",
+                    ["event_time (UTC)", "src_addr", "dst_addr", "rtt", "msm_id", "prb_id", "errors"],
+                    left=("event_time (UTC)", "src_addr", "dst_addr"),
+                    whole=("event_time (UTC)", "rtt", "msm_id", "prb_id", "errors"), listing=True)
+    for r in d["sample"]:
+        st.add_row(
+            str(r["event_time"])[:19], r["src_addr"], r["dst_addr"], fmt(r["rtt"]),
+            str(r["msm_id"]), str(r["prb_id"] if r["prb_id"] is not None else "-"), str(r["packet_error_count"]),
+        )
+    return st
 
 
 def _groups(path: Path, by: str | None, limit: int, out: Path | None, sample: int, as_json: bool,

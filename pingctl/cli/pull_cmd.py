@@ -1,4 +1,5 @@
-"""`pingctl pull`: a run trained on Modal, brought home as a run directory (docs/train.md, "Modal")."""
+"""`pingctl pull`: a run trained on Modal, brought home as a run directory (docs/train.md, "Modal"). The
+logic: `pull_run` in pingctl/executor/modal/pull.py, beside the rest of the Modal engine."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def pull(
 
     require_command("pull")  # before anything is read or written
     from pingctl.artifacts.run import parse_steps
-    from pingctl.train.modal_run import pull_run
+    from pingctl.executor.modal.pull import pull_run
 
     wanted = None if steps in (None, "", "latest") else "all" if steps == "all" else parse_steps(steps)
     with step_progress("pull") as report:

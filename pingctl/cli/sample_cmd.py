@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (ConfigOpt, EngineOpt, HardwareOpt, JsonOpt, RevisionOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
+from pingctl.cli.common import (AnswerOpt, CombinationOpt, ConfigOpt, EngineOpt, HardwareOpt, JsonOpt, RevisionOpt, SetOpt, StepOpt, console, emit, err_console, fmt, grid_table,
                                 handle_errors, kv_table, load, model_dir, read_valid_rows, say)
 from pingctl.errors import PingctlError
 from pingctl.schema.times import utc_text
@@ -16,6 +16,11 @@ from pingctl.schema.times import utc_text
 # the defaults of -k and --measurements, for the help text (pingctl.infer.questions.K and
 # MEASUREMENTS apply them, and bound every size; the CLI imports nothing heavy at start-up)
 _K, _MEASUREMENTS = 10, 8
+
+_PolicyOpt = Annotated[str | None, typer.Option(
+    help="probe: the --context rows of --src's probe (as plain training contexts); both: a triangulation "
+         "context from --context, the probe's measurements to other destinations and --dst's from other "
+         "sources (--context-k a side; an RTT distribution only). \\[default: probe]")]
 
 
 def sample(
@@ -29,10 +34,7 @@ def sample(
     context_per_pair: Annotated[int | None, typer.Option(
         help="At most this many measurements of one (src, dst) pair from --context, the most recent "
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
-    context_policy: Annotated[str | None, typer.Option(
-        help="probe: the --context rows of --src's probe (as plain training contexts); both: a triangulation "
-             "context from --context, the probe's measurements to other destinations and --dst's from other "
-             "sources (--context-k a side; an RTT distribution only). \\[default: probe]")] = None,
+    context_policy: _PolicyOpt = None,
     context_k: Annotated[int | None, typer.Option(
         min=1, help="--context-policy both: measurements of each side \\[default: 16].")] = None,
     n: Annotated[int | None, typer.Option(
@@ -62,6 +64,8 @@ def sample(
     calibration: Annotated[Path | None, typer.Option(
         help="RTT distributions (a pair, --pairs): recalibrate with the calibration.json that `pingctl eval` "
              "of this run and step wrote on val packets, so the quantiles cover as they did there.")] = None,
+    answer: AnswerOpt = None,
+    combination: CombinationOpt = None,
     exact: Annotated[bool, typer.Option(
         "--exact", help="--pairs: compute all 65,536 codes per pair, as a single query does (the means "
                         "exact too; ~5x slower without context). Default: exact at the printed quantiles.")] = False,
@@ -89,7 +93,6 @@ def sample(
 
     Both ends in the prompt: pingctl sample RUN --src A --dst B --context runs/demo/splits/train --context-policy both
     """
-    from pingctl.api import Model
     from pingctl.api import checks as QS
     from pingctl.artifacts.run import parse_steps
     from pingctl.cli.sample_options import question_from_options
@@ -103,8 +106,9 @@ def sample(
         context_policy=context_policy, context_k=context_k, n=n,
         measurements=measurements, timestamps=timestamps, since=since, until=until, k=k, out=out, plot=plot,
         pairs=pairs, calibration=calibration, exact=exact, seed=seed, temperature=temperature, top_p=top_p,
-        sampling=cfg.sample)
+        sampling=cfg.sample, answer=answer, combination=combination)
     run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
+    QS.check_combination(run, answer, combination)
     cal = _calibration(q, run) if calibration is not None else None
     steps = parse_steps(step)
     ctx, ctx_read, ctx_prb = _read_context(context) if context is not None else (None, None, None)
@@ -112,14 +116,27 @@ def sample(
         from pingctl.cli import sample_pairs
 
         sample_pairs.answer_pairs(run, q.pairs, ctx, ctx_read, q.context_per_pair, q.out, q.exact, steps, as_json,
-                                  ctx_prb, hardware, cal, q.context_policy, q.context_k, engine)
+                                  ctx_prb, hardware, cal, q.context_policy, q.context_k, engine,
+                                  answering=(answer, combination))
         return
+    _answer_one(q, run, (ctx, ctx_read, ctx_prb, context), cal, as_json, rtt,
+                {"steps": steps, "hardware": hardware, "engine": engine, "answer": answer, "combination": combination})
+
+
+def _answer_one(q, run: Path, ctx_read_prb_path: tuple, cal, as_json: bool, rtt: str | None, loading: dict) -> None:
+    """A single question (not --pairs): its context picked from the --context file, the model
+    loaded (`loading`: Model.load's options) and asked, the answer printed."""
+    from pingctl.api import Model
+    from pingctl.api import checks as QS
+
+    ctx, ctx_read, ctx_prb, path = ctx_read_prb_path
     if ctx is not None:
-        ctx = _probe_context(q, ctx, ctx_read, context, ctx_prb, run)
+        ctx = _probe_context(q, ctx, ctx_read, path, ctx_prb, run)
     QS.check_run(q, run)
     with err_console.status(f"loading {run} ..."):
         # the --calibration map was read and checked against the run; the model checks its step(s)
-        model = Model.load(run, steps, hardware, calibration=cal if cal is not None else False, engine=engine)
+        model = Model.load(run, loading["steps"], loading["hardware"], calibration=cal if cal is not None else False,
+                           engine=loading["engine"], answer=loading["answer"], combination=loading["combination"])
     a = model.answer(q, ctx, ctx_read, run)
     result = a.result
     if isinstance(q, QS.RttQuestion):
@@ -133,7 +150,7 @@ def sample(
                ("stream", "time", "src", "dst", "rtt_ms"))
         if result["times_out_of_range"] and not as_json:
             err_console.print(f"[yellow]{result['times_out_of_range']} generated time(s) lie beyond a timestamp's "
-                              f"+-292,000 years{'; their event_time is null in ' + str(out) if out else ''}[/]")
+                              f"+-292,000 years{'; their event_time is null in ' + str(q.out) if q.out else ''}[/]")
 
 
 def _calibration(q, run: Path):
@@ -165,8 +182,12 @@ def _print_distribution(a, label: str, cal, as_json: bool) -> None:
         from pingctl.cli.sample_pairs import calibration_label
 
         rows.append(("calibration", calibration_label(cal)))
+    if by := result.get("answered_by"):
+        from pingctl.cli.sample_pairs import answered_by_label
+
+        rows.append(("answered by", answered_by_label(by)))
     emit(result, False, kv_table(f"RTT {q.src} -> {q.dst} ({label})", rows))
-    if result.get("context_policy") == "both":
+    if q.two_sided:
         _print_triangulation(result)
     _histogram(d)
     for what, path in (("plot", q.plot), ("distribution", q.out)):
@@ -223,7 +244,7 @@ def _probe_context(q, ctx, read: dict, path: Path, prb, run: Path):
     from pingctl.api.checks import probe_context
 
     picked = probe_context(q, ctx, read, prb, run)
-    if q.context_policy == "both":
+    if q.two_sided:
         return picked
     if "rows_used" in read and read["rows_used"] < len(ctx):
         t_query = getattr(q, "time", None)

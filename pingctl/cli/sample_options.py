@@ -19,12 +19,13 @@ def question_from_options(*, src: str | None = None, dst: str | None = None, rtt
                           out: Path | None = None, plot: Path | None = None, pairs: Path | None = None,
                           calibration: Path | None = None, exact: bool = False, seed: int | None = None,
                           temperature: float | None = None, top_p: float | None = None,
-                          sampling=None) -> C.Question:
+                          sampling=None, answer: str | None = None, combination: Path | None = None) -> C.Question:
     """The question `pingctl sample`'s options ask (None: not given), checked: the mode is
     inferred from what was given, an option of another mode is refused by name, sizes are
     bounded. `sampling` (config `sample`: seed, temperature, top_p) fills the sampling values
     not given. Reads no file; an --out or --plot that cannot be written is refused."""
     src, dst = (C.address_option(v, name) for v, name in ((src, "--src"), (dst, "--dst")))
+    C.check_answer(answer)
     if exact and pairs is None:
         raise UsageError("--exact is for --pairs; a single --src/--dst distribution is always computed for every code")
     if pairs is not None:
@@ -59,7 +60,9 @@ def question_from_options(*, src: str | None = None, dst: str | None = None, rtt
                                (temperature, "--temperature", ("inverse", "generate")),
                                (top_p, "--top-p", ("generate",)),
                                (since, "--since", ("generate",)), (until, "--until", ("generate",)),
-                               (calibration, "--calibration", ("distribution",))):
+                               (calibration, "--calibration", ("distribution",)),
+                               (answer, "--answer", ("distribution",)),
+                               (combination, "--combination", ("distribution",))):
         if given is not None and mode not in modes:
             raise UsageError(f"{name} does not apply to {C.MODE_NAMES[mode]}; it is for "
                              + " and ".join(C.MODE_NAMES[m] for m in modes))

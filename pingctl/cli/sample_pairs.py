@@ -19,16 +19,31 @@ def calibration_label(cal) -> str:
             f"context policy {m.get('context_policy')})")
 
 
+def answered_by_label(by: dict) -> str:
+    """Which predictor answered, in which regime, and why: one line of a summary table."""
+    regime = f" ({by['regime']} regime)" if by.get("regime") else ""
+    return f"{by['predictor']}{regime}: {by['why']}"
+
+
+def answered_by_counts(cols: dict) -> str:
+    """How many rows each predictor answered, e.g. "combined 12, model 3"."""
+    counts: dict = {}
+    for p in cols.get("answered_by", []):
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{p} {n:,}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "model"
+
+
 def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, context_per_pair: int | None,
                  out: Path | None, exact: bool, steps, as_json: bool, ctx_prb=None,
                  hardware: str | None = None, calibration=None, context_policy: str = "probe",
-                 context_k: int | None = None, engine: str | None = None) -> None:
+                 context_k: int | None = None, engine: str | None = None, answering=(None, None)) -> None:
     """`Model.rtt_many` of the file, its pairs read and checked before the model loads."""
     from pingctl.api import Context, Model
     from pingctl.api import checks as C
     from pingctl.api.model import check_pairs, reason_lines
     from pingctl.artifacts import sample_output as SO
     from pingctl.artifacts.run import run_config
+    from pingctl.prompt import Policy
 
     pairs = C.read_pairs(pairs_path)
     check_pairs(pairs, f"--pairs {pairs_path}", run, C.trained_with_timestamps(run_config(run).loader.mode_weights),
@@ -43,7 +58,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     with err_console.status(f"loading {run} ..."):
         # the --calibration map was read and checked against the run; the model checks its step(s)
         model = Model.load(run, steps, hardware, calibration=calibration if calibration is not None else False,
-                           engine=engine)
+                           engine=engine, answer=answering[0], combination=answering[1])
     loaded = model.loaded
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
@@ -54,7 +69,8 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
     elapsed = _time.perf_counter() - t0
     cols, per_pair, k = got.columns, got.context_per_pair, C.CONTEXT_K if context_k is None else context_k
     meta = {"run": str(run), "step": loaded.step, "steps": list(loaded.steps), "timestamps": loaded.timestamps,
-            "pairs": str(pairs_path), "exact": exact, "calibration": calibration.path if calibration else None}
+            "pairs": str(pairs_path), "exact": exact, "calibration": calibration.path if calibration else None,
+            "combination": model.predictor.path}
     result = {"mode": "pairs", **meta, "rows_read": pairs.rows_read, "answered": len(pairs.src),
               "rows_rejected": len(pairs.rejects), "rejected": summary, "seconds": round(elapsed, 3),
               "distinct": pairs.distinct, "distinct_pairs": n_pairs, "device": loaded.device,
@@ -63,7 +79,7 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         result["context_per_pair"] = per_pair
         result["context_rows"] = ctx_read
         result["context_policy"] = context_policy
-        if context_policy == "both":
+        if context_policy == Policy.BOTH:
             result["context_k"] = k
     if out is not None:
         SO.write_predictions(cols, out, meta)
@@ -87,6 +103,8 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
         ("distinct (src, dst, time) asked", result["distinct"]),
         ("distribution", "exact (every code)" if exact else "exact at the quantiles (--exact: every code)"),
         *([("calibration", calibration_label(calibration))] if calibration is not None else []),
+        ("answered by", answered_by_counts(cols)
+         + (f" ({model.predictor.unused})" if model.predictor.unused and model.predictor.asked != "model" else "")),
         ("context measurements, mean", sum(cols["context_measurements"]) / len(pairs.src)),
         ("device", f"{loaded.device} ({loaded.engine} engine)"), ("seconds", elapsed), ("distinct pairs/s", result["distinct"] / elapsed if elapsed > 0 else float("nan")),
         ("predictions", str(out) if out else f"first {min(SHOWN, len(pairs.src))} above; -o FILE for all"),
@@ -97,12 +115,16 @@ def answer_pairs(run: Path, pairs_path: Path, ctx, ctx_read: dict | None, contex
 def _table(cols: dict, unit: str, label: str):
     n = len(cols["src"])
     timed = any(t is not None for t in cols["time"])
-    names = [unit, "src", "dst", *(["time (UTC)"] if timed else []), "P(fail)", "p5", "p50", "p95", "mean90"]
+    by = "answered_by" in cols
+    names = [unit, "src", "dst", *(["time (UTC)"] if timed else []), "P(fail)", "p5", "p50", "p95", "mean90",
+             *(["answered by"] if by else [])]
     t = grid_table(f"RTT distributions, ms ({label}; mean90: mean of the central 90%)"
                    f"{'' if n <= SHOWN else f', first {SHOWN} of {n:,}'}",
-                   names, left=("src", "dst", "time (UTC)"), whole=(unit, "time (UTC)", "P(fail)"), listing=True)
+                   names, left=("src", "dst", "time (UTC)", "answered by"), whole=(unit, "time (UTC)", "P(fail)"),
+                   listing=True)
     for i in range(min(n, SHOWN)):
         t.add_row(fmt(cols[unit][i]), cols["src"][i], cols["dst"][i],
                   *([utc_text(cols["time"][i])] if timed else []), f"{cols['p_fail'][i]:.2%}",
-                  *(f"{cols[k][i]:,.1f}" for k in ("p5_ms", "p50_ms", "p95_ms", "trimmed_mean_ms")))
+                  *(f"{cols[k][i]:,.1f}" for k in ("p5_ms", "p50_ms", "p95_ms", "trimmed_mean_ms")),
+                  *([cols["answered_by"][i]] if by else []))
     return t

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pingctl.cli.common import (EngineOpt, HardwareOpt, JsonOpt, RevisionOpt, StepOpt, emit, err_console, fmt, grid_table,
+from pingctl.cli.common import (AnswerOpt, CombinationOpt, EngineOpt, HardwareOpt, JsonOpt, RevisionOpt, StepOpt, emit, err_console, fmt, grid_table,
                                 handle_errors, kv_table, model_dir, progress, say)
 
 # pingctl.infer.score's bounds, for the options (the CLI imports nothing heavy at start-up;
@@ -37,6 +37,8 @@ def score(
              "loader.triangulation_share) (docs/score.md).")] = "stream",
     limit: Annotated[int | None, typer.Option(
         min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
+    answer: AnswerOpt = None,
+    combination: CombinationOpt = None,
     step: StepOpt = None,
     revision: RevisionOpt = None,
     hardware: HardwareOpt = None,
@@ -62,10 +64,12 @@ def score(
     C.check_hardware(hardware)
     C.check_engine(engine)
     C.check_score_options(context, context_policy, limit)
+    C.check_answer(answer)
     steps = parse_steps(step)
     SO.check_out(out, _inputs(table), within={"TABLE": table, "RUN": run})
     run = model_dir(run, revision)  # a Hub repo id: its snapshot
     run_config(run)  # a bad run directory is named before the table is read
+    C.check_combination(run, answer, combination)
     got = C.read_scores(table, limit)
     if got.rejected and not as_json:
         say(f"{table}: set aside {got.rows_rejected:,} of {got.rows_read:,} rows, which build-rows would reject:",
@@ -73,7 +77,8 @@ def score(
         for line in rejected_lines(got.rejected):
             say(line, err=True)
     with err_console.status(f"loading {run} ..."):
-        model = Model.load(run, steps, hardware, calibration=False, engine=engine)
+        model = Model.load(run, steps, hardware, calibration=False, engine=engine, answer=answer,
+                           combination=combination)
     t0 = _time.perf_counter()
     with progress(transient=True) as bar:
         # the bar (and its time remaining) moves from the first chunk of rows on
@@ -111,6 +116,8 @@ def _summary_rows(r: dict) -> list[tuple]:
             ("context measurements, mean", r["context_measurements_mean"]),
             ("NLL per packet, mean (nats)", r["nll_mean"]), ("NLL per packet, median (nats)", r["nll_median"]),
             ("tail_p < 0.01", r["below_0.01"]), ("tail_p < 0.001", r["below_0.001"])]
+    for why, n in (r.get("answered_why") or {}).items():
+        rows.append(("answered by", f"{n:,} rows: {why}"))
     if r.get("threshold") is not None:
         rows.append((f"flagged (tail_p < {r['threshold']:g})", r["flagged"]))
     return rows + [("device", f"{r['device']} ({r['engine']} engine)"), ("seconds", r["seconds"]),

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import (
+    AnswerOpt,
+    CombinationOpt,
     EngineOpt,
     HardwareOpt,
     JsonOpt,
@@ -51,6 +53,8 @@ def serve(
              "(default: the map an export carries, if any).")] = None,
     no_calibration: Annotated[bool, typer.Option(
         "--no-calibration", help="Answer with the raw distributions even where an export carries a map.")] = False,
+    answer: AnswerOpt = None,
+    combination: CombinationOpt = None,
     warmup: Annotated[bool, typer.Option(
         "--warmup/--no-warmup", help="Compile the shapes the batches use before /health says ready (requests "
                                      "meanwhile get 503 warming); --no-warmup: ready at once.")] = True,
@@ -83,6 +87,7 @@ def serve(
     import os
 
     from pingctl.api import Model
+    from pingctl.api import checks as C
     from pingctl.errors import UsageError
     from pingctl.serve import ops
     from pingctl.serve import server as SV
@@ -96,27 +101,16 @@ def serve(
     sock = SV.bind(host, port)  # before the load: an address in use is said at once
     try:
         run = model_dir(run, revision)  # a Hub repo id: its snapshot
+        C.check_combination(run, answer, combination)
         with err_console.status(f"loading {run} ..."):
             model = Model.load(run, step, hardware, calibration=False if no_calibration else calibration,
-                               engine=engine)
+                               engine=engine, answer=answer, combination=combination)
         limits = SV.Limits(drain_s=drain_s)
         app = create_app(model, max_batch=max_batch, max_wait_ms=max_wait_ms, warmup=warmup,
                          access_log=None if access_log == "off" else access_log, api_key=api_key, cors_origins=origins)
-        url = SV.url(sock)
-        cal = model.calibration
-        info = {"url": url, "docs": f"{url}/docs", "health": f"{url}/health", "run": str(model.run),
-                "step": model.step, "steps": list(model.steps), "device": model.device,
-                "engine": getattr(model.loaded, "engine", None),
-                "max_batch": app.state.batcher.max_batch, "max_wait_ms": max_wait_ms,
-                "calibration": cal.path if cal is not None else None, "warmup": warmup,
-                "api_key": f"${api_key_env}" if api_key else None, "cors_origins": origins, "access_log": access_log,
-                "limits": dataclasses.asdict(limits)}
-        emit(info, as_json, kv_table(f"pingctl serve (step {model.step})", [
-            ("listening", url), ("docs", f"{url}/docs"), ("run", str(model.run)), ("device", model.device),
-            ("max batch", info["max_batch"]), ("max wait ms", "auto" if max_wait_ms is None else max_wait_ms),
-            ("calibration", info["calibration"] or "none"),
-            ("api key", f"required (from ${api_key_env})" if api_key else "none"),
-            ("ready", f"after the warm-up ({url}/health)" if warmup else "at once")]))
+        _announce(model, app, SV.url(sock), dataclasses.asdict(limits), as_json, max_wait_ms=max_wait_ms,
+                  warmup=warmup, api_key=f"${api_key_env}" if api_key else None, cors_origins=origins,
+                  access_log=access_log)
         sys.stdout.flush()
         sys.__stdout__.flush()  # a script waiting for the --json line reads it now, not at exit
         _log_to_stderr(access_log)
@@ -128,6 +122,30 @@ def serve(
         SV.leave(app)  # at once where the model's worker is still in a call (docs/serve.md, "Stopping")
     finally:
         sock.close()
+
+
+def _announce(model, app, url: str, limits: dict, as_json: bool, **options) -> None:
+    """What the service is and where it listens: a table, or the --json line a script waits for."""
+    cal = model.calibration
+    info = {"url": url, "docs": f"{url}/docs", "health": f"{url}/health", "run": str(model.run),
+            "step": model.step, "steps": list(model.steps), "device": model.device,
+            "engine": getattr(model.loaded, "engine", None), "max_batch": app.state.batcher.max_batch,
+            "max_wait_ms": options["max_wait_ms"], "calibration": cal.path if cal is not None else None,
+            "answering": model.predictor.describe(), "warmup": options["warmup"], "api_key": options["api_key"],
+            "cors_origins": options["cors_origins"], "access_log": options["access_log"], "limits": limits}
+    emit(info, as_json, kv_table(f"pingctl serve (step {model.step})", [
+        ("listening", url), ("docs", f"{url}/docs"), ("run", str(model.run)), ("device", model.device),
+        ("max batch", info["max_batch"]), ("max wait ms", "auto" if info["max_wait_ms"] is None else info["max_wait_ms"]),
+        ("calibration", info["calibration"] or "none"), ("answers", _answering(info["answering"])),
+        ("api key", f"required (from {info['api_key']})" if info["api_key"] else "none"),
+        ("ready", f"after the warm-up ({url}/health)" if info["warmup"] else "at once")]))
+
+
+def _answering(a: dict) -> str:
+    """Which predictor answers by default, with the combination it pools with or why none."""
+    if a["combination"]:
+        return f"{a['answer']}, pooling with {a['combination']}"
+    return f"{a['answer']}: {a['unused']}" if a.get("unused") else a["answer"]
 
 
 def _log_to_stderr(access_log: str) -> None:

@@ -25,6 +25,9 @@ def train(
     target: Annotated[str | None, typer.Option(
         help="local | slurm | modal (any engine of pingctl.executor.registry).")] = None,
     hardware: Annotated[str | None, typer.Option(help="cpu | gpu | tpu.")] = None,
+    processes: Annotated[int | None, typer.Option(
+        "--processes", help="local CPU runs: N JAX processes on this machine, each reading 1/N of every batch "
+        "(train.processes).")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run directory and start over.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="slurm/modal: show what would run, submit nothing.")] = False,
     status: Annotated[bool, typer.Option(
@@ -62,6 +65,7 @@ def train(
             "train.max_minutes": max_minutes,
             "train.target": target,
             "train.hardware": hardware,
+            "train.processes": processes,
         },
     )
     from pingctl.errors import require_command

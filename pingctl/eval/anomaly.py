@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.context import codes_in, vocabulary
+from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.errors import PingctlError
 from pingctl.eval.metrics import roc_auc
 from pingctl.schema.parquet import read_table

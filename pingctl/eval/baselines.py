@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from pingctl.context import codes_in, vocabulary
+from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.eval import metrics as M
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pingctl.context import codes_in, vocabulary
+from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.coords import DIMS, LR, MIN_RTT_MS, REFIT_STEPS, STEPS, fit_points, place_new
 from pingctl.eval.baselines import GlobalMedian, Groups, column, point_prediction
 from pingctl.eval.vivaldi import NewHosts
@@ -68,8 +68,12 @@ class Embedding:
     def fit_codes(self, a, b, rtt_ms, n_nodes: int) -> "Embedding":
         """Fit on measurements between node codes a[k], b[k] (0..n_nodes-1); negative RTTs
         (failed) are skipped."""
+        return self.fit_pairs(*pair_medians(a, b, rtt_ms, n_nodes), n_nodes)
+
+    def fit_pairs(self, pa, pb, med, n_nodes: int) -> "Embedding":
+        """Fit on pairs' median RTTs as `pair_medians` gives them (ordered by a * n_nodes + b): a
+        subset of its pairs fits as their measurements alone would, without a second pass over them."""
         rng = np.random.default_rng(self.seed)
-        pa, pb, med = pair_medians(a, b, rtt_ms, n_nodes)
         self.scale = float(np.median(med)) if len(med) else 1.0
         self.scale = max(self.scale, self.min_rtt_ms)
         # start: random points about half the median RTT apart, heights a quarter of it each

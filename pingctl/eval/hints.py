@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pingctl.atomic import atomic_file
-from pingctl.context import codes_in, vocabulary
-from pingctl.errors import UsageError
+from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.eval.baselines import column, refit_prediction
 from pingctl.eval.embedding import Embedding, pair_medians
 from pingctl.loader.hints import KEY_BYTES, fold_of
@@ -39,15 +38,16 @@ def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, p
     addr, v6 = parse_addresses(pa.array(vocab.to_pylist(), pa.string()), "train addresses")
     keys = np.concatenate([addr, np.asarray(v6, np.uint8)[:, None]], axis=1)
     assert keys.shape[1] == KEY_BYTES
-    f = fold_of(np.maximum(a, 0), np.maximum(b, 0), folds)
     pa_, pb_, med = pair_medians(a, b, rtt, n)
+    # a pair's measurements all share its fold, so a fold's fit takes the medians of the pairs
+    # outside it: the same numbers as the medians of their measurements, with one sort of them all
     pair_fold = fold_of(pa_, pb_, folds)
     x, h, trained, scale, info, err = [], [], [], [], [], []
     # the folds' fits, then the answer-time one on every pair (what a prompt of a pair train never saw carries)
     for i, k in enumerate([*range(folds), None]):
         progress(i, folds + 1)
-        keep = slice(None) if k is None else f != k
-        e = Embedding(seed=seed).fit_codes(a[keep], b[keep], rtt[keep], n)
+        keep = slice(None) if k is None else pair_fold != k
+        e = Embedding(seed=seed).fit_pairs(pa_[keep], pb_[keep], med[keep], n)
         x.append(e.x)
         h.append(e.h)
         trained.append(e.trained)
@@ -71,24 +71,12 @@ def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, p
             "estimated_share": float(np.isfinite(np.concatenate(err)).mean()) if len(med) else None}
 
 
-def hinted(trained, policy: str, use: bool | None = None) -> bool:
-    """Whether prompts of `policy` carry hints: `use` None: when the run was trained with them
-    (`loader.hints_file`), in `both` prompts, the only ones it was trained with them in (a
-    pair-history prompt holds the pair already)."""
-    if use is False or policy != "both":
-        return False
-    trained_with = bool(trained.loader.hints_file)  # the config refuses hints without triangulation
-    if use and not trained_with:
-        raise UsageError("--hints: this run was trained without them (loader.hints_file); its prompts have no "
-                         "place for an estimate")
-    return trained_with
-
-
-def prompt_hints(trained, fitted: dict, policy: str, use: bool | None = None):
-    """What `eval.model.predict` takes as `hints` for prompts of `policy` (`hinted`), or None:
-    per query, the `embedding` baseline's distance where it placed both ends (fitted on all of
-    train), one new end placed from the prompt (`embedding_refit`), else NaN (no hint)."""
-    if not hinted(trained, policy, use):
+def prompt_hints(spec, fitted: dict):
+    """What `eval.model.predict` takes as `hints` for prompts of `spec` (a `prompt.PromptSpec`),
+    or None where they carry none: per query, the `embedding` baseline's distance where it placed
+    both ends (fitted on all of train), one new end placed from the prompt (`embedding_refit`),
+    else NaN (no hint)."""
+    if not spec.hint:
         return None
     embedding, glob = fitted["embedding"], fitted["global_median"]
     return lambda pool, queries, contexts: refit_prediction(embedding, pool, queries, contexts,

@@ -37,6 +37,7 @@ import numpy as np
 from pingctl.artifacts.table import take
 from pingctl.context import context_indices, context_pool
 from pingctl.eval import metrics as M
+from pingctl.infer import hints as H
 from pingctl.infer import queries as Q
 from pingctl.infer.score import prompts, teacher_forced, teacher_forced_kept  # noqa: F401 - one prompt builder for eval and score
 from pingctl.tokenizer.spec import get_spec
@@ -82,7 +83,9 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     pool = context_pool(test, train, policy)
     contexts = context_indices(pool, test, idx, context, policy, per_pair, context_dst)
     est = None if hints is None else np.asarray(hints(pool, take(test, idx), contexts), np.float64)
-    ps, fulls = prompts(model, test, idx, pool, contexts, est)
+    # a run trained with loader.relative_target answers a hinted prompt relative to its hint
+    scales = None if est is None else H.scales(model.run, est)
+    ps, fulls = prompts(model, test, idx, pool, contexts, est, scales)
     actual = np.asarray(test["rtt"], np.float64)[idx]
     dists: list = [None] * len(ps)
     scores: list[np.ndarray] = [np.zeros(0)] * len(ps)
@@ -97,7 +100,7 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
         first, known, sc, second = teacher_forced_kept(model, cp, cf)
         # exact where read: at the quantiles below and at the actual RTT (for the PIT)
         got = Q.rtt_distributions_at(model, cp, quantiles=reads, points=actual[ks], eps=eps, first=first,
-                                     known=known, second_bytes=second)
+                                     known=known, second_bytes=second, scales=None if scales is None else scales[ks])
         for k, s, d in zip(ks, sc, got):
             scores[k], dists[k] = s, d
         progress(min(a + chunk, len(ps)), len(idx))
@@ -107,6 +110,8 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
            "context_sizes": {"mean": float(n_ctx.mean()) if len(n_ctx) else 0.0,
                              "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0},
            "contexts": contexts, "pool": pool, "prompts": ps, "hints": est,
+           # the distributions themselves, for the combined answer (eval.combine); callers drop them
+           "dists": dists,
            "context_examples": context_examples(pool, test, idx, contexts)}
     if calibration is not None:
         out["calibrated"] = _reads([calibration.apply(d) for d in dists], actual)

@@ -80,8 +80,8 @@ def advice(report: dict) -> list[str]:
         ci = (f" [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}] points" if c.get("ci_low") is not None else "")
         out.append(f"RTT: use {point} ({100 * rows[point]['median_rel_err']:.1f}% median error); {who} has "
                    f"{100 * model['median_rel_err']:.1f}%, {how}{ci}"
-                   + ("; a longer run or a larger preset is what closes that (docs/eval.md, \"What a CPU budget "
-                      "buys\")."
+                   + ("; a longer run or a larger preset is what closes that (docs/experiments-measures.md, "
+                      "\"What a CPU budget buys\")."
                       if c.get("verdict") == "worse" else "."))
     dist = best("median_crps_ms")
     if dist is not None:
@@ -143,3 +143,22 @@ def prediction_columns(report: Report) -> tuple[dict, dict]:
             fields[col] = None if q is None else q.get(lv)
         preds[name] = fields
     return packets, preds
+
+
+def combined_line(table: list[dict]) -> str | None:
+    """The regimes table's line on the combined answer (the model pooled with the regime's
+    classical estimate, weight fitted on val: eval.combine): per regime its median relative
+    error and CRPS, the weight on the model and its interval against the best classical."""
+    rows = [r for r in table if r.get("combined_median_rel_err") is not None]
+    if not rows:
+        return None
+
+    def one(r: dict) -> str:
+        ci = ("" if r.get("combined_diff") is None else
+              f", − {r['best']} {100 * r['combined_diff']:+.1f} [{100 * r['combined_ci_low']:+.1f}, "
+              f"{100 * r['combined_ci_high']:+.1f}] {r.get('combined_verdict') or ''}".rstrip())
+        crps = "-" if r.get("combined_crps_ms") is None else f"{r['combined_crps_ms']:,.1f}"
+        return (f"{r['regime']} {100 * r['combined_median_rel_err']:.1f}% CRPS {crps} ms "
+                f"(w {r['combined_weight']:.2f} on the model, with {r['combined_estimate']}{ci})")
+
+    return "combined answer (fitted on val): " + "; ".join(one(r) for r in rows)

@@ -12,12 +12,13 @@ regime; for the held-out ones, where the split has val_<regime> sets, all of the
 baseline a regime is judged against is fixed before any test packet is looked at (eval.registry; the
 pair regime's between Vivaldi and the embedding by their error on its val set). Under the
 `fair` context policy each regime gets the prompt with its baseline's information
-(context.FAIR_POLICIES).
+(prompt.FAIR_POLICIES).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,17 +27,18 @@ from pingctl.artifacts.eval_output import REGIMES_MODE, report_path, write_predi
 from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import REGIMES, load_split, load_split_if_any, regime_test_dirs, regime_val_dirs, take
 from pingctl.atomic import write_json
-from pingctl.context import FAIR, FAIR_POLICIES
 from pingctl.errors import PingctlError, UsageError
-from pingctl.eval import metrics as M
-from pingctl.eval.hints import hinted, prompt_hints
+from pingctl.eval import combine as CMB, metrics as M
+from pingctl.eval.combine import COMBINED
+from pingctl.eval.hints import prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import prediction_columns, summary_rows
 from pingctl.eval.registry import candidates, fit_baselines
-from pingctl.eval.report import add_predictor, add_prompt_baselines, baseline_table, compare
+from pingctl.eval.report import add_model, add_prompt_baselines, baseline_table, compare, model_first
 from pingctl.eval.run import check_options, check_out_dir, fit_calibration
 from pingctl.infer import calibration as CAL
 from pingctl.infer.model import LoadedModel
+from pingctl.prompt import PromptSpec, is_fair, regime_policies
 from pingctl.synth.truth import load_truth
 
 # The classical predictor each regime is judged against is fixed before any test packet is
@@ -75,19 +77,19 @@ def narrow_val(val: dict, regime: str) -> str | None:
             f"test's other {what} (compare the raw coverage)")
 
 
-def map_groups(val_dirs: dict, prompts: dict, recalibration: str) -> list[list[str]]:
-    """Which regimes share one recalibration map, in REGIMES order. `own`: the regimes asked on
-    the same val set with the same prompts. `pooled` (the default): besides, the held-out regimes
+def map_groups(val_dirs: dict, specs: dict[str, PromptSpec], recalibration: str) -> list[list[str]]:
+    """Which regimes share one recalibration map, in REGIMES order (`specs`: each one's prompt).
+    `own`: the regimes asked on the same val set with the same prompts. `pooled` (the default): besides, the held-out regimes
     that have val sets of their own and the same prompts share one map fitted on all of them. A
     val set holds few of the hosts its regime holds out (a split's 5% of 30 destinations is 1 or
     2), and their quirks do not transfer to the test's other hosts; what the held-out regimes
     share, an unseen end, does (docs/eval.md, "One recalibration map for the held-out regimes")."""
     own_vals = [r for r in REGIMES if r != "time" and val_dirs[r] != val_dirs["time"]]
     pool = (recalibration == "pooled" and len(own_vals) > 1
-            and all(prompts[r] == prompts[own_vals[0]] for r in own_vals))
+            and all(specs[r] == specs[own_vals[0]] for r in own_vals))
     groups: dict = {}
     for r in REGIMES:
-        key = "held_out" if pool and r in own_vals else (val_dirs[r], prompts[r]["context_policy"])
+        key = "held_out" if pool and r in own_vals else (val_dirs[r], specs[r].policy)
         groups.setdefault(key, []).append(r)
     return list(groups.values())
 
@@ -103,15 +105,6 @@ def _sample(n: int, queries: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(n, size=min(queries, n), replace=False))
 
 
-def _quantile_dict(q: np.ndarray) -> dict:
-    return {0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]}
-
-
-def regime_policies(policy: str) -> dict[str, str]:
-    """The context policy of each regime's prompts: FAIR_POLICIES under `fair`, else `policy` for all."""
-    return dict(FAIR_POLICIES) if policy == FAIR else {r: policy for r in REGIMES}
-
-
 def choose_on_val(fitted: dict, val: dict | None, queries: int, seed: int, policy: str = "cold") -> dict:
     """For each regime in CHOSEN_ON_VAL with more than one candidate (`best_candidates`), the
     one with the lowest median relative error on a seeded subset of val packets (the baselines
@@ -121,7 +114,7 @@ def choose_on_val(fitted: dict, val: dict | None, queries: int, seed: int, polic
     vals = val if val is None or "rtt" not in val else {r: val for r in REGIMES}
     out = {}
     for regime in REGIMES:
-        cands = best_candidates(regime, regime_policies(policy)[regime])
+        cands = best_candidates(regime, regime_policies(policy, REGIMES)[regime])
         val = (vals or {}).get(regime)
         if regime not in CHOSEN_ON_VAL or len(cands) < 2 or val is None or not len(val["rtt"]):
             out[regime] = {"best": cands[0], "chosen_on": "a priori", "val_median_rel_err": None}
@@ -155,7 +148,7 @@ def regime_row(regime: str, report: dict, best: str, seed: int = 0) -> dict:
         return e["slices"]["all"].get(key) if e else None
 
     m, b = fig("model", "median_rel_err"), fig(best, "median_rel_err")
-    baselines = [n for n in report["order"] if not n.startswith("model")]
+    baselines = [n for n in report["order"] if not n.startswith("model") and n != COMBINED]
     errs = {n: fig(n, "median_rel_err") for n in baselines}
     best_on_test = min((n for n in baselines if errs[n] is not None), key=errs.get, default=None)
     if best_on_test is not None and b is not None and not errs[best_on_test] < b:
@@ -210,18 +203,19 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     regimes' val_<regime>/ sets together, own: OUT/calibration_<regime>.json on each: map_groups).
     Options as `eval.run.evaluate`; `policy` may also be `fair` (FAIR_POLICIES: each regime the
     prompt with its baseline's information). `hints`: `both` prompts carry the embedding's
-    estimate (None: as the run was trained, `eval.hints.hinted`)."""
-    policies = regime_policies(policy)
+    estimate (None: as the run was trained, `prompt.carries_hint`)."""
     if recalibration not in RECALIBRATIONS:
         raise UsageError(f"--recalibration {recalibration!r}: expected one of {', '.join(RECALIBRATIONS)}")
+    policies = regime_policies(policy, REGIMES)
     for pol in dict.fromkeys(policies.values()):
         check_options(pol, hardware, per_pair, queries, context, context_dst, seed)
     out, split_dir = Path(out), Path(split_dir)
-    tests = regime_test_dirs(split_dir)
-    val_dirs = regime_val_dirs(split_dir)
+    tests, val_dirs = regime_test_dirs(split_dir), regime_val_dirs(split_dir)
     train_path, val_path = split_dir / "train", split_dir / "val"
     check_out_dir(out)
     trained = run_config(run)
+    specs = {r: PromptSpec.from_run(trained, policy=pol, context=context, context_dst=context_dst, per_pair=per_pair,
+                                    hints=hints) for r, pol in policies.items()}
     if truth is not None:
         load_truth(truth)
     t0 = time.perf_counter()
@@ -232,134 +226,168 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     progress("fitting baselines on train")
     fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles)
     progress(f"loading the model from {run}")
-    model = LoadedModel.load(run, step, hardware)
-
-    def prompt_of(pol: str) -> dict:
-        pp = per_pair
-        if pp is None:  # as the run's training contexts were shaped
-            pp = trained.loader.triangulation_per_pair if pol == "both" else model.max_per_pair
-        pr = {"context_policy": pol, "context_measurements": context, "context_per_pair": 0 if pol == "pair" else pp}
-        if pol == "both":
-            pr["context_dst"] = context if context_dst is None else context_dst
-        if hinted(trained, pol, hints):
-            pr["hint"] = "embedding"
-        return pr
-
-    prompts = {r: prompt_of(pol) for r, pol in policies.items()}
-    prompt = {"context_policy": policy, "context_measurements": context, "per_regime": prompts}
-    if policy != FAIR:
-        prompt.update(prompts["time"])
-
-    def ask(split: dict, idx: np.ndarray, cal, what: str, pr: dict) -> dict:
-        progress(f"model predictions ({what})", 0, len(idx))
-        return predict(model, split, idx, context=context, train=train, policy=pr["context_policy"],
-                       per_pair=pr["context_per_pair"], calibration=cal, context_dst=pr.get("context_dst"),
-                       hints=prompt_hints(trained, fitted, pr["context_policy"], hints),
-                       progress=lambda done, total: progress(f"model predictions ({what})", done, total))
-
-    # each regime's val set (val/ for time, val_<regime>/ for the others where the split has
-    # them), asked with the regime's own prompts: the recalibration maps (map_groups) and the
-    # pair regime's choice of baseline
-    loaded: dict = {}
-
-    def val_split(path: Path) -> dict | None:
-        if path not in loaded:
-            loaded[path] = load_split_if_any(path)
-        return loaded[path]
-
+    ev = _Regimes(LoadedModel.load(run, step, hardware), Path(run), train, fitted, specs, context, queries, seed,
+                  str(truth) if truth else None, progress)
     out.mkdir(parents=True, exist_ok=True)
-    pits: dict = {}  # (val path, policy) -> the PITs of its packets under that policy's prompts
-    calibrations: dict = {}
-    maps: dict = {}
-    for group in map_groups(val_dirs, prompts, recalibration):
-        asked: dict = {}  # (val path, policy) -> the first regime of the group asked that way
-        for r in group:
-            asked.setdefault((val_dirs[r], prompts[r]["context_policy"]), r)
-        present = {k: r for k, r in asked.items() if (v := val_split(k[0])) is not None and len(v["rtt"])}
-        for (path, policy), r in present.items():
-            if (path, policy) not in pits:
-                val = val_split(path)
-                pits[path, policy] = ask(val, _sample(len(val["rtt"]), queries, seed), None, f"{path.name} for {r}",
-                                         prompts[r])["pit"]
-        if not present:
-            info, cal = {"fitted": None, "reason": f"no val split {next(iter(asked))[0]}", "fitted_on": None}, None
-        else:
-            paths = [str(path.resolve()) for path, _ in present]
-            name = ("calibration.json" if not calibrations else HELD_OUT_MAP if len(paths) > 1
-                    else f"calibration_{group[0]}.json")
-            info = fit_calibration(np.concatenate([pits[k] for k in present]), out, {
-                "run": str(Path(run).resolve()), "steps": list(model.steps),
-                "fitted_on": paths if len(paths) > 1 else paths[0], "seed": seed, **prompts[group[0]]}, name=name)
-            info["fitted_on"] = "+".join(path.name for path, _ in present) if info.get("fitted") else None
-            describe_val(info, {r: val_split(path) for (path, _), r in present.items()})
-            cal = CAL.load(Path(info["fitted"])) if info.get("fitted") else None
-        for r in group:
-            calibrations[r], maps[r] = info, cal
-    calibration = calibrations["time"]
-    choice = choose_on_val(fitted, {r: val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)
-    regimes, table, packets, preds = {}, [], [], []
-    for regime in REGIMES:
-        path = tests[regime]
-        pr = prompts[regime]
-        cal = maps[regime]
-        test = load_split(path)
-        if not len(test["rtt"]):
-            table.append({"regime": regime, "packets": 0, "best": choice[regime]["best"], "verdict": None,
-                          "note": f"{path}: no test rows"})
-            continue
-        idx = _sample(len(test["rtt"]), queries, seed)
-        sub = take(test, idx)
-        progress(f"{regime}: baselines")
-        report = baseline_table(train, sub, truth=str(truth) if truth else None, baselines=dict(fitted), fitted=True,
-                                seed=seed)
-        t1 = time.perf_counter()
-        pred = ask(test, idx, cal, regime, pr)
-        add_predictor(report, "model", pred["median"], quantiles=_quantile_dict(pred["quantiles"]), pit=pred["pit"],
-                      p_fail=pred["p_fail"], crps=pred["crps"],
-                      info={"run": str(run), "steps": list(model.steps), **pr, "device": model.device,
-                            "context_sizes": pred["context_sizes"], "seconds": round(time.perf_counter() - t1, 2)})
-        if cal is not None:
-            c = pred["calibrated"]
-            add_predictor(report, "model_calibrated", c["median"], quantiles=_quantile_dict(c["quantiles"]),
-                          pit=c["pit"], p_fail=c["p_fail"], crps=c["crps"], info={"calibration": cal.path})
-        progress(f"{regime}: baselines that read the prompt")
-        add_prompt_baselines(report, pred["pool"], pred["contexts"], seed=seed, refit=True)
-        first = ["model", "model_calibrated"]
-        report["order"] = [n for n in first if n in report["order"]] + [n for n in report["order"] if n not in first]
-        report["comparisons"] = {"model": compare(report, "model", seed=seed)}
-        report["nll"] = pred["nll"]
-        report["prompt"] = {**pr, **prompt_stats(pred["pool"], test, idx, pred["contexts"])}
-        report["queries"] = int(len(idx))
-        report["inputs"] = {"test": str(path)}
-        report["rows"] = summary_rows(report)
-        best = choice[regime]["best"]
-        report["best"] = {"name": best, **choice[regime]}
-        table.append({**regime_row(regime, report, best, seed), "prompt": pr,
-                      "calibrated_on": calibrations[regime].get("fitted_on")})
-        regimes[regime] = dict(report)
-        pk, pr = prediction_columns(report)
-        packets.append({**pk, "regime": np.full(len(idx), regime, dtype=object)})
-        preds.append(pr)
+    calibrations, maps = ev.recalibrate(val_dirs, recalibration, out)
+    choice = choose_on_val(fitted, {r: ev.val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)
+    described = {r: s.describe() for r, s in specs.items()}
+    fits, combination = CMB.fit_and_write(ev.val_records, val_dirs, described, choice, out, run, ev.model.steps, seed)
+    table, regimes, columns = ev.ask_regimes(tests, maps, calibrations, choice, fits)
+    prompt = {"context_policy": policy, "context_measurements": context, "per_regime": described}
+    if not is_fair(policy):
+        prompt.update(described["time"])
     result = {
-        "mode": REGIMES_MODE, "table": table, "regimes": regimes, "choice": choice, "calibration": calibration,
-        "calibrations": calibrations,
+        "mode": REGIMES_MODE, "table": table, "regimes": regimes, "choice": choice, "calibration": calibrations["time"],
+        "calibrations": calibrations, "combination": combination,
         "inputs": {"run": str(run), "splits": str(split_dir), "train": str(train_path),
-                   "val": str(val_path) if val_split(val_path) is not None else None,
-                   "vals": {r: str(p) for r, p in val_dirs.items() if val_split(p) is not None},
+                   "val": str(val_path) if ev.val_split(val_path) is not None else None,
+                   "vals": {r: str(p) for r, p in val_dirs.items() if ev.val_split(p) is not None},
                    "truth": str(truth) if truth else None},
         "prompt": prompt, "queries": queries, "seed": seed, "fit_s": fit_s,
         "baselines_info": {n: getattr(b, "fit_info", None) for n, b in fitted.items() if getattr(b, "fit_info", None)},
     }
-    if packets:
-        names = list(dict.fromkeys(n for pr in preds for n in pr))
-        cols = {k: np.concatenate([p[k] for p in packets]) for k in packets[0]}
-        merged = {n: {f: _concat([pr.get(n, {}).get(f) for pr in preds], [len(p["actual_rtt"]) for p in packets])
-                      for f in ("median", "p05", "p25", "p75", "p95", "p_fail", "pit", "crps")} for n in names}
-        result["predictions"] = str(write_predictions(out, cols, merged, {"run": str(run), "splits": str(split_dir),
-                                                                          **prompt}))
+    if columns:
+        result["predictions"] = str(write_predictions(out, *_merged_columns(columns),
+                                                      {"run": str(run), "splits": str(split_dir), **prompt}))
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(report_path(out), result)
     return result
+
+
+@dataclass
+class _Regimes:
+    """One `evaluate_regimes`: the loaded model, the train split and the baselines fitted on it,
+    each regime's prompt, the val splits read so far (each read once) and what the combined
+    answer's fit keeps of their predictions (`val_records`, eval.combine)."""
+
+    model: LoadedModel
+    run: Path
+    train: dict
+    fitted: dict
+    specs: dict[str, PromptSpec]
+    context: int
+    queries: int
+    seed: int
+    truth: str | None
+    progress: object
+    loaded: dict = field(default_factory=dict)
+    val_records: dict = field(default_factory=dict)  # (val path, policy) -> eval.combine.val_record
+
+    def val_split(self, path: Path) -> dict | None:
+        if path not in self.loaded:
+            self.loaded[path] = load_split_if_any(path)
+        return self.loaded[path]
+
+    def ask(self, split: dict, idx: np.ndarray, cal, what: str, spec: PromptSpec) -> dict:
+        """The model's predictions of packets `idx` of `split` under prompts `spec`."""
+        self.progress(f"model predictions ({what})", 0, len(idx))
+        return predict(self.model, split, idx, context=self.context, train=self.train, policy=spec.policy,
+                       per_pair=spec.cap, calibration=cal, context_dst=spec.context_dst,
+                       hints=prompt_hints(spec, self.fitted),
+                       progress=lambda done, total: self.progress(f"model predictions ({what})", done, total))
+
+    def recalibrate(self, val_dirs: dict, recalibration: str, out: Path) -> tuple[dict, dict]:
+        """Each regime's val set (val/ for time, val_<regime>/ for the others where the split has
+        them) asked with the regime's own prompts, and the recalibration maps fitted on them
+        (map_groups): ({regime: what its map is}, {regime: the map, or None})."""
+        pits: dict = {}  # (val path, policy) -> the PITs of its packets under that policy's prompts
+        calibrations: dict = {}
+        maps: dict = {}
+        policies = {r: s.policy for r, s in self.specs.items()}
+        for group in map_groups(val_dirs, self.specs, recalibration):
+            asked: dict = {}  # (val path, policy) -> the first regime of the group asked that way
+            for r in group:
+                asked.setdefault((val_dirs[r], self.specs[r].policy), r)
+            present = {k: r for k, r in asked.items() if (v := self.val_split(k[0])) is not None and len(v["rtt"])}
+            for (path, pol), r in present.items():
+                if (path, pol) not in pits:
+                    val = self.val_split(path)
+                    vidx = _sample(len(val["rtt"]), self.queries, self.seed)
+                    pred = self.ask(val, vidx, None, f"{path.name} for {r}", self.specs[r])
+                    pits[path, pol] = pred["pit"]
+                    # the combined answer's fit needs the distributions only here: what it keeps is small
+                    self.val_records[path, pol] = CMB.val_record(pred, val, vidx, self.fitted, policies, self.seed)
+            if not present:
+                info, cal = {"fitted": None, "reason": f"no val split {next(iter(asked))[0]}", "fitted_on": None}, None
+            else:
+                info = self._fit_map(group, present, pits, out, first=not calibrations)
+                cal = CAL.load(Path(info["fitted"])) if info.get("fitted") else None
+            for r in group:
+                calibrations[r], maps[r] = info, cal
+        return calibrations, maps
+
+    def _fit_map(self, group: list[str], present: dict, pits: dict, out: Path, first: bool) -> dict:
+        """The map of one group of regimes, fitted on the PITs of its val packets."""
+        paths = [str(path.resolve()) for path, _ in present]
+        name = "calibration.json" if first else HELD_OUT_MAP if len(paths) > 1 else f"calibration_{group[0]}.json"
+        info = fit_calibration(np.concatenate([pits[k] for k in present]), out, {
+            "run": str(self.run.resolve()), "steps": list(self.model.steps),
+            "fitted_on": paths if len(paths) > 1 else paths[0], "seed": self.seed, **self.specs[group[0]].describe()},
+            name=name)
+        info["fitted_on"] = "+".join(path.name for path, _ in present) if info.get("fitted") else None
+        describe_val(info, {r: self.val_split(path) for (path, _), r in present.items()})
+        return info
+
+    def ask_regimes(self, tests: dict, maps: dict, calibrations: dict, choice: dict, fits: dict
+                    ) -> tuple[list, dict, list]:
+        """Every regime's test packets: (the table's rows, each regime's full report, each
+        regime's prediction columns for predictions.parquet)."""
+        regimes, table, columns = {}, [], []
+        for regime in REGIMES:
+            test = load_split(tests[regime])
+            best = choice[regime]["best"]
+            if not len(test["rtt"]):
+                table.append({"regime": regime, "packets": 0, "best": best, "verdict": None,
+                              "note": f"{tests[regime]}: no test rows"})
+                continue
+            report = self.regime_report(regime, test, tests[regime], maps[regime], choice[regime], fits.get(regime))
+            table.append({**regime_row(regime, report, best, self.seed), **CMB.row_fields(report, best),
+                          "prompt": self.specs[regime].describe(),
+                          "calibrated_on": calibrations[regime].get("fitted_on")})
+            regimes[regime] = dict(report)
+            packets, preds = prediction_columns(report)
+            columns.append(({**packets, "regime": np.full(report["queries"], regime, dtype=object)}, preds))
+        return table, regimes, columns
+
+    def regime_report(self, regime: str, test: dict, path: Path, cal, choice: dict, fit):
+        """One regime's full report: every baseline, the model and the combined answer (`fit`,
+        eval.combine) on its sampled test packets."""
+        spec = self.specs[regime]
+        idx = _sample(len(test["rtt"]), self.queries, self.seed)
+        self.progress(f"{regime}: baselines")
+        report = baseline_table(self.train, take(test, idx), truth=self.truth, baselines=dict(self.fitted),
+                                fitted=True, seed=self.seed)
+        t1 = time.perf_counter()
+        pred = self.ask(test, idx, cal, regime, spec)
+        add_model(report, pred, {"run": str(self.run), "steps": list(self.model.steps), **spec.describe(),
+                                 "device": self.model.device, "context_sizes": pred["context_sizes"],
+                                 "seconds": round(time.perf_counter() - t1, 2)},
+                  None if cal is None else {"calibration": cal.path})
+        self.progress(f"{regime}: baselines that read the prompt")
+        add_prompt_baselines(report, pred["pool"], pred["contexts"], seed=self.seed, refit=True)
+        model_first(report)
+        CMB.add_combined(report, pred, fit, self.seed)
+        report["comparisons"] = {"model": compare(report, "model", seed=self.seed)}
+        CMB.compare_combined(report, self.seed)
+        report["nll"] = pred["nll"]
+        report["prompt"] = {**spec.describe(), **prompt_stats(pred["pool"], test, idx, pred["contexts"])}
+        report["queries"] = int(len(idx))
+        report["inputs"] = {"test": str(path)}
+        report["rows"] = summary_rows(report)
+        report["best"] = {"name": choice["best"], **choice}
+        return report
+
+
+def _merged_columns(columns: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """The regimes' prediction columns as one table's: packets concatenated, each predictor's
+    figures NaN where a regime's report has no such predictor."""
+    packets, preds = [c[0] for c in columns], [c[1] for c in columns]
+    names = list(dict.fromkeys(n for pr in preds for n in pr))
+    cols = {k: np.concatenate([p[k] for p in packets]) for k in packets[0]}
+    merged = {n: {f: _concat([pr.get(n, {}).get(f) for pr in preds], [len(p["actual_rtt"]) for p in packets])
+                  for f in ("median", "p05", "p25", "p75", "p95", "p_fail", "pit", "crps")} for n in names}
+    return cols, merged
 
 
 def describe_val(info: dict, vals: dict) -> None:

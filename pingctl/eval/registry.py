@@ -25,6 +25,7 @@ from pingctl.eval.baselines import (GlobalMedian, PairMedian, Prediction, Prefix
                                     PromptMedian)
 from pingctl.eval.embedding import Embedding
 from pingctl.eval.vivaldi import Vivaldi
+from pingctl.prompt import Policy
 
 
 @runtime_checkable
@@ -116,7 +117,7 @@ def prompt_baselines() -> list[Spec]:
 def candidates(regime: str, policy: str) -> tuple[str, ...]:
     """The baselines `regime` may be judged against under context `policy`, best-ranked first."""
     ranks = {}
-    if policy == "probe":
+    if policy == Policy.PROBE:
         ranks = {s.name: s.probe_regimes[regime] for s in REGISTRY.values() if regime in s.probe_regimes}
     if not ranks:
         ranks = {s.name: s.regimes[regime] for s in REGISTRY.values() if regime in s.regimes}

@@ -9,7 +9,7 @@ the model (the splits come read and checked from `artifacts.table.load_split`).
 
 The report (a dict subclass) keeps the per-packet arrays it needs for `add_predictor` and
 `eval.presentation` (rows, plots, predictions) in its `.ctx` attribute, which JSON
-serialisation ignores. Which baselines: `eval.registry`. Layout: docs/eval.md.
+serialisation ignores. Which baselines: `eval.registry`. Layout: docs/eval-reference.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.context import codes_in, dict_encode, vocabulary
+from pingctl.schema.arrow_strings import codes_in, dict_encode, vocabulary
 from pingctl.errors import PingctlError
 from pingctl.eval import metrics as M
 from pingctl.eval.baselines import Prediction, column, refit_prediction
@@ -286,3 +286,28 @@ def _new_end(b, test: dict) -> bool:
     ks = (s >= 0) & tr[np.maximum(s, 0)]
     kd = (d >= 0) & tr[np.maximum(d, 0)]
     return bool((ks ^ kd).any())
+
+
+# ---------------------------------------------------------------- the model's rows
+
+
+def quantile_dict(q: np.ndarray) -> dict:
+    """`eval.model.predict`'s (n, 4) quantiles as add_predictor takes them."""
+    return {0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]}
+
+
+def add_model(report: Report, pred: dict, info: dict, calibrated_info: dict | None = None) -> None:
+    """The model's predictions (`eval.model.predict`) as the predictor `model` and, where they
+    were recalibrated (`calibrated_info` given), `model_calibrated`."""
+    add_predictor(report, "model", pred["median"], quantiles=quantile_dict(pred["quantiles"]), pit=pred["pit"],
+                  p_fail=pred["p_fail"], crps=pred["crps"], info=info)
+    if calibrated_info is not None:
+        c = pred["calibrated"]
+        add_predictor(report, "model_calibrated", c["median"], quantiles=quantile_dict(c["quantiles"]), pit=c["pit"],
+                      p_fail=c["p_fail"], crps=c["crps"], info=calibrated_info)
+
+
+def model_first(report: Report) -> None:
+    """The report's order with the model's predictors first, the rest as they were added."""
+    first = ["model", "model_calibrated"]
+    report["order"] = [n for n in first if n in report["order"]] + [n for n in report["order"] if n not in first]

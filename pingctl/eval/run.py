@@ -11,25 +11,24 @@ from pingctl.artifacts.eval_output import report_path, write_predictions
 from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import load_split, take
 from pingctl.atomic import unwritable_reason, write_json
-from pingctl.context import FAIR, check_policy
 from pingctl.errors import PingctlError, UsageError
-from pingctl.eval.hints import hinted, prompt_hints
+from pingctl.eval.combine import NOT_FITTED_PLAIN
+from pingctl.eval.hints import prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import is_plot_name, prediction_columns, summary_rows, write_plots
-from pingctl.eval.report import add_predictor, add_prompt_baselines, baseline_table, compare
+from pingctl.eval.report import add_model, add_predictor, add_prompt_baselines, baseline_table, compare, model_first
 from pingctl.infer import calibration as CAL
 from pingctl.infer.model import LoadedModel
-from pingctl.infer.runtime import check_hardware
 from pingctl.infer.queries import check_per_pair
+from pingctl.infer.runtime import check_hardware
+from pingctl.prompt import PromptSpec, parse_policy
 from pingctl.synth.truth import load_truth
 
 
 def check_options(policy: str, hardware: str | None, per_pair: int | None, queries: int, context: int,
                   context_dst: int | None, seed: int) -> None:
     """The options every eval checks before it reads a split or loads the model."""
-    if policy == FAIR:
-        raise UsageError(f"--context-policy {FAIR} gives each regime its own prompt: it goes with --regimes")
-    check_policy(policy)
+    parse_policy(policy)  # `fair` too is refused here: it goes with --regimes
     check_hardware(hardware)
     check_per_pair(per_pair)
     if queries < 1 or context < 0:
@@ -49,29 +48,69 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     predictions.parquet (one row per packet, every predictor's figures: artifacts.eval_output).
 
     `policy` picks the prompt's context (see pingctl/eval/model.py): probe | cold | none | both
-    (`context` of the source side, `context_dst` of the destination side, from `train_path`);
+    (`context` of the source side, `context_dst` of the destination side, from `train_path`) | pair;
     `per_pair` caps measurements per (src, dst) pair in it (None: as the run was trained);
     `hardware` (cpu | gpu) runs the model there (None: as the run was trained).
     `calibration`: a calibration.json fitted by an eval of the same run on other packets (val);
     adds the predictor model_calibrated. Every eval writes the map fitted on its own packets to
     `out`/calibration.json (pingctl/infer/calibration.py).
     `hints`: `both` prompts carry the embedding's estimate (None: as the run was trained,
-    `eval.hints.hinted`).
+    `prompt.carries_hint`).
     `progress(step, done, total)` is called per phase and per chunk of model predictions."""
     # before the splits and the model are loaded
     check_options(policy, hardware, per_pair, queries, context, context_dst, seed)
     # fail on an unusable --out now, not after minutes of predictions
     out = Path(out)
     check_out_dir(out)
-    # the cheap checks of the run and the truth before minutes of splits, baselines and model
-    trained = run_config(run)
+    # the cheap checks of the run, the prompt and the truth before minutes of splits, baselines and model
+    spec = PromptSpec.from_run(run_config(run), policy=policy, context=context, context_dst=context_dst,
+                               per_pair=per_pair, hints=hints)
     if truth is not None:
         load_truth(truth)
     cal = CAL.load(calibration) if calibration is not None else None
     if cal is not None:  # the cheap part of its check; the checkpoint's is after the load
-        CAL.check_fits(cal, run, cal.meta.get("steps") or [],
-                       {"context_policy": policy, "context_measurements": context}, scored=test_path)
+        CAL.check_fits(cal, run, cal.meta.get("steps") or [], spec.describe(), scored=test_path)
     t0 = time.perf_counter()
+    train, test, idx = _load_splits(train_path, test_path, queries, seed, progress)
+    progress("fitting baselines")
+    report = baseline_table(train, take(test, idx), truth=str(truth) if truth else None,
+                            vivaldi_cycles=vivaldi_cycles, seed=seed)
+    progress(f"loading the model from {run}")
+    model = LoadedModel.load(run, step, hardware)
+    if cal is not None:
+        CAL.check_fits(cal, run, model.steps, spec.describe())
+    progress(f"model predictions for {len(idx)} packets")
+    t1 = time.perf_counter()
+    pred = predict(model, test, idx, context=context, train=train, policy=spec.policy, per_pair=spec.cap,
+                   calibration=cal, context_dst=spec.context_dst,
+                   hints=prompt_hints(spec, report.ctx.get("fitted") or {}),
+                   progress=lambda done, total: progress("model predictions", done, total))
+    info = {"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
+            "context_policy": str(spec.policy), "context_per_pair": spec.cap, "timestamps": model.timestamps,
+            "device": model.device, "context_sizes": pred["context_sizes"],
+            "seconds": round(time.perf_counter() - t1, 2), "context_dst": spec.context_dst,
+            "context_examples": pred["context_examples"]}
+    add_model(report, pred, info, None if cal is None else {"calibration": cal.path, "fitted_on": cal.meta.get(
+        "fitted_on"), "packets": cal.meta.get("packets")})
+    _add_prompt_readers(report, pred, spec, seed)
+    model_first(report)
+    _compare_model(report, cal is not None, seed)
+    report["nll"] = pred["nll"]
+    report["queries"] = int(len(idx))
+    report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
+    out.mkdir(parents=True, exist_ok=True)
+    report["combination"] = dict(NOT_FITTED_PLAIN)
+    report["calibration"] = fit_calibration(pred["pit"], out, {
+        "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(Path(test_path).resolve()),
+        "seed": seed, **spec.describe()}) | {"applied": cal.path if cal is not None else None}
+    _write_outputs(report, out, {"run": str(run), "test": str(test_path), **spec.describe()}, progress)
+    report["elapsed_s"] = time.perf_counter() - t0
+    write_json(report_path(out), dict(report))
+    return report
+
+
+def _load_splits(train_path: Path, test_path: Path, queries: int, seed: int, progress) -> tuple[dict, dict, np.ndarray]:
+    """The train and test splits, and the seeded sorted sample of `queries` test packets asked."""
     progress("loading splits")
     train = load_split(train_path, split_hint="train")
     test = load_split(test_path)
@@ -80,73 +119,37 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     if len(train["rtt"]) == 0:
         raise PingctlError(f"{train_path}: no train rows (the baselines are fitted on them)")
     rng = np.random.default_rng(seed)
-    idx = np.sort(rng.choice(len(test["rtt"]), size=min(queries, len(test["rtt"])), replace=False))
-    sub = take(test, idx)
-    progress("fitting baselines")
-    report = baseline_table(train, sub, truth=str(truth) if truth else None, vivaldi_cycles=vivaldi_cycles, seed=seed)
-    progress(f"loading the model from {run}")
-    model = LoadedModel.load(run, step, hardware)
-    progress(f"model predictions for {len(idx)} packets")
-    t1 = time.perf_counter()
-    if per_pair is None:  # as the run's training contexts were shaped
-        per_pair = trained.loader.triangulation_per_pair if policy == "both" else model.max_per_pair
-    prompt = {"context_policy": policy, "context_measurements": context, "context_per_pair": per_pair}
-    if policy == "both":
-        prompt["context_dst"] = context if context_dst is None else context_dst
-    if hinted(trained, policy, hints):
-        prompt["hint"] = "embedding"
-    if cal is not None:
-        CAL.check_fits(cal, run, model.steps, prompt)
-    pred = predict(model, test, idx, context=context, train=train, policy=policy, per_pair=per_pair,
-                   calibration=cal, context_dst=prompt.get("context_dst"),
-                   hints=prompt_hints(trained, report.ctx.get("fitted") or {}, policy, hints),
-                   progress=lambda done, total: progress("model predictions", done, total))
-    model_s = time.perf_counter() - t1
-    q = pred["quantiles"]
-    add_predictor(report, "model", pred["median"], quantiles={0.05: q[:, 0], 0.25: q[:, 1], 0.75: q[:, 2], 0.95: q[:, 3]},
-                  pit=pred["pit"], p_fail=pred["p_fail"], crps=pred["crps"],
-                  info={"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
-                        "context_policy": policy, "context_per_pair": per_pair, "timestamps": model.timestamps, "device": model.device, "context_sizes": pred["context_sizes"], "seconds": round(model_s, 2),
-                        "context_dst": prompt.get("context_dst"), "context_examples": pred["context_examples"]})
-    if cal is not None:
-        c = pred["calibrated"]
-        cq = c["quantiles"]
-        add_predictor(report, "model_calibrated", c["median"],
-                      quantiles={0.05: cq[:, 0], 0.25: cq[:, 1], 0.75: cq[:, 2], 0.95: cq[:, 3]},
-                      pit=c["pit"], p_fail=c["p_fail"], crps=c["crps"],
-                      info={"calibration": cal.path, "fitted_on": cal.meta.get("fitted_on"),
-                            "packets": cal.meta.get("packets")})
-    if policy == "probe":
+    return train, test, np.sort(rng.choice(len(test["rtt"]), size=min(queries, len(test["rtt"])), replace=False))
+
+
+def _add_prompt_readers(report, pred: dict, spec: PromptSpec, seed: int) -> None:
+    """The classical predictors that read what the prompts hold: the pair's history median where
+    the prompts are the probe's own history, the registry's prompt baselines wherever they hold any."""
+    if spec.probe_history:
         _add_context_median(report, pred["context_median"])
-    if policy != "none":  # what the prompts hold, read by classical predictors
+    if spec.has_context:
         add_prompt_baselines(report, pred["pool"], pred["contexts"], seed=seed)
-    # show the model first
-    first = ["model", "model_calibrated"]
-    report["order"] = [n for n in first if n in report["order"]] + [n for n in report["order"] if n not in first]
+
+
+def _compare_model(report, calibrated: bool, seed: int) -> None:
     report["comparisons"] = {"model": compare(report, "model", seed=seed)}
-    if cal is not None:
+    if calibrated:
         # each against the baselines, not against the other: one model read two ways is not a rival
         report["comparisons"]["model"].pop("model_calibrated")
         report["comparisons"]["model_calibrated"] = compare(report, "model_calibrated", seed=seed)
         report["comparisons"]["model_calibrated"].pop("model")
-    report["nll"] = pred["nll"]
-    report["queries"] = int(len(idx))
-    report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
-    out.mkdir(parents=True, exist_ok=True)
-    report["calibration"] = fit_calibration(pred["pit"], out, {
-        "run": str(Path(run).resolve()), "steps": list(model.steps), "fitted_on": str(Path(test_path).resolve()),
-        "seed": seed, **prompt}) | {"applied": cal.path if cal is not None else None}
+
+
+def _write_outputs(report, out: Path, meta: dict, progress) -> None:
+    """The plots (an earlier eval's that this one did not draw removed), the summary rows and
+    predictions.parquet (`meta`: what its metadata records)."""
     progress("writing plots")
     plots = write_plots(report, out)
     _drop_stale_plots(out, plots.values())
     report["plots"] = {k: str(v) for k, v in plots.items()}
     report["rows"] = summary_rows(report)
     packets, columns = prediction_columns(report)
-    report["predictions"] = str(write_predictions(out, packets, columns, {"run": str(run), "test": str(test_path),
-                                                                          **prompt}))
-    report["elapsed_s"] = time.perf_counter() - t0
-    write_json(report_path(out), dict(report))
-    return report
+    report["predictions"] = str(write_predictions(out, packets, columns, meta))
 
 
 def fit_calibration(pit, out: Path, meta: dict, name: str = "calibration.json") -> dict:

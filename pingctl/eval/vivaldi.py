@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pingctl.context import codes_in, vocabulary
+from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.eval.baselines import GlobalMedian, Groups, column, point_prediction
 
 ZERO_THRESHOLD = 1.0e-6  # serf: below this two positions coincide, an RTT is clamped up to it

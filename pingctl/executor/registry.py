@@ -5,41 +5,25 @@ and one line here (docs/architecture.md, "Adding an engine"); `register` adds on
 
 from __future__ import annotations
 
-import importlib
-
-from pingctl.errors import UsageError
+from pingctl.classtable import ClassTable
 from pingctl.executor.base import Executor
 
 # name -> "module:Class", imported when asked for (the Modal SDK and the training code load
 # only for the engine a command uses)
 ENGINES: dict[str, str] = {
     "local": "pingctl.executor.local:LocalExecutor",
-    "slurm": "pingctl.executor.slurm:SlurmExecutor",
-    "modal": "pingctl.executor.modal:ModalExecutor",
+    "slurm": "pingctl.executor.slurm.engine:SlurmExecutor",
+    "modal": "pingctl.executor.modal.engine:ModalExecutor",
 }
-_registered: dict[str, type[Executor]] = {}
-
-
-def register(name: str, cls: type[Executor]) -> None:
-    _registered[name] = cls
-
-
-def unregister(name: str) -> None:
-    _registered.pop(name, None)
-
-
-def names() -> list[str]:
-    return sorted(set(ENGINES) | set(_registered))
+_TABLE: ClassTable[Executor] = ClassTable(ENGINES, sort=True)
+register = _TABLE.register
+unregister = _TABLE.unregister
+names = _TABLE.names
 
 
 def get(name: str) -> type[Executor]:
     """The engine class `name`; a UsageError naming the known ones otherwise."""
-    if name in _registered:
-        return _registered[name]
-    if name not in ENGINES:
-        raise UsageError(f"--target {name!r}: choose {', '.join(names())}")
-    module, _, cls = ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return _TABLE.get(name, f"--target {name!r}: choose")
 
 
 def create(name: str, command: str, options: dict | None = None) -> Executor:

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable
 
-TASKS = "tasks"
+from pingctl.fanout.work import task_dir as task_path
 
 
 def task_function(ref: str) -> Callable[[Path, int], dict]:
@@ -37,7 +37,7 @@ class FanoutStep(ABC):
         return len(self.plan["tasks"])
 
     def task_dir(self, index: int) -> Path:
-        return self.work / TASKS / f"{index:05d}"
+        return task_path(self.work, index)
 
     @abstractmethod
     def states(self) -> dict[int, str | None]:

@@ -16,7 +16,19 @@ from pingctl.atomic import write_json
 from pingctl.errors import PingctlError
 
 PLAN = "plan.json"  # in the work directory: the tasks, their keys and the command's options
+TASKS = "tasks"  # in the work directory: one directory per task, tasks/NNNNN/
 NOT_RUN = "not done yet"
+
+
+def work_dir(out: Path) -> Path:
+    """Where the tasks of `out` are written: a hidden sibling, on the output's file system
+    (a cluster's tasks must see it; the merge links their files into the output)."""
+    out = Path(out).resolve()
+    return out.parent / f".{out.name}.fanout"
+
+
+def task_dir(work: Path, index: int) -> Path:
+    return Path(work) / TASKS / f"{index:05d}"
 
 
 def read_plan(work: Path, kind: str, command: str) -> dict:

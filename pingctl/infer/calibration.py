@@ -26,6 +26,7 @@ from pingctl.artifacts import export as EX
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer.queries import RttDistribution
+from pingctl.prompt import Policy
 
 GRID = np.linspace(0.0, 1.0, 101)  # H is stored at these levels: the PIT percentiles
 MIN_PACKETS = 30  # below this the percentiles are mostly noise
@@ -144,7 +145,7 @@ def describe(cal: Calibration) -> dict:
 def prompt_mismatch(cal: Calibration, has_context: bool) -> str | None:
     """Why a map may not fit a `pingctl sample` question (None if it does): one fitted on prompts
     with context describes other errors than a question without, and the reverse."""
-    fitted_with = cal.meta.get("context_policy") != "none" and (cal.meta.get("context_measurements") or 0) > 0
+    fitted_with = cal.meta.get("context_policy") != Policy.NONE and (cal.meta.get("context_measurements") or 0) > 0
     if fitted_with == has_context:
         return None
     if fitted_with:

@@ -22,11 +22,12 @@ from pingctl import __version__
 from pingctl.artifacts import eval_output
 from pingctl.artifacts import export as EX
 from pingctl.artifacts.records import read_manifest
-from pingctl.artifacts.run import (CONFIG, HINTS, METRICS, RUN_ONLY_KEYS, checkpoint_items, has_summary, model_dir_kind,
-                                   read_config_doc, read_maxtext_doc, read_summary, resolve_steps, run_config)
+from pingctl.artifacts.run import (CONFIG, METRICS, RUN_ONLY_KEYS, checkpoint_items, has_summary, model_dir_kind,
+                                   hints_path, read_config_doc, read_maxtext_doc, read_summary, resolve_steps, run_config)
 from pingctl.atomic import check_replaceable
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import calibration as CAL
+from pingctl.infer import combine as CB
 from pingctl.infer.model import LoadedModel, steps_label, trained_with_timestamps
 from pingctl.tokenizer import get_vocab
 from pingctl.tokenizer.rtt_codec import MAX_MS
@@ -39,12 +40,15 @@ LOSS_POINTS = 10  # rows of the model card's loss table
 
 def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | None = None,
                  calibration: Path | None = None, eval_report: Path | None = None, force: bool = False,
-                 progress: Callable[[str], None] = lambda _what: None, repo_id: str | None = None) -> dict:
+                 progress: Callable[[str], None] = lambda _what: None, repo_id: str | None = None,
+                 combination: Path | None = None) -> dict:
     """Write `out`, an export of `run` at `step` (default: the latest; several: averaged).
     `calibration`: a calibration.json fitted on this run and step(s), copied in (default: none).
     `eval_report`: a `pingctl eval` output for the model card (default: an eval output beside
     the run, of this run and step(s), if there is one). `repo_id`: the Hugging Face Hub repo it
-    is for (`--push-to-hub`), which the card names it by. Returns the summary `--json` prints."""
+    is for (`--push-to-hub`), which the card names it by. `combination`: the combination.json
+    copied in, fitted for this run and step(s) (default: the run's own where it fits). Returns
+    the summary `--json` prints."""
     run, out = Path(run).resolve(), Path(out)
     kind = model_dir_kind(run)
     if kind == "export":
@@ -64,6 +68,9 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
         cal = CAL.load(calibration)
         CAL.check_fits(cal, run, steps)
     report_path, report = _eval_report(run, steps, eval_report)
+    comb, comb_note = _combination(run, steps, combination)
+    # before the restore: a run trained with hints that lost its copy is refused, never exported without
+    hints = hints_path(run)
 
     t0 = time.perf_counter()
     progress(f"restoring {steps_label(steps)}")
@@ -84,11 +91,13 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
         "tokenizer": {"scheme": cfg.tokenizer.scheme},
         "loader": {"seq_len": cfg.loader.seq_len, "max_per_pair": cfg.loader.max_per_pair,
                    "result_last": cfg.loader.result_last, "mode_weights": list(cfg.loader.mode_weights),
-                   "timestamps": trained_with_timestamps(cfg.loader.mode_weights)},
+                   "timestamps": trained_with_timestamps(cfg.loader.mode_weights),
+                   "relative_target": cfg.loader.relative_target},
         "weights": {"file": EX.WEIGHTS, "tensors": len(tensors),
                     "elements": int(sum(a.size for a in tensors.values())),
                     "dtypes": sorted({a.dtype.name for a in tensors.values()})},
         "calibration": EX.CALIBRATION if cal is not None else None,
+        "combination": EX.COMBINATION if comb is not None else None,
         "eval_report": EX.shown_path(report_path) if report_path else None,
         # run_config's source for an export: the config as config.yaml holds it, its paths cut
         "pingctl_config": EX.shareable_config(read_config_doc(run / CONFIG)),
@@ -98,14 +107,31 @@ def export_model(run: Path | str, out: Path | str, step: int | Sequence[int] | N
     config = EX.shareable(config)  # what else may hold a path: MaxText keys given as overrides
     progress(f"writing {out}")
     card = model_card(run, config, cfg, report, repo_id)
-    hints = run / HINTS if (run / HINTS).is_file() else None
-    EX.write(out, config, tensors, card, _shareable_calibration(cal, config), hints)
+    shared = None if comb is None else {**EX.shareable(comb.to_json()), "run": config["source"]["run"]}
+    EX.write(out, config, tensors, card, _shareable_calibration(cal, config), hints, shared)
     files = EX.files(out)
     return {"out": str(out), "run": str(run), "steps": list(steps), "step": steps[-1], "preset": cfg.model.preset,
             "parameters": config["architecture"]["parameters"], "tensors": len(tensors),
             "dtypes": config["weights"]["dtypes"], "calibration": cal.path if cal is not None else None,
+            "combination": comb.path if comb is not None else None, "combination_note": comb_note,
             "eval_report": config["eval_report"], "files": files, "bytes": sum(f["bytes"] for f in files),
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _combination(run: Path, steps, path: Path | None):
+    """(the combination an export carries, why none where the run has one that does not fit):
+    `path` must fit this run and step(s); the run's own is copied where it does."""
+    if path is not None:
+        comb = CB.load(path, "--combination")
+        if why := CB.mismatch(comb, run, steps):
+            raise UsageError(f"--combination: {why}; fit one for this checkpoint (`pingctl eval RUN --regimes SPLITS`)")
+        return comb, None
+    own = run / CB.COMBINATION
+    if not own.is_file():
+        return None, None
+    comb = CB.load(own, "")
+    why = CB.mismatch(comb, run, steps)
+    return (None, f"{why}: not copied") if why else (comb, None)
 
 
 def _shareable_calibration(cal, config: dict) -> dict | None:
@@ -358,6 +384,7 @@ def model_card(run: Path, config: dict, cfg, report: dict | None, repo_id: str |
         "steps": steps_label(config["source"]["steps"]), "version": config["pingctl_version"], "a": a,
         "loader": config["loader"], "vocab": config["vocab"], "weights": config["weights"],
         "calibration": bool(config["calibration"]), "hints": bool(cfg.loader.hints_file),
+        "combination": bool(config.get("combination")),
         "overrides": ", ".join(f"`{k}={json.dumps(v)}`" for k, v in a["overrides"].items()) or "none",
         "origin": origin, "data": DATASETS[origin or UNKNOWN_ORIGIN],
         "rows_summary": _rows_summary(cfg.train.train_rows),

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.run import run_config
 from pingctl.context import context_indices, triangulation_indices
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import hints as H
+from pingctl.infer import predictor as PR
 from pingctl.infer import queries as Q
+from pingctl.prompt import SAMPLE_POLICIES, PromptSpec
 from pingctl.schema.times import parse_when
 from pingctl.tokenizer.measurements import event_seconds
 
@@ -348,24 +349,30 @@ def context_of(ctx, src: str, time: int | None, prb: np.ndarray | None = None):
 
 
 def context_cap(model, policy: str, requested: int | None) -> int:
-    """Measurements of one pair a prompt may hold: `requested`, else as the run was trained —
-    its plain contexts' cap (`loader.max_per_pair`) or, for `both`, its triangulation contexts'
-    (`loader.triangulation_per_pair`, per side)."""
-    if requested is not None:
-        return requested
-    return run_config(model.run).loader.triangulation_per_pair if policy == "both" else model.max_per_pair
+    """Measurements of one pair a prompt may hold: `requested`, else as the run was trained
+    (`prompt.per_pair_cap`)."""
+    return PromptSpec.for_model(model.run, policy=policy, per_pair=requested, hints=False,
+                                allowed=SAMPLE_POLICIES).cap
 
 
-def distributions(model, prompts: list[np.ndarray], exact: bool, calibration=None) -> list:
+def distributions(model, prompts: list[np.ndarray], exact: bool, calibration=None, choices=None,
+                  scales=None) -> list:
     """The RTT distribution after each prompt as `--pairs` and the service answer it: every
     code (`exact`), or exact where it is read — the quantiles (with a `calibration`, the raw
-    levels its recalibrated quantiles come from) and the mean's ceiling, since P(RTT > ceiling)
-    is printed beside the mean; then recalibrated."""
+    levels its recalibrated quantiles come from; with `choices`, per prompt its predictor
+    (`predictor.Choice`), where the combined answer's quantiles fall) and the mean's ceiling,
+    since P(RTT > ceiling) is printed beside the mean; then recalibrated, then pooled. `scales`:
+    per prompt, the scale its answer is relative to (`Prompts.scales`; None: all in ms)."""
     if exact:
-        dists = Q.rtt_distributions(model, prompts)
+        dists = Q.rtt_distributions(model, prompts, scales=scales)
     else:
         reads = Q.QUANTILES if calibration is None else (*Q.QUANTILES, *calibration.raw_level(np.array(Q.QUANTILES)))
-        dists = Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS))
+        cdfs = None if choices is None else [c.read_cdf(calibration) for c in choices]
+        dists = Q.rtt_distributions_at(model, prompts, reads, points=np.full(len(prompts), Q.MEAN_CEILING_MS),
+                                       read_cdfs=cdfs if cdfs and any(f is not None for f in cdfs) else None,
+                                       scales=scales)
+    if choices is not None:
+        return [c.apply(d, calibration) for c, d in zip(choices, dists)]
     return dists if calibration is None else [calibration.apply(d) for d in dists]
 
 
@@ -378,40 +385,67 @@ class Prompts:
     pairs: Pairs
     prompts: list[np.ndarray]
     context_measurements: list[int]
+    choices: list | None = None  # per prompt, its predictor (`predictor.Choice`); None: the model's
+    scales: np.ndarray | None = None  # per prompt, the scale its answer is relative to (`hints.scales`); None: ms
 
 
 def prompts(model, pairs: Pairs, ctx=None, per_pair: int = 0, prb: np.ndarray | None = None, policy: str = "probe",
-            k: int = 16) -> Prompts:
-    """The prompt of each distinct question of `pairs` (see `answer`)."""
+            k: int = 16, predictor=None) -> Prompts:
+    """The prompt of each distinct question of `pairs` (see `answer`); with a `predictor`
+    (`predictor.Predictor`), which one answers each."""
     distinct = np.unique(pairs.slots, return_index=True)[1]  # the first row of each distinct question
     budget = model.seq_len - 64
     timed = model.timestamps
-    if policy == "both":
-        ctxs = triangulation_contexts(pairs, ctx, distinct, k, per_pair, prb=prb)
-        per_pair = 0  # capped when they were picked; the prompt keeps every one
+    spec = PromptSpec.for_model(model.run, policy=policy, context=k, per_pair=per_pair, allowed=SAMPLE_POLICIES)
+    if spec.two_sided:
+        ctxs = triangulation_contexts(pairs, ctx, distinct, k, spec.cap, prb=prb)
     else:
         ctxs = contexts(pairs, ctx, distinct, prb=prb)
-    hints = H.run_hints(model.run) if policy == "both" else None  # read once for the table
-    out, n_ctx = [], []
+    hints = H.run_hints(model.run) if spec.hint else None  # read once for the table
+    out, n_ctx, chosen, estimates = [], [], [], []
     for c, i in zip(ctxs, distinct):
-        hint = H.hint(hints, pairs.src[i], pairs.dst[i], c)[0]
-        tokens, last_t = Q.context_tokens(model, c, budget, per_pair, timed=timed, hint=hint)
+        hint, hint_ms = H.hint(hints, pairs.src[i], pairs.dst[i], c)
+        estimates.append(hint_ms)
+        tokens, last_t = Q.context_tokens(model, c, budget, spec.tokens_cap, timed=timed, hint=hint)
         # one MeasurementStart (id 0) per context measurement, the hint after them not counted
         n_ctx.append(int((tokens[: len(tokens) - len(hint)] == 0).sum()))
         out.append(Q.query_prefix(pairs.src[i], pairs.dst[i], pairs.time[i] if timed else None, tokens, last_t))
-    return Prompts(pairs, out, n_ctx)
+        if predictor is not None:
+            chosen.append(choose(predictor, pairs.src[i], pairs.dst[i], c, policy, spec.cap, k, hint_ms))
+    return Prompts(pairs, out, n_ctx, chosen if predictor is not None else None,
+                   H.scales(model.run, estimates) if hints is not None else None)
+
+
+def choose(predictor, src: str, dst: str, context, policy: str, per_pair: int, k: int, hint_ms: float | None):
+    """The predictor of one question whose prompt holds `context` (the measurements picked for
+    it) under `policy`: the prompt's own estimate (`hint_ms`) where it carries a hint."""
+    keys = PR.prompt_keys(policy, context is not None, per_pair, k, hint_ms is not None)
+    return predictor.choose(src, dst, context, keys, hint_ms)
 
 
 def summaries(model, prompts: list[np.ndarray], exact: bool, calibration=None, chunk: int = CHUNK,
-              progress=lambda done, total: None) -> list[dict]:
+              progress=lambda done, total: None, choices=None, scales=None) -> list[dict]:
     """What `--pairs` reports of the distribution after each prompt (`distributions`), `chunk`
-    prompts a model call: the model's part of an answer, for prompts of any questions."""
+    prompts a model call: the model's part of an answer, for prompts of any questions
+    (`choices`: per prompt, the predictor answering it; `scales`: the scale its answer is
+    relative to, `Prompts.scales`)."""
     n, out = len(prompts), []
     progress(0, n)
     for a in range(0, n, chunk):
-        out += [d.summary() for d in distributions(model, prompts[a : a + chunk], exact, calibration)]
+        part = None if choices is None else choices[a : a + chunk]
+        sc = None if scales is None else scales[a : a + chunk]
+        out += [d.summary() for d in distributions(model, prompts[a : a + chunk], exact, calibration, part, sc)]
         progress(min(a + chunk, n), n)
     return out
+
+
+ANSWERED_BY_COLUMNS = ("answered_by", "regime", "answered_why")
+
+
+def answered_by_columns(choices: list) -> dict:
+    """The predictions' columns naming each answer's predictor, its regime and why."""
+    return {"answered_by": [c.predictor for c in choices], "regime": [c.regime for c in choices],
+            "answered_why": [c.why for c in choices]}
 
 
 SUMMARY_COLUMNS = ("p_fail", "mean_ms", "p_over_ceiling", "trimmed_mean_ms",
@@ -423,6 +457,8 @@ def columns(p: Prompts, sums: list[dict]) -> dict:
     the summaries of its distinct questions (a repeated question copies its answer)."""
     pairs, slot = p.pairs, p.pairs.slots
     cols = {k: [s[k] for s in sums] for k in SUMMARY_COLUMNS}
+    if p.choices is not None:  # which predictor answered each, and why
+        cols.update(answered_by_columns(p.choices))
     per_row = {k: [v[j] for j in slot] for k, v in {**cols, "context_measurements": p.context_measurements}.items()}
     return {pairs.unit: list(pairs.where), "src": list(pairs.src), "dst": list(pairs.dst),
             "ip_version": list(pairs.family), "time": list(pairs.time), **per_row}
@@ -430,12 +466,12 @@ def columns(p: Prompts, sums: list[dict]) -> dict:
 
 def answer(model, pairs: Pairs, ctx=None, per_pair: int = 0, exact: bool = False, chunk: int = CHUNK,
            progress=lambda done, total: None, prb: np.ndarray | None = None, calibration=None,
-           policy: str = "probe", k: int = 16) -> dict:
+           policy: str = "probe", k: int = 16, predictor=None) -> dict:
     """Column arrays of the predictions, one entry per valid pair, in file order. A row that
     repeats an earlier (src, dst, time) has the same prompt, so it is answered once and copied:
     a measurement table given as pairs costs its distinct pairs, not its rows. A `calibration`
     recalibrates every distribution (its quantiles are then read exactly where the recalibrated
     ones fall). `policy` "both": each prompt holds the pair's triangulation context from `ctx`
     (`k` a side, `per_pair` of each pair per side) instead of its probe's history."""
-    p = prompts(model, pairs, ctx, per_pair, prb=prb, policy=policy, k=k)
-    return columns(p, summaries(model, p.prompts, exact, calibration, chunk, progress))
+    p = prompts(model, pairs, ctx, per_pair, prb=prb, policy=policy, k=k, predictor=predictor)
+    return columns(p, summaries(model, p.prompts, exact, calibration, chunk, progress, p.choices, p.scales))

@@ -20,6 +20,7 @@ from pingctl.context import last_k_per_key
 from pingctl.errors import PingctlError, UsageError
 from pingctl.tokenizer import C, Measurements, decode, encode, get_vocab
 from pingctl.tokenizer.measurements import format_addresses
+from pingctl.tokenizer.relative import has_scale, to_absolute, to_relative
 from pingctl.tokenizer.rtt_codec import POSSIBLE_FIRST_BYTES, decode_rtt, possible_first_bytes, token_codes
 
 V = get_vocab("compact")
@@ -190,14 +191,26 @@ def first_byte_distribution(lp: np.ndarray) -> np.ndarray:
     return possible_first_bytes(bytes_distribution(lp))
 
 
-def rtt_distribution(model, prefix: np.ndarray) -> RttDistribution:
-    return rtt_distributions(model, [prefix])[0]
+def rtt_distribution(model, prefix: np.ndarray, scale: float | None = None) -> RttDistribution:
+    return rtt_distributions(model, [prefix], scales=None if scale is None else [scale])[0]
 
 
-def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0) -> list[RttDistribution]:
+def in_ms(dists: list[RttDistribution], scales=None) -> list[RttDistribution]:
+    """The distributions of prompts whose answer is relative to the hint they carry
+    (`loader.relative_target`), in ms: each value times `scales[i]` / REF_MS
+    (`tokenizer.relative.to_absolute`); a prompt without a scale (None, NaN) as it was. The
+    probabilities stay: the map is monotone, so every quantile, CDF read and PIT carries over."""
+    if scales is None:
+        return list(dists)
+    return [RttDistribution(d.p_fail, d.codes, to_absolute(d.values_ms, s), d.probs) if has_scale(s) else d
+            for d, s in zip(dists, scales)]
+
+
+def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0, scales=None) -> list[RttDistribution]:
     """Exact RTT-code distributions for many prompts, batched: one pass for P(failure) and
     P(first byte), one pass over every (prompt, first byte) for P(second byte). First bytes
-    with probability <= `prune` are skipped (their mass is dropped and renormalised)."""
+    with probability <= `prune` are skipped (their mass is dropped and renormalised).
+    `scales[i]`: prompt i's answer is relative to its hint (`in_ms`; None: all in ms)."""
     _require_compact(model)
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
     p_fail, p1 = first_pass(model, prefixes)
@@ -212,7 +225,7 @@ def rtt_distributions(model, prefixes: list[np.ndarray], prune: float = 0.0) -> 
         k += len(bs)
         j = joint.reshape(-1)[order]
         out.append(RttDistribution(float(p_fail[i]), codes, values, j / j.sum()))
-    return out
+    return in_ms(out, scales)
 
 
 @functools.cache
@@ -248,7 +261,7 @@ def fail_probability(lp: np.ndarray) -> float:
 
 def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES, points=None,
                          eps: float = 1e-3, max_rounds: int = 6, first=None, known=None,
-                         second_bytes=None) -> list[RttDistribution]:
+                         second_bytes=None, read_cdfs=None, scales=None) -> list[RttDistribution]:
     """RTT distributions that are exact where they are read: at the `quantiles` and at
     `points[i]` (ms, e.g. the actual RTT for a PIT; NaN or negative = none) of prompt i.
 
@@ -264,8 +277,18 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
 
     `first` = (p_fail, p1) from `first_pass` (or an equivalent teacher-forced pass) skips that
     pass; `known` = {(prompt index, first byte): P(second byte)} rows already computed;
-    `second_bytes` = a `second_byte_session` over these prompts already under way."""
+    `second_bytes` = a `second_byte_session` over these prompts already under way.
+    `read_cdfs[i]` (None: the model's own) maps prompt i's normalised CDF over the sorted codes
+    and their values to the CDF its quantiles are read on (a combined answer's pool), so the
+    distribution is exact where that answer's quantiles fall.
+    `scales[i]`: prompt i's answer is relative to its hint (`in_ms`): its point is read where
+    the relative answer holds it, and its distribution comes back in ms (None: all in ms)."""
     _require_compact(model)
+    if scales is not None:
+        sc = np.asarray(scales, np.float64)
+        return in_ms(rtt_distributions_at(
+            model, prefixes, quantiles, None if points is None else to_relative(points, sc), eps, max_rounds,
+            first, known, second_bytes, _cdfs_read_in_ms(read_cdfs, sc)), sc)
     codes, values, lo, hi = _code_table()
     order = codes.astype(np.int64)  # sorted position k holds code order[k]
     firsts = [np.concatenate([p, [C.RttStart]]).astype(np.int32) for p in prefixes]
@@ -278,7 +301,8 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
             model, prefixes[a : a + REFINE_PROMPTS], quantiles, None if pts is None else pts[a : a + REFINE_PROMPTS],
             eps, max_rounds, (p_fail[a : a + REFINE_PROMPTS], p1[a : a + REFINE_PROMPTS]),
             {(i - a, b): row for (i, b), row in (known or {}).items() if a <= i < a + REFINE_PROMPTS},
-            None if second_bytes is None else functools.partial(_shifted, second_bytes, a))]
+            None if second_bytes is None else functools.partial(_shifted, second_bytes, a),
+            None if read_cdfs is None else read_cdfs[a : a + REFINE_PROMPTS])]
     # each prompt's key-value cache serves every round (where the engine keeps one)
     session = getattr(model, "second_byte_session", None)
     if second_bytes is None:
@@ -296,6 +320,8 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         want: list[tuple[int, int]] = []
         for i in changed:  # a prompt none of whose bytes the last round refined would ask nothing new
             cdf = np.cumsum(joint[i].reshape(-1)[order])
+            if read_cdfs is not None and read_cdfs[i] is not None:
+                cdf = read_cdfs[i](cdf / cdf[-1], values)
             reads = list(values[np.minimum(np.searchsorted(cdf, qs * cdf[-1]), 65535)])
             if np.isfinite(pts[i]) and pts[i] >= 0:
                 reads.append(pts[i])
@@ -320,6 +346,17 @@ def rtt_distributions_at(model, prefixes: list[np.ndarray], quantiles=QUANTILES,
         j = joint[i].reshape(-1)[order]
         out.append(RttDistribution(float(p_fail[i]), codes, values, j / j.sum()))
     return out
+
+
+def _cdfs_read_in_ms(read_cdfs, scales: np.ndarray):
+    """`read_cdfs` (which read values in ms) for prompts whose code values are relative."""
+    if read_cdfs is None:
+        return None
+    return [None if f is None else functools.partial(_cdf_read_in_ms, f, s) for f, s in zip(read_cdfs, scales)]
+
+
+def _cdf_read_in_ms(read_cdf, scale: float, cdf: np.ndarray, values: np.ndarray) -> np.ndarray:
+    return read_cdf(cdf, to_absolute(values, scale))
 
 
 # ----------------------------------------------------------------- partial addresses

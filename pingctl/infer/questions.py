@@ -31,10 +31,12 @@ from pingctl.atomic import unwritable_reason
 from pingctl.context import triangulation_indices
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import hints as H
+from pingctl.infer import predictor as PR
 from pingctl.infer import queries as Q
 from pingctl.infer.model import trained_with_timestamps, untimed_run
-from pingctl.infer.pairs import AddressError, check_measurable, context_of, probe_of
+from pingctl.infer.pairs import AddressError, check_measurable, choose, context_of, probe_of
 from pingctl.infer.plots import plot_distribution
+from pingctl.prompt import CONTEXT_K, SAMPLE_POLICIES, Policy, PromptSpec, parse_policy
 from pingctl.schema.times import generated_time_range, parse_when, utc_text
 from pingctl.tokenizer import Measurements, decode
 from pingctl.tokenizer.rtt_codec import MAX_MS
@@ -153,8 +155,7 @@ def generation_period(since: str | None, until: str | None) -> tuple[int, int]:
 # --context-policy: `probe` the probe's own measurements from --context (as training contexts
 # without triangulation); `both` a triangulation context from it (docs/sample.md): the probe's
 # measurements to other destinations and the destination's from other sources, CONTEXT_K a side.
-CONTEXT_POLICIES = ("probe", "both")
-CONTEXT_K = 16
+CONTEXT_POLICIES = SAMPLE_POLICIES
 MAX_CONTEXT_K = 10_000  # a prompt holds at most seq_len tokens, >= 12 a measurement (eval's bound)
 
 
@@ -163,12 +164,11 @@ def check_context_options(context: Path | None, context_per_pair: int | None, co
     Q.check_per_pair(context_per_pair)
     if context_per_pair is not None and context is None:
         raise UsageError("--context-per-pair caps measurements from --context; give --context too")
-    if context_policy not in CONTEXT_POLICIES:
-        raise UsageError(f"--context-policy {context_policy!r}: expected one of {', '.join(CONTEXT_POLICIES)}")
-    if context_policy == "both" and context is None:
+    two_sided = parse_policy(context_policy, SAMPLE_POLICIES) is Policy.BOTH
+    if two_sided and context is None:
         raise UsageError("--context-policy both picks its measurements from --context; give --context TABLE too")
     if context_k is not None:
-        if context_policy != "both":
+        if not two_sided:
             raise UsageError("--context-k is the size of each side of --context-policy both")
         _at_least_one("--context-k", context_k)
         bound("--context-k", context_k, MAX_CONTEXT_K, "a prompt holds at most the run's seq_len tokens, at "
@@ -200,9 +200,21 @@ class Question:
 
     def check(self) -> None:
         check_context_options(self.context, self.context_per_pair, self.context_policy, self.context_k)
-        if self.context_policy == "both" and self.mode not in ("distribution", "pairs"):
+        if self.two_sided and self.mode not in ("distribution", "pairs"):
             raise UsageError(f"--context-policy both is for an RTT distribution (--src IP --dst IP), not "
                              f"{MODE_NAMES.get(self.mode, 'a --pairs file')}: its context needs both ends")
+
+    @property
+    def two_sided(self) -> bool:
+        """Its prompt holds a triangulation context (`--context-policy both`)."""
+        return self.context_policy == Policy.BOTH
+
+    def prompt(self, run: Path | str) -> PromptSpec:
+        """Its prompt under `run`'s rules (`prompt.PromptSpec`): the per-pair cap as the run was
+        trained unless --context-per-pair says, the hint where a `both` prompt of the run carries one."""
+        k = CONTEXT_K if self.context_k is None else self.context_k
+        return PromptSpec.for_model(run, policy=self.context_policy, context=k, per_pair=self.context_per_pair,
+                                    allowed=SAMPLE_POLICIES)
 
     def needs_run_rules(self) -> bool:
         """Whether `check_run` must read the run's config."""
@@ -376,20 +388,16 @@ def check_run(question: Question, run: Path) -> None:
                          "result_last < 1, or ask this one for the RTT distribution of candidate pairs")
 
 
-def probe_context(question: Question, ctx: Measurements, read: dict, prb=None, run: Path | str | None = None
-                  ) -> Measurements | None:
+def probe_context(question: Question, ctx: Measurements, read: dict, prb, run: Path | str) -> Measurements | None:
     """The context a question with a whole --src is asked with: that source's probe's
     measurements (before --time), as a --pairs row's; training contexts hold one probe's past.
-    With --context-policy both, the triangulation context (`triangulation_context`; `run` gives
-    its per-pair cap when --context-per-pair does not). Sets read["rows_used"] (a caller may say
-    how many of the file's rows that left)."""
+    With --context-policy both, the triangulation context (`triangulation_context`, capped per
+    pair as `run` was trained unless --context-per-pair says: `Question.prompt`). Sets
+    read["rows_used"] (a caller may say how many of the file's rows that left)."""
     src = getattr(question, "src", None)
-    if question.context_policy == "both":
-        per_pair = question.context_per_pair
-        if per_pair is None:
-            per_pair = run_config(run).loader.triangulation_per_pair if run is not None else 1
-        k = CONTEXT_K if question.context_k is None else question.context_k
-        idx = triangulation_context(ctx, prb, question.src, question.dst, question.time, k, per_pair)
+    if question.two_sided:
+        spec = question.prompt(run)
+        idx = triangulation_context(ctx, prb, question.src, question.dst, question.time, spec.context, spec.cap)
         read["rows_used"] = len(idx)
         return ctx.take(idx) if len(idx) else None
     if src is None or is_pattern(src):
@@ -432,43 +440,47 @@ class Answer:
 
 
 def answer(model, question: Question, run: Path | str | None = None, context: Measurements | None = None,
-           context_read: dict | None = None, calibration=None) -> Answer:
+           context_read: dict | None = None, calibration=None, predictor=None) -> Answer:
     """Ask `model` a single question (not PairsQuestion: `pingctl/infer/pairs.py`), after the
     `context` measurements; write the files the question names. `calibration`: a loaded
-    calibration map (`pingctl.infer.calibration.load`) for an RttQuestion."""
+    calibration map (`pingctl.infer.calibration.load`) for an RttQuestion; `predictor`
+    (`predictor.Predictor`): which predictor answers it (None: the model)."""
     if isinstance(question, PairsQuestion):
         raise PingctlError("a --pairs question is answered by pingctl.infer.pairs.answer")
     q = question
     result: dict = {"mode": q.mode, "run": str(model.run if run is None else run), "step": model.step,
                     "steps": list(model.steps), "timestamps": model.timestamps, "device": model.device,
                     "engine": getattr(model, "engine", "maxtext")}
+    spec = q.prompt(model.run)
     hint_tokens, estimate = H.NONE, None
-    if q.context_policy == "both" and isinstance(q, RttQuestion):
+    if spec.hint and isinstance(q, RttQuestion):
         hint_tokens, estimate = H.hint(H.run_hints(model.run), q.src, q.dst, context)
-    per_pair = model.max_per_pair if q.context_per_pair is None else q.context_per_pair
     # a `both` context was capped per pair when it was picked (probe_context)
-    ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64,
-                                          0 if q.context_policy == "both" else per_pair, timed=model.timestamps,
-                                          hint=hint_tokens)
+    ctx_tokens, last_t = Q.context_tokens(model, context, model.seq_len - 64, spec.tokens_cap,
+                                          timed=model.timestamps, hint=hint_tokens)
     if context is not None:
-        result["context_per_pair"] = per_pair
+        result["context_per_pair"] = spec.cap
         result["context_rows"] = context_read
     if estimate is not None:
         result["hint_ms"] = estimate
     result["context_tokens"] = int(len(ctx_tokens))
-    if q.context_policy == "both":
+    if spec.two_sided:
         # the prompt's context measurements as the model reads them (src, dst, time, rtt)
         m = decode(ctx_tokens, "compact").measurements
-        result["context_policy"] = "both"
-        result["context_k"] = CONTEXT_K if q.context_k is None else q.context_k
+        result["context_policy"] = str(spec.policy)
+        result["context_k"] = spec.context
         result["context"] = [{"src": a, "dst": b, "time": int(t) if h else None, "rtt_ms": float(r)}
                              for a, b, t, h, r in zip(m.src_text(), m.dst_text(), m.time_s, m.has_time, m.rtt_ms)]
     if isinstance(q, RttQuestion):
-        d = Q.rtt_distribution(model, Q.query_prefix(q.src, q.dst, q.time, ctx_tokens, last_t))
+        d = Q.rtt_distribution(model, Q.query_prefix(q.src, q.dst, q.time, ctx_tokens, last_t),
+                               None if estimate is None else H.scales(model.run, [estimate])[0])
         if calibration is not None:
-            d = calibration.apply(d)
             result["calibration"] = {"path": calibration.path,
                                      **{k: calibration.meta.get(k) for k in ("fitted_on", "packets")}}
+        choice = _choice(q, spec, predictor, context, estimate)
+        d = choice.apply(d, calibration)
+        if predictor is not None:
+            result["answered_by"] = choice.answered_by()
         result.update({"src": q.src, "dst": q.dst, "time": q.time, **d.summary()})
         if q.plot:
             plot_distribution(d, q.plot, f"{q.src} -> {q.dst}")
@@ -509,6 +521,15 @@ def answer(model, question: Question, run: Path | str | None = None, context: Me
         SO.write_generated(*generated_rows(streams), q.out)
         result["out"] = str(q.out)
     return Answer(q, result, rows=rows, streams=streams)
+
+
+def _choice(q: RttQuestion, spec: PromptSpec, predictor, context: Measurements | None, hint_ms: float | None):
+    """The predictor of a single RTT question (`pairs.choose`) asked with prompt `spec`; one
+    asked for explicitly that cannot answer it is refused (`Predictor.require`)."""
+    if predictor is None:
+        return PR.MODEL
+    return predictor.require(choose(predictor, q.src, q.dst, context, q.context_policy, spec.cap, spec.context,
+                                    hint_ms))
 
 
 def generated_rows(streams: list) -> tuple:

@@ -1,37 +1,17 @@
-"""The process an answer runs in: the engine, JAX's environment, the hardware asked for, and
-the MaxText config every MaxText-engine path (plain forward passes, the key-value-cache engine)
-builds."""
+"""The process an answer runs in: JAX's environment and the hardware asked for, the same for
+every engine (which engine runs: pingctl.infer.engines.registry)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import warnings
 from pathlib import Path
 
-from pingctl.artifacts.run import MAXTEXT_YML
-from pingctl.errors import EXTRA_OF, PingctlError, UsageError, install_line
+from pingctl.errors import PingctlError, UsageError
 from pingctl.train.xla import jax_env
 
 HARDWARE = ("cpu", "gpu")
-# the package each engine needs beyond the base install (its extra: errors.EXTRA_OF)
-_ENGINE_NEEDS = {"light": "jax", "maxtext": "maxtext"}
-
-
-def default_engine() -> str:
-    """The engine an answer runs on when none is asked for: the JAX engine (`light`: compiled,
-    fused passes) where JAX is installed, else the NumPy one, which the base install has."""
-    return "light" if importlib.util.find_spec("jax") is not None else "numpy"
-
-
-def require_engine(engine: str, what: str = "--engine") -> None:
-    """An engine asked for by name whose package this install lacks: one line naming the extra,
-    before anything slow (an ImportError deep in a load would be a traceback)."""
-    need = _ENGINE_NEEDS.get(engine)
-    if need is not None and importlib.util.find_spec(need) is None:
-        raise PingctlError(f"{what} {engine}: {need} is not installed; {install_line(EXTRA_OF[need])}, "
-                           "or leave the engine out to answer with NumPy")
 
 
 def check_hardware(hardware: str | None) -> str | None:
@@ -68,16 +48,14 @@ def require_gpu(jax) -> None:
                            "install a CUDA-enabled jax, or ask on the CPU with --hardware cpu")
 
 
-def inference_config(run: Path, items: Path | None, hardware: str, batch: int, *extra: str):
-    """The MaxText config every inference path builds from a run's `maxtext.yml` (plain forward
-    passes and the key-value-cache engine), plus `extra` key=value overrides. `items` None: no
-    checkpoint to restore (an export's weights are assigned after the model is built)."""
-    from maxtext.configs import pyconfig
+def import_jax(cfg, asked_hardware: str | None):
+    """JAX, imported once the environment is set (`prepare_env`), with the compilation cache
+    training uses: a later process reuses the compiled forward shapes. An explicit `--hardware
+    gpu` insists on a GPU."""
+    import jax
 
-    return pyconfig.initialize([
-        "", str(run / MAXTEXT_YML), *([f"load_parameters_path={items}"] if items else []), f"hardware={hardware}",
-        "skip_jax_distributed_system=true", "enable_checkpointing=false", f"per_device_batch_size={batch}",
-        # the kernel does not change the weights: a run trained with flash on a GPU is asked on
-        # a CPU too, where MaxText's flash means TPU kernels
-        "enable_tensorboard=false", "attention=dot_product", *extra,
-    ])
+    if asked_hardware == "gpu":
+        require_gpu(jax)
+    jax.config.update("jax_compilation_cache_dir", str(Path(cfg.train.jax_cache_dir).expanduser()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    return jax

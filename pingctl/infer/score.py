@@ -57,16 +57,19 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import resolve_inputs
-from pingctl.context import POLICIES, codes_in, context_indices, context_pool, dict_encode, vocabulary
+from pingctl.context import context_indices, context_pool
 from pingctl.errors import PingctlError, UsageError
 from pingctl.infer import queries as Q
+from pingctl.infer import score_answer as SA
+from pingctl.prompt import SCORE_POLICIES, Policy, PromptSpec, parse_policy
+from pingctl.schema.arrow_strings import codes_in, dict_encode, vocabulary
 from pingctl.schema.columns import COLUMNS
 from pingctl.schema.duck import canonical_head, rejected_lines
 from pingctl.tokenizer import C, Measurements, encode
 from pingctl.tokenizer.compact import result_lengths
 from pingctl.tokenizer.measurements import event_seconds
+from pingctl.tokenizer.relative import to_relative
 from pingctl.tokenizer.rtt_codec import decode_rtt, possible_first_bytes, token_codes
 
 # ----------------------------------------------------------------- defaults and bounds
@@ -81,8 +84,7 @@ MAX_CONTEXT = 10_000
 CONTEXT = 16
 SCORE_COLUMNS = ("nll", "pit", "tail_p", "p_fail", "context_measurements")
 # `stream`: each probe's history as one teacher-forced token stream (module docstring, "Stream")
-STREAM = "stream"
-SCORE_POLICIES = (*POLICIES, STREAM)
+STREAM = Policy.STREAM
 ORDER = ("time", "src", "dst", "result")  # a query's block order, and a stream's
 EPS = 1e-3  # as `rtt_distributions_at`: unrefined first bytes may hold this much mass at a read
 _TINY = np.finfo(np.float64).tiny  # a probability that underflowed: a finite, huge NLL
@@ -90,9 +92,7 @@ _TINY = np.finfo(np.float64).tiny  # a probability that underflowed: a finite, h
 
 def check_options(context: int = CONTEXT, context_policy: str = "probe", limit: int | None = None) -> None:
     """The bounds of every size `score_table` takes (a `UsageError` naming the option)."""
-    if context_policy not in SCORE_POLICIES:
-        raise UsageError(f"context policy {context_policy!r} (--context-policy): expected one of "
-                         f"{', '.join(SCORE_POLICIES)}")
+    parse_policy(context_policy, SCORE_POLICIES)
     if not isinstance(context, int) or not 0 <= context <= MAX_CONTEXT:
         raise UsageError(f"context {context!r}: expected 0 to {MAX_CONTEXT:,} measurements (--context)")
     if limit is not None and (not isinstance(limit, int) or not 1 <= limit <= MAX_ROWS):
@@ -103,11 +103,14 @@ def check_options(context: int = CONTEXT, context_policy: str = "probe", limit: 
 
 
 def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.ndarray],
-            hints: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+            hints: np.ndarray | None = None, scales: np.ndarray | None = None
+            ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(prompt tokens, full tokens with the actual result) per query packet; timestamped as
     the run was trained (`model.timestamps`). `hints`: per packet an RTT estimate (ms; NaN:
     none) given as a measurement of its pair without a timestamp just before it, as
-    `loader.hints_file` trains them."""
+    `loader.hints_file` trains them. `scales`: per packet the scale its answer is relative to
+    (`infer.hints.scales`): its full sequence holds the actual RTT in those units, as the loader
+    encodes a hinted query (`loader.relative_target`)."""
     timed = model.timestamps
     t = np.asarray(test["event_time"], np.int64)
     prompts_, fulls = [], []
@@ -116,6 +119,8 @@ def prompts(model, test: dict, idx: np.ndarray, pool: dict, contexts: list[np.nd
     used = np.unique(np.concatenate([np.asarray(c, np.int64) for c in contexts] + [np.zeros(0, np.int64)]))
     held = measurements(pool, used)
     queries = measurements(test, np.asarray(idx), timed)
+    if scales is not None:
+        queries.rtt_ms[:] = to_relative(queries.rtt_ms, scales)
     for k, (i, prev) in enumerate(zip(idx, contexts)):
         at = np.searchsorted(used, prev)
         ctx = held.take(at) if len(prev) else None
@@ -311,9 +316,11 @@ def score_table(model, table, *, context: int = CONTEXT, context_policy: str = "
 
 
 def score_rows(model, got: ScoreInput, *, context: int = CONTEXT, context_policy: str = "probe",
-               per_pair: int | None = None, chunk: int = 64, progress=None):
+               per_pair: int | None = None, chunk: int = 64, progress=None, predictor=None):
     """`score_table` on rows already read (`read_input`): a command reads and checks the table
-    before the model loads, then scores."""
+    before the model loads, then scores. `predictor` (`predictor.Predictor`): each row scored
+    under the answer to its question (`score_answer`), its columns answered_by and regime
+    saying which; None: the model's."""
     import pyarrow as pa
 
     check_options(context, context_policy)
@@ -323,19 +330,24 @@ def score_rows(model, got: ScoreInput, *, context: int = CONTEXT, context_policy
         raise PingctlError(f"scoring needs a model trained with the compact scheme (this one: {model.scheme})")
     progress = progress or (lambda done, total: None)
     rows = _arrays(got.table)
-    if per_pair is None:  # as the run's training contexts were shaped
-        per_pair = (run_config(model.run).loader.triangulation_per_pair if context_policy == "both"
-                    else model.max_per_pair)
-    if context_policy == STREAM:
+    spec = PromptSpec.for_model(model.run, policy=context_policy, context=context, per_pair=per_pair,
+                               hints=False, allowed=SCORE_POLICIES)
+    if spec.streamed:
         cols = _score_stream(model, rows, context, progress)
     else:
-        cols = _score(model, rows, context, context_policy, per_pair, chunk, progress)
+        cols = _score(model, rows, context, spec.policy, spec.cap, chunk, progress)
+    answered = None if predictor is None else SA.answer_rows(cols, rows, predictor, spec.policy, context, spec.cap)
     out = got.table.select(list(COLUMNS))
     for name in SCORE_COLUMNS:
         out = out.append_column(name, pa.array(cols[name]))
+    if answered is not None:
+        out = out.append_column("answered_by", pa.array(answered["answered_by"], pa.string()))
+        out = out.append_column("regime", pa.array(answered["regime"], pa.string()))
     meta = {"kind": "scores", "run": str(model.run), "steps": list(model.steps or (model.step,)),
-            "context_policy": context_policy, "context": context, "context_per_pair": per_pair,
+            "context_policy": str(spec.policy), "context": context, "context_per_pair": spec.cap,
             "timestamps": model.timestamps, "nll_unit": "nats", "source": got.source, **got.counts()}
+    if answered is not None:
+        meta.update(combination=predictor.path, answered_why=answered["why"])
     return out.replace_schema_metadata({"pingctl": json.dumps(meta)})
 
 

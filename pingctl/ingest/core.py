@@ -190,66 +190,21 @@ def ingest_file(
         raise PingctlError(f"cannot read {p}: {e.strerror or e}") from None
     hr = HashingReader(raw, on_bytes)
     codec = detect_codec(p, raw)
-    out = None if tmpdir is None else Path(tmpdir)
-    chunks = None
-    switch = None
+    parse = functools.partial(_parse_file, index, name, None if tmpdir is None else Path(tmpdir), opts)
     gc_was = gc.isenabled()
     gc.disable()  # no reference cycles are made; the collector only costs time here
     try:
         done = None
         decoder = codec
-        reader = open_parallel_bz2(p, raw, bz2_threads) if codec == "bz2" and bz2_threads > 0 else None
-        if reader is not None:
-
-            def behind(pos: int) -> None:  # hash (and report) what the decoder has read
-                if pos > hr.nbytes:
-                    hr.read(pos - hr.nbytes)
-
-            par = parallel_bz2_chunks(reader, p, os.fstat(raw.fileno()).st_size, behind)
-            if bz2_threads > 1:
-                # a thread that keeps asking for the next chunks while this one parses, so
-                # the decoder threads always have blocks to work on (indexed_bzip2 only
-                # prefetches a little past the last read; this measured ~10 % faster)
-                chunks = ThreadedChunks(par, depth=PARALLEL_BZ2_DEPTH)
-                read_chunk = chunks.read
-            else:
-                read_chunk = functools.partial(next, par, b"")
-            try:
-                done = _parse_file(index, name, out, opts, read_chunk)
+        if codec == "bz2" and bz2_threads > 0:
+            done, hr = _parse_parallel_bz2(parse, p, raw, hr, on_bytes, bz2_threads)
+            if done is not None:
                 decoder = f"indexed_bzip2 x{bz2_threads}"
-            except ParallelBz2Failed:
-                if chunks is not None:
-                    chunks.close()
-                    chunks = None
-                par.close()
-                raw.seek(0)  # start over with the bz2 module; progress already shown stays
-                hr = HashingReader(raw, on_bytes, quiet=hr.nbytes)
-            if chunks is not None:
-                chunks.close()  # the reader thread hashes the raw file: stop it before drain()
-                chunks = None
         if done is None:
-            if codec == "plain":
-                read_chunk = lambda: hr.read(1 << 20)  # noqa: E731
-            elif not threaded:
-                read_chunk = functools.partial(next, decoded_chunks(codec, hr), b"")
-            else:
-                # The decoder thread re-takes the GIL several times per chunk (libbzip2's
-                # output buffer grows in steps); a short switch interval keeps it from
-                # waiting the default 5 ms each time while this thread parses.
-                switch = sys.getswitchinterval()
-                sys.setswitchinterval(2e-4)
-                chunks = ThreadedChunks(decoded_chunks(codec, hr))
-                read_chunk = chunks.read
-            done = _parse_file(index, name, out, opts, read_chunk)
-            if chunks is not None:
-                chunks.close()  # stop the decoder thread before reading the raw file here
+            done = _parse_stream(parse, codec, hr, threaded)
         counts, wrote, kept = done
         hr.drain()
     finally:
-        if chunks is not None:
-            chunks.close()
-        if switch is not None:
-            sys.setswitchinterval(switch)
         raw.close()
         if gc_was:
             gc.enable()
@@ -264,6 +219,61 @@ def ingest_file(
         "counts": counts,
         "rejects": kept,
     }
+
+
+def _parse_parallel_bz2(parse, p: Path, raw, hr: HashingReader, on_bytes, threads: int):
+    """Parse a .bz2 file decoded by indexed_bzip2 with `threads` blocks at once. Returns (what
+    `parse` returned, the reader hashing the file), or (None, a fresh reader on the rewound
+    file) when indexed_bzip2 is not usable here or failed, for the `bz2` module to start over."""
+    reader = open_parallel_bz2(p, raw, threads)
+    if reader is None:
+        return None, hr
+
+    def behind(pos: int) -> None:  # hash (and report) what the decoder has read
+        if pos > hr.nbytes:
+            hr.read(pos - hr.nbytes)
+
+    par = parallel_bz2_chunks(reader, p, os.fstat(raw.fileno()).st_size, behind)
+    chunks = None
+    if threads > 1:
+        # a thread that keeps asking for the next chunks while this one parses, so
+        # the decoder threads always have blocks to work on (indexed_bzip2 only
+        # prefetches a little past the last read; this measured ~10 % faster)
+        chunks = ThreadedChunks(par, depth=PARALLEL_BZ2_DEPTH)
+        read_chunk = chunks.read
+    else:
+        read_chunk = functools.partial(next, par, b"")
+    try:
+        return parse(read_chunk), hr
+    except ParallelBz2Failed:
+        if chunks is not None:
+            chunks.close()
+            chunks = None
+        par.close()
+        raw.seek(0)  # start over with the bz2 module; progress already shown stays
+        return None, HashingReader(raw, on_bytes, quiet=hr.nbytes)
+    finally:
+        if chunks is not None:
+            chunks.close()  # the reader thread hashes the raw file: stop it before drain()
+
+
+def _parse_stream(parse, codec: str, hr: HashingReader, threaded: bool):
+    """Parse a file read start to end through `hr`, decompressed by the standard library."""
+    if codec == "plain":
+        return parse(lambda: hr.read(1 << 20))
+    if not threaded:
+        return parse(functools.partial(next, decoded_chunks(codec, hr), b""))
+    # The decoder thread re-takes the GIL several times per chunk (libbzip2's output buffer
+    # grows in steps); a short switch interval keeps it from waiting the default 5 ms each
+    # time while this thread parses.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(2e-4)
+    chunks = ThreadedChunks(decoded_chunks(codec, hr))
+    try:
+        return parse(chunks.read)
+    finally:
+        chunks.close()  # stop the decoder thread before reading the raw file here
+        sys.setswitchinterval(switch)
 
 
 def _parse_file(index: int, path: str, out: Path | None, opts: Options, read_chunk) -> tuple[dict, bool, list | None]:

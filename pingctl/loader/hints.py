@@ -37,6 +37,7 @@ from pingctl.loader.sequences import RecordLengths
 from pingctl.records.layout import ProbeRecord, address_key
 from pingctl.schema.addresses import packed_address
 from pingctl.schema.columns import MAX_RTT_MS
+from pingctl.tokenizer.relative import scale_of_hint, to_relative
 
 KEY_BYTES = 17  # `records.layout.address_key`: 16 address bytes and the family
 # The arrays of a hints file: dtype kind, dimensions, and how `check_arrays` names them
@@ -180,6 +181,29 @@ class Hints:
             # the arrays the twin does not share with the record
             charge(lengths, twin.rtt_ms.nbytes + twin.errors.nbytes + have.nbytes + got[1].nbytes)
         lengths.memo["hint_twin"] = got
+        return got
+
+    def relative_twin(self, rec: ProbeRecord, lengths: RecordLengths, scheme: str
+                      ) -> tuple[ProbeRecord, RecordLengths] | None:
+        """The record's relative twin, kept with the record (`lengths.memo`): the same
+        measurements, each successful RTT divided by its pair's hint as the hint shows it
+        (`tokenizer.relative`), so a hinted query is the twin's measurement q
+        (`loader.relative_target`); failures stay failures, a pair without a hint keeps its RTT
+        (never drawn as a hinted query). None where the record has no hint twin."""
+        got = lengths.memo.get("relative_twin", False)
+        if got is not False:
+            return got
+        hinted = self.twin(rec, lengths, scheme)
+        got = None
+        if hinted is not None:
+            twin, tl = hinted
+            scale = np.where(tl.memo["has_hint"], scale_of_hint(twin.rtt_ms), np.nan)
+            rel = ProbeRecord(rec.probe, rec.prb_id, rec.time_s, to_relative(rec.rtt_ms, scale), rec.msm_id,
+                              rec.src_idx, rec.dst_idx, rec.size, rec.errors, rec.src_addr, rec.src_v6, rec.dst_addr,
+                              rec.dst_v6, rec.part)
+            got = (rel, RecordLengths(rel, scheme, prefix=False))
+            charge(lengths, rel.rtt_ms.nbytes + got[1].nbytes)
+        lengths.memo["relative_twin"] = got
         return got
 
 

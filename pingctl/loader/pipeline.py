@@ -1,7 +1,7 @@
 """The Grain pipeline: probe rows -> packed MaxText batches.
 
     element indices into the plan (record, rows) -> seed/shuffle/repeat (per-epoch
-    reseeding) -> shard by process -> random_map(PackSequences) -> to_iter_dataset
+    reseeding) -> random_map(PackSequences) -> shard by process -> to_iter_dataset
     -> flat_map(rows) -> window shuffle (train) -> batch into the MaxText features
     -> mp_prefetch (workers)
 
@@ -103,6 +103,7 @@ def loss_keep_table(loss_keep: dict[str, float], scheme: str) -> np.ndarray | No
 def _transforms(
     plan: np.ndarray, files: list[str], seq_len: int, mode_p: np.ndarray, scheme: str, rows_per_element: int, keep,
     shaping, tri: Triangulation = NO_TRIANGULATION, destinations: DestinationReader | None = None,
+    row_ids: bool = False,
 ):
     import grain
 
@@ -131,6 +132,8 @@ def _transforms(
             }
             if keep is not None:  # drawn here, after the rows, so the rows do not depend on it
                 out["loss"] = rng.random(seqs.tokens.shape) < keep[token_fields(seqs.tokens, spec)]
+            if row_ids:  # a row's id in its epoch: its plan element, then its place in the element
+                out["row_id"] = element * rows_per_element + np.arange(len(seqs.tokens), dtype=np.int64)
             return out
 
     class SplitSequences(grain.experimental.FlatMapTransform):
@@ -150,7 +153,7 @@ def triangulation(rows_dir: Path, manifest: dict, cfg: LoaderConfig, scheme: str
         return NO_TRIANGULATION, None
     hints = Hints.load(cfg.hints_file, cfg.hint_share) if cfg.hints_file else None
     tri = Triangulation(cfg.triangulation_share, cfg.triangulation_k_src, cfg.triangulation_k_dst,
-                        cfg.triangulation_per_pair, hints)
+                        cfg.triangulation_per_pair, hints, cfg.relative_target)
     if manifest.get("by") == "destination":
         raise PingctlError(f"{rows_dir}: destination records; triangulation contexts (loader.triangulation_share) "
                            "draw their queries from probe rows: give the probe rows built with --by both")
@@ -206,6 +209,8 @@ def batch_features(rows: list[dict], size: int, with_stats: bool = False, one_bl
     np.multiply(inputs_seg[:, :-1], same, out=targets_seg[:, :-1], casting="unsafe")
     targets_seg[:, -1] = 0
     out = {"features": block} if one_block else dict(zip(FEATURES, block))
+    if "row_id" in rows[0]:  # make_dataset(row_ids=True): which rows this batch holds (padding has none)
+        out["row_ids"] = np.array([row["row_id"] for row in rows], np.int64)
     if with_stats:  # side statistics for benches and logs; MaxText ignores keys it does not know
         out["stat_modes"] = np.sum([row["modes"] for row in rows], axis=0, dtype=np.int32)
         out["stat_measurements"] = np.int32(sum(int(row["measurements"]) for row in rows))
@@ -223,8 +228,13 @@ def make_dataset(
     num_epochs: int | None = None,
     batch_size: int | None = None,
     with_stats: bool = False,
+    row_ids: bool = False,
 ):
-    """A Grain IterDataset of MaxText batches. Eval (`train=False`): one deterministic pass."""
+    """A Grain IterDataset of MaxText batches. Eval (`train=False`): one deterministic pass.
+
+    Process `shard_index` of `shard_count` packs every `shard_count`-th element of the one shuffled
+    order, each with the RNG of its place in that order, so the processes' rows together are the
+    rows one process would pack. `row_ids`: each batch also holds its rows' ids (`row_ids`)."""
     import grain
 
     rows_dir = Path(rows_dir)
@@ -242,7 +252,7 @@ def make_dataset(
     shaping = Shaping(cfg.result_last, cfg.max_per_pair, cfg.pair_history_share, cfg.pair_history_k)
     tri, destinations = triangulation(rows_dir, manifest, cfg, scheme)  # train and eval alike, as shaping
     make_rows, split_rows = _transforms(plan, files, cfg.seq_len, mode_p, scheme, cfg.rows_per_element, keep,
-                                        shaping, tri, destinations)
+                                        shaping, tri, destinations, row_ids)
     # The elements are indices into the plan: a range source costs Grain no per-read accounting
     # (a source of the plan itself records each read's bytes and latency, ~3% of the loader).
     ds = grain.MapDataset.range(len(plan))
@@ -250,11 +260,13 @@ def make_dataset(
         ds = ds.seed(cfg.seed).shuffle().repeat(num_epochs)
     else:
         ds = ds.seed(cfg.eval_seed).shuffle()
+    # Shard after the map: an element's RNG comes from its index and the map's depth below the seed,
+    # which a shard before it would change (another process count, other rows)
+    ds = ds.random_map(make_rows)
     if shard_count > 1:
         ds = ds[shard_index::shard_count]
     workers = auto_workers(cfg.workers)
-    it = grain.experimental.FlatMapIterDataset(ds.random_map(make_rows).to_iter_dataset(_read_options(cfg, workers)),
-                                               split_rows)
+    it = grain.experimental.FlatMapIterDataset(ds.to_iter_dataset(_read_options(cfg, workers)), split_rows)
     if train and cfg.shuffle_window > 1:
         from pingctl.loader.shuffle import WindowShuffle  # imports Grain
 

@@ -62,6 +62,7 @@ class Triangulation:
     k_dst: int = 16
     per_pair: int = 1
     hints: Hints | None = None  # the embedding's estimate as a hint before the query (loader.hints_file)
+    relative_target: bool = False  # a hinted query's RTT relative to its hint (loader.relative_target)
 
 
 NO_TRIANGULATION = Triangulation()
@@ -270,6 +271,7 @@ class _Records:
     def __init__(self, rec: ProbeRecord, lengths: RecordLengths):
         self.items: list[tuple[ProbeRecord, RecordLengths]] = [(rec, lengths)]
         self._at: dict[int, int] = {}
+        self.hint_at = self.relative_at = -1  # the hint twin's index and the relative twin's, once added
 
     def add(self, got: tuple[ProbeRecord, RecordLengths]) -> int:
         if id(got[0]) not in self._at:
@@ -322,13 +324,17 @@ def _draw(rec: ProbeRecord, rng: np.random.Generator, qs: _Queries, sel: np.ndar
             b[lo:hi] = records.items[r][1].base[pos[lo:hi]]
     parts = [(np.repeat(np.concatenate([np.arange(m), d]), count), who, pos, t, b)]
     hint_who = -1
+    q_who = np.zeros(m, np.int64)  # the record each query is read from: the probe's, or its relative twin
     if tri.hints is not None and (twin := tri.hints.twin(rec, records.items[0][1], scheme)) is not None:
         # a hint shares its query's time, so the stable merge below puts it after the sides
         hc = np.flatnonzero(twin[1].memo["has_hint"][q] & (rng.random(m) < tri.hints.share))
         if len(hc):
-            hint_who = records.add(twin)
+            hint_who = records.hint_at = records.add(twin)
             parts.append((hc, np.full(len(hc), hint_who), q[hc], t_q[hc], twin[1].base[q[hc]]))
-    parts.append((np.arange(m), np.zeros(m, np.int64), q, t_q, base[q]))  # the queries, after every side
+            rel = tri.hints.relative_twin(rec, records.items[0][1], scheme) if tri.relative_target else None
+            if rel is not None:  # the same lengths: a failure stays a failure
+                q_who[hc] = records.relative_at = records.add(rel)
+    parts.append((np.arange(m), q_who, q, t_q, base[q]))  # the queries, after every side
     cand, who, where, t, b = (np.concatenate(col) for col in zip(*parts))
     return _arrange(rng, qs.mode[sel], qs.q_timed[sel], cand, who, where, t, b, scheme, hint_who)
 
@@ -447,17 +453,30 @@ def _chosen(plan: Plan, kept: list, records: _Records) -> Chosen:
                       *(np.zeros(0, dt) for dt in (np.int64, np.int64, bool)))
     who, where, has_time = (np.concatenate([getattr(src, col)[a:e] for src, a, e in kept])
                             for col in ("who", "where", "has_time"))
-    # the records used, renumbered in order (np.unique's answer; record ids are few and small):
-    # records[0], the probe's, holds every query
-    present = np.bincount(who, minlength=len(records.items)) > 0
-    used, who = np.flatnonzero(present), (np.cumsum(present) - 1)[who]
     ends = np.cumsum([e - a for _, a, e in kept])
+    if records.relative_at >= 0:
+        _absolute_without_hint(who, ends, records)
+    # the records used, renumbered in order (np.unique's answer; record ids are few and small):
+    # records[0], the probe's, stays first (a plain row beside these reads it as record 0)
+    present = np.bincount(who, minlength=len(records.items)) > 0
+    present[0] = True
+    used, who = np.flatnonzero(present), (np.cumsum(present) - 1)[who]
     starts = np.concatenate([[0], ends[:-1]])
     plan.idx.extend(where[a:e] for a, e in zip(starts, ends))
     plan.has_time.extend(has_time[a:e] for a, e in zip(starts, ends))
     used = used.tolist()
     return Chosen(plan, [records.items[u][0] for u in used], [records.items[u][1] for u in used], who, where,
                   has_time)
+
+
+def _absolute_without_hint(who: np.ndarray, ends: np.ndarray, records: _Records) -> None:
+    """A relative query whose hint a tight room cut off (a context loses its oldest measurements,
+    the hint just before the query last of them) is read from the probe's record again: a
+    relative RTT needs its scale in the prompt."""
+    last = ends - 1  # every context ends with its query, its hint (if kept) just before it
+    before = np.maximum(last - 1, 0)
+    kept_hint = (last > np.concatenate([[0], ends[:-1]])) & (who[before] == records.hint_at)
+    who[last[(who[last] == records.relative_at) & ~kept_hint]] = 0
 
 
 def pack_triangulation(

@@ -122,17 +122,28 @@ def check_times(model: Model, timed: bool, questions: list[tuple[int, S.Pair]], 
 
 
 def rtt_prompts(model: Model, items: list[dict], rows: list[S.ContextRow] | None,
-                context_per_pair: int | None) -> RttPrompts:
+                context_per_pair: int | None, answer: str | None = None, one: bool = False) -> RttPrompts:
     """A request's half of its answer, in its own thread: its pairs ({src, dst, time} each,
     checked by the body) and the prompt of each distinct one from its own context rows
-    (`Model.rtt_prompts`), so the model's worker only runs forward passes."""
+    (`Model.rtt_prompts`), with the predictor answering it, so the model's worker only runs
+    forward passes. The `one`-pair form asked for a predictor it cannot have is refused."""
     ctx = context(rows)
-    return model.rtt_prompts(items, context=ctx, context_per_pair=context_per_pair if ctx is not None else None)
+    asked = model.rtt_prompts(items, context=ctx, context_per_pair=context_per_pair if ctx is not None else None,
+                              answer=answer)
+    if one and answer is not None and asked.choices:
+        model.predictor.asking(answer).require(asked.choices[0])
+    return asked
 
 
-def rtt_summaries(model: Model, prompts: list, exact: bool) -> list[dict]:
-    """The batch function (the model's worker): prompts of any requests, one summary each."""
-    return model.rtt_summaries(prompts, exact)
+def rtt_items(asked: RttPrompts) -> list[tuple]:
+    """The batch items of a request: (prompt, its predictor's choice) each."""
+    return list(zip(asked.prompts, asked.choices or [None] * len(asked.prompts)))
+
+
+def rtt_summaries(model: Model, items: list[tuple], exact: bool) -> list[dict]:
+    """The batch function (the model's worker): (prompt, choice) items of any requests, one summary each."""
+    choices = [c for _, c in items]
+    return model.rtt_summaries([p for p, _ in items], exact, None if any(c is None for c in choices) else choices)
 
 
 def rtt_rows(asked: RttPrompts, summaries: list[dict], n: int) -> list[dict]:
@@ -142,16 +153,19 @@ def rtt_rows(asked: RttPrompts, summaries: list[dict], n: int) -> list[dict]:
     pairs = asked.pairs
     for r in pairs.rejects:
         out[r["row"]] = {"rejected": f"{r.get('reason')}: {r.get('detail')}"}
+    choices = asked.choices
     for where, q in zip(pairs.where, pairs.slots):
         out[where] = {**{k: None if v is None else float(v) for k, v in summaries[q].items()},
-                      "context_measurements": asked.built.context_measurements[q]}
+                      "context_measurements": asked.built.context_measurements[q],
+                      **({"answered_by": choices[q].answered_by()} if choices else {})}
     return out
 
 
 def rtt_response(model: Model, body: S.RttRequest, questions: list[tuple[int, S.Pair]], rejected: list[dict],
                  results: list[dict], cap: int | None) -> dict:
     head = {"run": model.name, "step": model.step, "steps": list(model.steps), "exact": body.exact,
-            "calibration": shown(model.calibration.path) if model.calibration is not None else None}
+            "calibration": shown(model.calibration.path) if model.calibration is not None else None,
+            "combination": shown(model.predictor.path)}
     if body.context is not None:
         head.update(context_rows=len(body.context), context_per_pair=cap)
     rows, bad = [], list(rejected)

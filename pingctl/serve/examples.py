@@ -61,10 +61,14 @@ SCORE = {
 }
 
 _SUMMARY = {"p_fail": 0.012, "mean_ms": 21.7, "p_over_ceiling": 0.0, "trimmed_mean_ms": 20.9, "p5_ms": 14.8,
-            "p25_ms": 17.9, "p50_ms": 19.6, "p75_ms": 22.4, "p95_ms": 33.0, "context_measurements": 0}
+            "p25_ms": 17.9, "p50_ms": 19.6, "p75_ms": 22.4, "p95_ms": 33.0, "context_measurements": 0,
+            "answered_by": {"predictor": "combined", "regime": "pair",
+                            "why": "better than the model on val in the pair regime (val CRPS combined 3.10 ms, "
+                                   "model 3.90 ms; weight 0.55 on the model, hint 19.2 ms)"}}
 # FastAPI leaves null values out of /openapi.json, examples included: a field the schema requires
 # is given a value in every example, or the example would not fit its own schema
-_HEAD = {"run": "demo-run", "step": 2000, "steps": [2000], "calibration": "demo-eval/calibration.json"}
+_HEAD = {"run": "demo-run", "step": 2000, "steps": [2000], "calibration": "demo-eval/calibration.json",
+         "combination": "demo-run/combination.json"}
 
 RTT_ANSWERS = {
     "one_pair": _ex("One pair", {"mode": "distribution", **_HEAD, "exact": True, "src": "193.0.0.1",

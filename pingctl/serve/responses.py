@@ -55,6 +55,13 @@ def errors(*codes: int) -> dict:
 # ----------------------------------------------------------------- /rtt
 
 
+class AnsweredBy(_Out):
+    predictor: Literal["model", "combined", "classical"] = Field(description="The predictor that answered")
+    regime: str | None = Field(description="The question's regime: time (the prompt holds packets of the pair), "
+                                           "pair, probe or target (which ends the run's hints know); null: not told")
+    why: str = Field(description="Why this predictor answered, in words")
+
+
 class Summary(_Out):
     p_fail: float | None = Field(description="P(the packet fails)")
     mean_ms: Ms = Field(description="Mean RTT of the successes up to the 60 s ceiling, ms")
@@ -66,6 +73,7 @@ class Summary(_Out):
     p75_ms: Ms = Field(description="75th percentile, ms")
     p95_ms: Ms = Field(description="95th percentile, ms")
     context_measurements: int = Field(description="Context measurements the prompt held")
+    answered_by: AnsweredBy = Field(description="Which predictor answered, in which regime, and why")
 
 
 class _RttHead(_Out):
@@ -75,6 +83,7 @@ class _RttHead(_Out):
     exact: bool = Field(description="Whether every code was computed (the request's `exact`, or its form's default: "
                                     "true for one pair, false for many)")
     calibration: str | None = Field(description="The calibration map applied, if any")
+    combination: str | None = Field(None, description="The combination.json the answers may pool with, if any")
     context_rows: int | None = Field(None, description="Context rows the request sent (when it sent some)")
     context_per_pair: int | None = Field(None, description="The cap on one (src, dst) pair's context measurements")
 

@@ -150,15 +150,16 @@ async def rtt(body: Annotated[S.RttRequest, Body(openapi_examples=X.RTT)], reque
         raise A.FieldError(("body", "pairs", first["index"]),
                            f"no pair passes its checks ({len(rejected):,} set aside); first: {first['message']}")
     items = [{"src": q.src, "dst": q.dst, "time": q.time} for _, q in questions]
-    cap = body.context_per_pair if body.context_per_pair is not None else st.meta["max_per_pair"]
     # the prompts here, in a request thread; only the forward passes on the model's worker,
     # batched with other requests' prompts of the same kind (long prompts apart from short)
-    asked = await _in_thread(A.rtt_prompts, st.model, items, body.context, body.context_per_pair)
+    asked = await _in_thread(A.rtt_prompts, st.model, items, body.context, body.context_per_pair, body.answer,
+                             not many)
     fn = functools.partial(A.rtt_summaries, st.model, exact=body.exact)
     summaries = await asyncio.wrap_future(st.batcher.submit(("rtt", body.exact, bool(body.context)), fn,
-                                                            asked.prompts))
+                                                            A.rtt_items(asked)))
     results = A.rtt_rows(asked, summaries, len(items))
-    return A.rtt_response(st.model, body, questions, rejected, results, cap)
+    # the cap the prompts were built under (`prompt.per_pair_cap`)
+    return A.rtt_response(st.model, body, questions, rejected, results, asked.context_per_pair)
 
 
 async def complete(body: Annotated[S.CompleteRequest, Body(openapi_examples=X.COMPLETE)], request: Request) -> dict:

@@ -217,6 +217,12 @@ class RttRequest(_WithContext):
                           "bins nothing is read in). "
                           "Default: as `pingctl sample` answers the same form: true for one pair (`sample --src "
                           "--dst`), false for many (`sample --pairs`)")
+    answer: Literal["model", "combined", "classical"] | None = Field(
+        None, description="Which predictor answers (`pingctl sample --answer`): model; combined, the model pooled with "
+                          "the classical estimate of each pair's regime as the run's combination.json weighs them; "
+                          "classical, that estimate alone. Default: as the service was started (combined where the "
+                          "combination fits and was better than the model on val, else model). Each answer's "
+                          "`answered_by` says which answered and why")
 
     @model_validator(mode="after")
     def _one_form(self):

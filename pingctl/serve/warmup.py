@@ -55,9 +55,9 @@ def warm(model: Model, max_batch: int, seq_len: int, forward_batch: int, log=lam
     """Ask the questions (on the caller's thread: the batcher's worker); {calls, seconds, shapes}."""
     t0 = time.perf_counter()
     full = max(1, min(max_batch, forward_batch))
-    # Nothing compiles on the NumPy engine: the shapes without context load BLAS and its
+    # Nothing compiles on an engine like NumPy's: the shapes without context load BLAS and its
     # buffers; each context level would cost seconds of forward passes and buy nothing.
-    deepest = levels(seq_len) if model.loaded.engine != "numpy" else [0]
+    deepest = levels(seq_len) if model.loaded.compiles else [0]
     ctx = _context(deepest[-1]) if deepest[-1] else None
     calls, held, shown = 0, [], -1
     for c in deepest:

@@ -525,24 +525,55 @@ def build_world(cfg, seed: int | None = None) -> World:
     prb = np.zeros(P + T, dtype=np.int64)
     prb[:P] = _probe_ids(rng_ids, P)
     hosts["prb_id"] = prb
+    msm, sizes = _measurement_ids(rng_ids, hosts["dual_stack"][P:])
 
-    # measurements: one msm per target and address family (RIPE-like ids, increasing with gaps)
-    gaps = rng_ids.integers(1, 40, size=2 * T)
+    rng_s = _rng(seed, "streams")
+    st = _streams(rng_s, cfg, hosts, prb, msm, sizes)
+    _add_paths(st, hosts, cities, host_as, _as_pair_params(_rng(seed, "paths"), ases, cities))
+    _add_host_params(st, hosts)
+    st["route_changes_per_day"] = np.where(rng_s.random(len(st["src"])) < FLAPPY_SHARE, FLAPPY_RATE_PER_DAY,
+                                           ROUTE_RATE_PER_DAY)
+    results, rounds, order = _schedule(st, cfg)
+
+    start_s = parse_start(cfg.start)
+    duration = rounds * cfg.step
+    check_span(start_s, duration)  # before anything is sized by the duration
+    routes = _route_segments(_rng(seed, "routes"), st, duration)
+    outages = _outages(_rng(seed, "outages"), hosts, P, duration)
+
+    addresses: list[str] = []
+    for i in range(P + T):
+        addresses += [hosts["ipv4"][i], hosts["ipv6"][i] or ""]
+    return World(
+        seed=seed, start_s=start_s, step=cfg.step, packets=cfg.packets, results=results, rounds=rounds,
+        hosts=hosts, ases=ases, streams=st, routes=routes, outages=outages, order=order, addresses=addresses,
+    )
+
+
+def _measurement_ids(rng, target_dual: np.ndarray) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """One measurement per target and address family (RIPE-like ids, increasing with gaps; -1
+    for the IPv6 one of a target without IPv6), and each one's packet size."""
+    T = len(target_dual)
+    gaps = rng.integers(1, 40, size=2 * T)
     msm4 = np.zeros(T, dtype=np.int64)
     msm6 = np.full(T, -1, dtype=np.int64)
     nxt = MSM_ID_BASE
     for t in range(T):
         msm4[t] = nxt
         nxt += int(gaps[2 * t])
-        if hosts["dual_stack"][P + t]:
+        if target_dual[t]:
             msm6[t] = nxt
             nxt += int(gaps[2 * t + 1])
-    size4 = rng_ids.choice(SIZES[0], size=T, p=SIZES[1])
-    size6 = rng_ids.choice(SIZES[0], size=T, p=SIZES[1])
+    size4 = rng.choice(SIZES[0], size=T, p=SIZES[1])
+    size6 = rng.choice(SIZES[0], size=T, p=SIZES[1])
+    return {4: msm4, 6: msm6}, {4: size4, 6: size6}
 
-    # streams: (probe, target, af)
-    rng_s = _rng(seed, "streams")
-    chosen = _choose_targets(rng_s, hosts, P, T, cfg.targets_per_probe)
+
+def _streams(rng, cfg, hosts, prb, msm, sizes) -> dict[str, np.ndarray]:
+    """The measurement streams (probe, target, address family), a probe's grouped together:
+    who measures whom, with which measurement id and packet size, at which offset in the step."""
+    P, T = cfg.probes, cfg.targets
+    chosen = _choose_targets(rng, hosts, P, T, cfg.targets_per_probe)
     k = chosen.shape[1]
     p_idx = np.repeat(np.arange(P), k)
     t_idx = chosen.reshape(-1)
@@ -551,20 +582,26 @@ def build_world(cfg, seed: int | None = None) -> World:
     src = np.concatenate([p_idx, p_idx[v6]])
     tgt = np.concatenate([t_idx, t_idx[v6]])
     af = np.concatenate([np.full(len(p_idx), 4), np.full(int(v6.sum()), 6)]).astype(np.int64)
-    o = np.lexsort((af, tgt, src))  # group a probe's streams together
+    o = np.lexsort((af, tgt, src))
     src, tgt, af = src[o], tgt[o], af[o]
-    dst = P + tgt
     S = len(src)
-    st: dict[str, np.ndarray] = {"stream_id": np.arange(S, dtype=np.int64), "src": src, "dst": dst, "ip_version": af}
-    st["msm_id"] = np.where(af == 4, msm4[tgt], msm6[tgt])
-    st["size"] = np.where(af == 4, size4[tgt], size6[tgt]).astype(np.int64)
+    st: dict[str, np.ndarray] = {"stream_id": np.arange(S, dtype=np.int64), "src": src, "dst": P + tgt,
+                                 "ip_version": af}
+    st["msm_id"] = np.where(af == 4, msm[4][tgt], msm[6][tgt])
+    st["size"] = np.where(af == 4, sizes[4][tgt], sizes[6][tgt]).astype(np.int64)
     st["prb_id"] = prb[src]
-    st["offset_s"] = rng_s.integers(0, cfg.step, size=S).astype(np.int64)
+    st["offset_s"] = rng.integers(0, cfg.step, size=S).astype(np.int64)
+    return st
 
+
+def _add_paths(st, hosts, cities, host_as, pair) -> None:
+    """Each stream's path: great-circle distance, propagation, the AS pair's inflation and
+    peering delay, and the detour through a hub where the AS pair trombones."""
+    src, dst, af = st["src"], st["dst"], st["ip_version"]
+    S = len(src)
     lat, lon = hosts["lat"], hosts["lon"]
     dist = M.haversine_km(lat[src], lon[src], lat[dst], lon[dst])
     prop = M.propagation_ms(dist)
-    pair = _as_pair_params(_rng(seed, "paths"), ases, cities)
     a_s, a_d = host_as[src], host_as[dst]
     infl_as = np.empty(S)
     peer = np.empty(S)
@@ -590,9 +627,14 @@ def build_world(cfg, seed: int | None = None) -> World:
     st["via_hub"] = np.where(via, cities["name"][np.maximum(hub, 0)], None).astype(object)
     st["path_ms"] = prop * st["inflation"]
     st["peering_ms"] = peer
+
+
+def _add_host_params(st, hosts) -> None:
+    """What each end adds to a stream: access delay, jitter, diurnal load, loss."""
+    src, dst = st["src"], st["dst"]
     st["access_src_ms"] = hosts["access_ms"][src]
     st["access_dst_ms"] = hosts["access_ms"][dst]
-    st["base_rtt_ms"] = st["path_ms"] + peer + st["access_src_ms"] + st["access_dst_ms"]
+    st["base_rtt_ms"] = st["path_ms"] + st["peering_ms"] + st["access_src_ms"] + st["access_dst_ms"]
     st["jitter_ms"] = hosts["jitter_ms"][src] + hosts["jitter_ms"][dst]
     st["jitter_gain_src"] = hosts["jitter_gain"][src]
     st["jitter_gain_dst"] = hosts["jitter_gain"][dst]
@@ -602,11 +644,14 @@ def build_world(cfg, seed: int | None = None) -> World:
     st["utc_offset_dst_h"] = hosts["utc_offset_h"][dst]
     st["diurnal_peak_src_h"] = hosts["diurnal_peak_h"][src]
     st["diurnal_peak_dst_h"] = hosts["diurnal_peak_h"][dst]
-    path_loss = 0.0003 + 0.0007 * np.minimum(dist / 10_000.0, 2.0)
+    path_loss = 0.0003 + 0.0007 * np.minimum(st["distance_km"] / 10_000.0, 2.0)
     st["loss_rate"] = 1.0 - (1.0 - hosts["loss_rate"][src]) * (1.0 - hosts["loss_rate"][dst]) * (1.0 - path_loss)
-    st["route_changes_per_day"] = np.where(rng_s.random(S) < FLAPPY_SHARE, FLAPPY_RATE_PER_DAY, ROUTE_RATE_PER_DAY)
 
-    # duration: results are emitted round by round, streams in offset order within a round
+
+def _schedule(st, cfg) -> tuple[int, int, np.ndarray]:
+    """Results are emitted round by round, streams in offset order within a round: how many
+    results and rounds, that order, and each stream's result count (into `st`)."""
+    S = len(st["src"])
     results = -(-cfg.rows // cfg.packets)
     rounds = -(-results // S)
     order = np.lexsort((st["stream_id"], st["offset_s"]))
@@ -614,20 +659,7 @@ def build_world(cfg, seed: int | None = None) -> World:
     n_res = np.full(S, full, dtype=np.int64)
     n_res[order[:part]] += 1
     st["results"] = n_res
-
-    start_s = parse_start(cfg.start)
-    duration = rounds * cfg.step
-    check_span(start_s, duration)  # before anything is sized by the duration
-    routes = _route_segments(_rng(seed, "routes"), st, duration)
-    outages = _outages(_rng(seed, "outages"), hosts, P, duration)
-
-    addresses: list[str] = []
-    for i in range(P + T):
-        addresses += [hosts["ipv4"][i], hosts["ipv6"][i] or ""]
-    return World(
-        seed=seed, start_s=start_s, step=cfg.step, packets=cfg.packets, results=results, rounds=rounds,
-        hosts=hosts, ases=ases, streams=st, routes=routes, outages=outages, order=order, addresses=addresses,
-    )
+    return results, rounds, order
 
 
 def _route_segments(rng, st, duration):

@@ -98,132 +98,200 @@ def _payload(u8: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(u8, width)[start]
 
 
-def decode(tokens, scheme: str = "compact") -> Decoded:
-    spec = get_spec(scheme)
-    tok = as_ids(tokens)
+@dataclass
+class _Stream:
+    """The token stream as the parser reads it, and where its measurements start and end."""
+
+    tok: np.ndarray  # the ids as given
+    tc: np.ndarray  # int32 ids, V where the id is invalid
+    valid: np.ndarray  # bool: inside the vocabulary
+    nonbyte_cum: np.ndarray  # non-byte tokens before each position (for "a non-byte in this field?")
+    u8: np.ndarray  # byte values wherever a byte token stands
+    ms: np.ndarray  # positions of MeasurementStart
+    seg_end: np.ndarray  # int64: where each measurement's segment ends
+
+
+def _read_stream(tok: np.ndarray, spec: SchemeSpec) -> _Stream:
     V, off, L = spec.vocab.size, spec.vocab.byte_offset, len(tok)
-    k = len(spec.blocks)
     valid = tok.view(np.uint32 if tok.dtype == np.int32 else np.uint64) < V  # negatives wrap to huge values
     tc = np.where(valid, tok, V).astype(np.int32, copy=False)  # ids with V as the invalid sentinel
     # int32 throughout: these stream-wide arrays dominate the memory traffic.
     cum_t = np.int32 if L < 2**31 - 1 else np.int64
     nonbyte_cum = np.zeros(L + 1, cum_t)
     np.cumsum(((tc < off) | (tc == V)).astype(cum_t), out=nonbyte_cum[1:])
-    u8 = (tc - off).astype(np.uint8)  # byte values wherever a byte token stands
-
-    errors: list[DecodeError] = []
+    u8 = (tc - off).astype(np.uint8)
     ms = np.flatnonzero(tok == 0)
-    first = int(ms[0]) if ms.size else L
+    seg_end = np.append(ms[1:], L).astype(np.int64)
+    return _Stream(tok, tc, valid, nonbyte_cum, u8, ms, seg_end)
+
+
+@dataclass
+class _Parse:
+    """Every segment's parse so far: where it reads next, its first error, the blocks it read."""
+
+    cur: np.ndarray  # next position to read
+    err: np.ndarray  # int8 error code, 0 = none yet
+    epos: np.ndarray
+    eblock: np.ndarray
+    bpos: np.ndarray  # int64[ns, k]: position of each block's first token, -1 if not read
+    bvar: np.ndarray  # int8[ns, k]: the block's variant (address family, timestamp kind, ...)
+    bhdr: np.ndarray  # int64[ns, k]: header tokens before the block's payload
+    cut_hdr: np.ndarray  # a timestamp header whose field broke after it, -1 if none
+    cut_var: np.ndarray
+
+    @classmethod
+    def start(cls, ms: np.ndarray, k: int) -> "_Parse":
+        ns = ms.size
+        return cls(ms + 1, np.zeros(ns, np.int8), np.zeros(ns, np.int64), np.zeros(ns, np.int64),
+                   np.full((ns, k), -1, np.int64), np.zeros((ns, k), np.int8), np.ones((ns, k), np.int64),
+                   np.full(ns, -1, np.int64), np.zeros(ns, np.int8))
+
+    @property
+    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Flat views: 1-D fancy indexing is much cheaper than (row, column) pairs.
+        return self.bpos.reshape(-1), self.bvar.reshape(-1), self.bhdr.reshape(-1)
+
+
+def decode(tokens, scheme: str = "compact") -> Decoded:
+    spec = get_spec(scheme)
+    tok = as_ids(tokens)
+    s = _read_stream(tok, spec)
+    errors: list[DecodeError] = []
+    first = int(s.ms[0]) if s.ms.size else len(tok)
     if first > 0:
         errors.append(DecodeError(0, first, 0, "stray_tokens", f"{first} token(s) before the first MeasurementStart"))
-    ns = ms.size
-    seg_end = np.append(ms[1:], L).astype(np.int64)
-    cur = ms + 1
-    err = np.zeros(ns, np.int8)
-    epos = np.zeros(ns, np.int64)
-    eblock = np.zeros(ns, np.int64)
-    bpos = np.full((ns, k), -1, np.int64)
-    bvar = np.zeros((ns, k), np.int8)
-    bhdr = np.ones((ns, k), np.int64)
-    cut_hdr = np.full(ns, -1, np.int64)
-    cut_var = np.zeros(ns, np.int8)
-
-    # Flat views: 1-D fancy indexing is much cheaper than (row, column) pairs.
-    bpos_f, bvar_f, bhdr_f = bpos.reshape(-1), bvar.reshape(-1), bhdr.reshape(-1)
+    k = len(spec.blocks)
+    p = _Parse.start(s.ms, k)
     for _ in range(k + 1):
-        a = np.flatnonzero((err == 0) & (cur < seg_end))
-        if a.size == 0:
+        if not _read_blocks(spec, s, p):
             break
-        c, end = cur[a], seg_end[a]
-        t = tc[c]
-        blk = spec.role_block[t]
-        plen = spec.role_payload[t]
-        var = spec.role_variant[t]
-        hdr = np.ones(a.size, np.int64)
-        code = np.zeros(a.size, np.int8)
-        code[blk < 0] = np.where(valid[c[blk < 0]], _CODE["unexpected_token"], _CODE["invalid_token"])
-        pos = c.copy()
-        # Checks run in token order, so each segment's error is where the grammar rejects it.
-        row = a * k
-        slot = row + np.maximum(blk, 0)
-        code[(code == 0) & (bpos_f[slot] >= 0)] = _CODE["duplicate_field"]
-        fam = (code == 0) & (plen == -2)
-        if fam.any():
-            c2 = c[fam] + 1
-            inside = c2 < end[fam]
-            ft = np.where(inside, tc[np.minimum(c2, L - 1)], V)
-            fp = spec.family_payload[ft]
-            code[fam] = np.where(~inside, _CODE["truncated"], np.where(fp < 0, _CODE["bad_family"], 0))
-            pos[fam] = np.where(inside & (fp < 0), c2, c[fam])
-            plen = plen.copy()
-            var = var.copy()
-            plen[fam] = fp
-            var[fam] = spec.family_variant[ft]
-            hdr[fam] = 2
-        is_ip = (blk == spec.src) | (blk == spec.dst)
-        other = row + np.where(blk == spec.src, spec.dst, spec.src)
-        clash = (code == 0) & is_ip & (bpos_f[other] >= 0) & (bvar_f[other] != var)
-        code[clash] = _CODE["family_mismatch"]
-        pos[clash] = c[clash] + hdr[clash] - 1
-        pstart = c + hdr
-        bend = pstart + np.maximum(plen, 0)
-        if scheme == "compact":
-            # the grammar judges the RTT's first byte before any later byte of the field
-            rb = (code == 0) & (blk == compact.RESULT) & (plen == 2) & (pstart < end)
-            t1 = tc[np.minimum(pstart, L - 1)]
-            bad = rb & (t1 >= off) & (t1 < V) & ~POSSIBLE_FIRST_BYTES[np.clip(t1 - off, 0, 255)]
-            code[bad], pos[bad] = _CODE["impossible_rtt"], pstart[bad]
-        nb = (code == 0) & (nonbyte_cum[np.minimum(bend, end)] > nonbyte_cum[np.minimum(pstart, end)])
-        if nb.any():
-            code[nb] = _CODE["non_byte_in_field"]
-            pos[nb] = np.searchsorted(nonbyte_cum, nonbyte_cum[pstart[nb]] + 1) - 1
-        code[(code == 0) & (bend > end)] = _CODE["truncated"]
-        live = code == 0
-        if live.all():
-            bpos_f[slot], bvar_f[slot], bhdr_f[slot], cur[a] = c, var, hdr, bend
-            continue
-        sl = slot[live]
-        bpos_f[sl], bvar_f[sl], bhdr_f[sl] = c[live], var[live], hdr[live]
-        cur[a[live]] = bend[live]
-        b = a[~live]
-        err[b], epos[b], eblock[b] = code[~live], pos[~live], np.maximum(blk[~live], 0)
-        # A timestamp block broken after its header: the grammar judges the header (delta
-        # without reference?) before the bytes, so keep it for that check.
-        cut_time = ~live & (blk == spec.time) & np.isin(code, (_CODE["truncated"], _CODE["non_byte_in_field"]))
-        cut_hdr[a[cut_time]], cut_var[a[cut_time]] = c[cut_time], var[cut_time]
-
-    left = (err == 0) & (cur < seg_end)
-    err[left], epos[left] = _CODE["trailing_tokens"], cur[left]
-
-    time_s = np.zeros(ns, np.int64)
-    has_time = bpos[:, spec.time] >= 0
-    if scheme == "compact":
-        _time_chain(u8, bpos[:, spec.time], bvar[:, spec.time], time_s, err, epos, eblock)
-        _orphan_headers(bpos[:, spec.time], bvar[:, spec.time], cut_hdr, cut_var, err, epos, eblock)
-    else:
-        tp = bpos[has_time, spec.time] + 1
-        time_s[has_time] = from_be_bytes(_payload(u8, tp, 8), ">i8")
-
-    req = np.array(spec.required)
-    missing = (err == 0) & (bpos[:, req] < 0).any(axis=1)
-    if missing.any():
-        err[missing] = _CODE["missing_field"]
-        epos[missing] = seg_end[missing] - 1
-        eblock[missing] = req[np.argmax(bpos[missing][:, req] < 0, axis=1)]
-
-    good = np.flatnonzero(err == 0)
-    bad = np.flatnonzero(err != 0)
-    for i in bad:
-        kind = _KIND[err[i] - 1]
-        errors.append(DecodeError(int(ms[i]), int(seg_end[i]), int(epos[i]), kind,
-                                  _message(spec, tok, kind, int(epos[i]), int(eblock[i]))))
+    left = (p.err == 0) & (p.cur < s.seg_end)
+    p.err[left], p.epos[left] = _CODE["trailing_tokens"], p.cur[left]
+    time_s, has_time = _timestamps(spec, s, p)
+    _check_required(spec, s, p)
+    errors += _errors(spec, s, p)
     errors.sort(key=lambda e: e.start)
-
-    m = _values(spec, u8, bpos[good], bvar[good], bhdr[good], time_s[good], has_time[good])
-    tk = bvar[good, spec.time] if scheme == "compact" else np.ones(len(good), np.int8)
+    good = np.flatnonzero(p.err == 0)
+    m = _values(spec, s.u8, p.bpos[good], p.bvar[good], p.bhdr[good], time_s[good], has_time[good])
+    tk = p.bvar[good, spec.time] if scheme == "compact" else np.ones(len(good), np.int8)
     tk = np.where(has_time[good], tk, 0).astype(np.int8)
-    spans = np.stack([ms[good], seg_end[good]], axis=1) if good.size else np.zeros((0, 2), np.int64)
-    return Decoded(scheme, m, spans.astype(np.int64), tk, bpos[good], errors)
+    spans = np.stack([s.ms[good], s.seg_end[good]], axis=1) if good.size else np.zeros((0, 2), np.int64)
+    return Decoded(scheme, m, spans.astype(np.int64), tk, p.bpos[good], errors)
+
+
+def _read_blocks(spec: SchemeSpec, s: _Stream, p: _Parse) -> bool:
+    """Read the next block of every segment still being read, all at once: record it, or the
+    segment's first error. False when no segment is left to read."""
+    a = np.flatnonzero((p.err == 0) & (p.cur < s.seg_end))
+    if a.size == 0:
+        return False
+    bpos_f, bvar_f, bhdr_f = p.flat
+    c, end = p.cur[a], s.seg_end[a]
+    t = s.tc[c]
+    blk = spec.role_block[t]
+    plen = spec.role_payload[t]
+    var = spec.role_variant[t]
+    hdr = np.ones(a.size, np.int64)
+    code = np.zeros(a.size, np.int8)
+    code[blk < 0] = np.where(s.valid[c[blk < 0]], _CODE["unexpected_token"], _CODE["invalid_token"])
+    pos = c.copy()
+    # Checks run in token order, so each segment's error is where the grammar rejects it.
+    row = a * len(spec.blocks)
+    slot = row + np.maximum(blk, 0)
+    code[(code == 0) & (bpos_f[slot] >= 0)] = _CODE["duplicate_field"]
+    fam = (code == 0) & (plen == -2)
+    if fam.any():
+        plen, var = _read_family(spec, s, c, end, fam, code, pos, hdr, plen, var)
+    is_ip = (blk == spec.src) | (blk == spec.dst)
+    other = row + np.where(blk == spec.src, spec.dst, spec.src)
+    clash = (code == 0) & is_ip & (bpos_f[other] >= 0) & (bvar_f[other] != var)
+    code[clash] = _CODE["family_mismatch"]
+    pos[clash] = c[clash] + hdr[clash] - 1
+    pstart = c + hdr
+    bend = pstart + np.maximum(plen, 0)
+    _check_payload(spec, s, blk, plen, pstart, bend, end, code, pos)
+    live = code == 0
+    if live.all():
+        bpos_f[slot], bvar_f[slot], bhdr_f[slot], p.cur[a] = c, var, hdr, bend
+        return True
+    sl = slot[live]
+    bpos_f[sl], bvar_f[sl], bhdr_f[sl] = c[live], var[live], hdr[live]
+    p.cur[a[live]] = bend[live]
+    b = a[~live]
+    p.err[b], p.epos[b], p.eblock[b] = code[~live], pos[~live], np.maximum(blk[~live], 0)
+    # A timestamp block broken after its header: the grammar judges the header (delta
+    # without reference?) before the bytes, so keep it for that check.
+    cut_time = ~live & (blk == spec.time) & np.isin(code, (_CODE["truncated"], _CODE["non_byte_in_field"]))
+    p.cut_hdr[a[cut_time]], p.cut_var[a[cut_time]] = c[cut_time], var[cut_time]
+    return True
+
+
+def _read_family(spec: SchemeSpec, s: _Stream, c, end, fam, code, pos, hdr, plen, var):
+    """The full scheme's address fields: the family token after SrcIpStart/DestIpStart sets the
+    payload's width and variant. Returns new (plen, var); marks errors in code/pos."""
+    V, L = spec.vocab.size, len(s.tc)
+    c2 = c[fam] + 1
+    inside = c2 < end[fam]
+    ft = np.where(inside, s.tc[np.minimum(c2, L - 1)], V)
+    fp = spec.family_payload[ft]
+    code[fam] = np.where(~inside, _CODE["truncated"], np.where(fp < 0, _CODE["bad_family"], 0))
+    pos[fam] = np.where(inside & (fp < 0), c2, c[fam])
+    plen = plen.copy()
+    var = var.copy()
+    plen[fam] = fp
+    var[fam] = spec.family_variant[ft]
+    hdr[fam] = 2
+    return plen, var
+
+
+def _check_payload(spec: SchemeSpec, s: _Stream, blk, plen, pstart, bend, end, code, pos) -> None:
+    """A field's payload: an RTT's first byte the codec can produce (compact), bytes only, and
+    not cut short by the segment's end."""
+    V, off, L = spec.vocab.size, spec.vocab.byte_offset, len(s.tc)
+    if spec.scheme == "compact":
+        # the grammar judges the RTT's first byte before any later byte of the field
+        rb = (code == 0) & (blk == compact.RESULT) & (plen == 2) & (pstart < end)
+        t1 = s.tc[np.minimum(pstart, L - 1)]
+        bad = rb & (t1 >= off) & (t1 < V) & ~POSSIBLE_FIRST_BYTES[np.clip(t1 - off, 0, 255)]
+        code[bad], pos[bad] = _CODE["impossible_rtt"], pstart[bad]
+    nonbyte_cum = s.nonbyte_cum
+    nb = (code == 0) & (nonbyte_cum[np.minimum(bend, end)] > nonbyte_cum[np.minimum(pstart, end)])
+    if nb.any():
+        code[nb] = _CODE["non_byte_in_field"]
+        pos[nb] = np.searchsorted(nonbyte_cum, nonbyte_cum[pstart[nb]] + 1) - 1
+    code[(code == 0) & (bend > end)] = _CODE["truncated"]
+
+
+def _timestamps(spec: SchemeSpec, s: _Stream, p: _Parse) -> tuple[np.ndarray, np.ndarray]:
+    """Each segment's time in seconds and whether it has one; compact deltas count from the
+    last timestamp read (rejecting a delta with none before it)."""
+    time_s = np.zeros(s.ms.size, np.int64)
+    tpos, tvar = p.bpos[:, spec.time], p.bvar[:, spec.time]
+    has_time = tpos >= 0
+    if spec.scheme == "compact":
+        _time_chain(s.u8, tpos, tvar, time_s, p.err, p.epos, p.eblock)
+        _orphan_headers(tpos, tvar, p.cut_hdr, p.cut_var, p.err, p.epos, p.eblock)
+    else:
+        time_s[has_time] = from_be_bytes(_payload(s.u8, tpos[has_time] + 1, 8), ">i8")
+    return time_s, has_time
+
+
+def _check_required(spec: SchemeSpec, s: _Stream, p: _Parse) -> None:
+    req = np.array(spec.required)
+    missing = (p.err == 0) & (p.bpos[:, req] < 0).any(axis=1)
+    if missing.any():
+        p.err[missing] = _CODE["missing_field"]
+        p.epos[missing] = s.seg_end[missing] - 1
+        p.eblock[missing] = req[np.argmax(p.bpos[missing][:, req] < 0, axis=1)]
+
+
+def _errors(spec: SchemeSpec, s: _Stream, p: _Parse) -> list[DecodeError]:
+    out = []
+    for i in np.flatnonzero(p.err != 0):
+        kind = _KIND[p.err[i] - 1]
+        out.append(DecodeError(int(s.ms[i]), int(s.seg_end[i]), int(p.epos[i]), kind,
+                               _message(spec, s.tok, kind, int(p.epos[i]), int(p.eblock[i]))))
+    return out
 
 
 def _time_chain(u8, tpos, tvar, time_s, err, epos, eblock) -> None:

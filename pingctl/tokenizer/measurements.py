@@ -17,6 +17,7 @@ import numpy as np
 
 from pingctl.errors import PingctlError
 from pingctl.schema.addresses import IPV4_RE, packed_address
+from pingctl.schema.arrow_strings import SMALL  # below it, a Python loop beats building Arrow arrays
 from pingctl.schema.columns import arrow_schema
 
 MAX_EVENT_TIME_S = (2**63 - 1) // 1_000_000  # the largest Unix second a timestamp[us] holds
@@ -290,7 +291,6 @@ def _parse_unique(uniq) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return out, v6, ok
 
 
-SMALL = 64  # values (address strings, context keys) below which a Python loop beats building Arrow arrays
 
 
 def parse_address_list(values: list, what: str = "address") -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,7 @@
 Run directory (docs/train.md):
     config.yaml     resolved pingctl config          maxtext.yml   rendered MaxText config
     train.log       raw MaxText/absl log             metrics.jsonl train and eval records (from the events)
+    train.N.log     with train.processes > 1, the log of worker process N (N >= 1; train.log is process 0's)
     loss.png        loss curves                      summary.json  the final summary
     stopped.json    only when train.max_minutes stopped this invocation early (step, overrun)
     maxtext/checkpoints/<step>/{items,iter}  Orbax params+optimizer, Grain iterator state
@@ -15,6 +16,8 @@ import errno
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,7 +34,7 @@ from pingctl.loader.hints import Hints
 from pingctl.loader.pipeline import check_triangulation, loss_keep_table
 from pingctl.train import metrics as M
 from pingctl.train.render import parameters, render_maxtext
-from pingctl.train.worker import STARTED_ENV
+from pingctl.train.worker import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV, STARTED_ENV
 
 
 OnRecord = Callable[[dict], None]
@@ -188,6 +191,9 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
               on_start: Callable[[Path], None] | None = None) -> dict:
     """`on_start(run)` is called once every pre-flight check has passed, before MaxText starts."""
     started = time.time()  # the user's time bound includes the checks and the worker's start-up
+    if cfg.loader.batch_size % cfg.train.processes:
+        raise UsageError(f"loader.batch_size {cfg.loader.batch_size} is not divisible by train.processes "
+                         f"{cfg.train.processes}: each process loads an equal share of every batch")
     run = prepare_run(cfg, run_dir, fresh)
     if on_start:
         on_start(run)
@@ -196,38 +202,96 @@ def run_local(cfg: Config, run_dir: Path, fresh: bool = False, on_record: OnReco
     (run / STOPPED).unlink(missing_ok=True)  # a marker from an earlier invocation is not about this one
     parser = M.LogParser()
     t0 = time.time()
-    with open(log_path, "a") as log:
-        log.write(f"\n===== pingctl train {time.strftime('%Y-%m-%dT%H:%M:%S')} (resume from {resumed_from}) =====\n")
-        log.flush()
-        start = log.tell()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pingctl.train.worker", str(run)],
-            stdout=log, stderr=subprocess.STDOUT, env=worker_env(cfg, started), cwd=run,
-        )
-        try:
-            _follow(log_path, start, proc, parser, on_record)
-        except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            # the steps before an interrupt belong to the run's history (from the log only where
-            # the TensorBoard events cannot be read, with the lines not yet followed)
-            save_metrics(cfg, run, M.parse_log(log_path, start))
-            raise
+    header = f"\n===== pingctl train {time.strftime('%Y-%m-%dT%H:%M:%S')} (resume from {resumed_from}) =====\n"
+    logs = [log_path] + [process_log(run, i) for i in range(1, cfg.train.processes)]
+    starts = []
+    for path in logs:
+        with open(path, "a") as log:
+            log.write(header)
+            starts.append(log.tell())
+    start = starts[0]
+    procs = _start_workers(cfg, run, logs, started)
+    try:
+        _follow(log_path, start, procs, parser, on_record)
+    except BaseException:
+        _stop(procs)
+        # the steps before an interrupt belong to the run's history (from the log only where
+        # the TensorBoard events cannot be read, with the lines not yet followed)
+        save_metrics(cfg, run, M.parse_log(log_path, start))
+        raise
+    _stop(procs)  # a process whose sibling failed would wait for it in a collective
     records = save_metrics(cfg, run, parser)
-    if proc.returncode != 0:
-        with open(log_path, "rb") as f:
+    failed = _failed(procs)
+    if failed is not None:
+        rc, path, start = procs[failed].returncode, logs[failed], starts[failed]
+        with open(path, "rb") as f:
             f.seek(start)
             this_run = f.read().decode(errors="replace")
         if (full := os.strerror(errno.ENOSPC)) in this_run:
             # the worker died of a full disk somewhere in MaxText or Orbax, and the log's last
             # lines may be a long traceback: an environment error naming the run directory
-            raise OSError(errno.ENOSPC, f"{full} (the training worker; see {log_path})", str(run))
-        tail = "".join(log_path.read_text(errors="replace").splitlines(True)[-15:])
-        raise PingctlError(f"training failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
+            raise OSError(errno.ENOSPC, f"{full} (the training worker; see {path})", str(run))
+        tail = "".join(path.read_text(errors="replace").splitlines(True)[-15:])
+        raise PingctlError(f"training failed (exit {rc}); last lines of {path}:\n{tail}")
     return finish(cfg, run, records, resumed_from, time.time() - t0, parser.stop_reason)
+
+
+def process_log(run: Path, index: int) -> Path:
+    """Where worker process `index` (>= 1) of a run with train.processes > 1 logs; process 0's is LOG."""
+    return run / f"train.{index}.log"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_workers(cfg: Config, run: Path, logs: list[Path], started: float) -> list[subprocess.Popen]:
+    """The worker, or with train.processes N > 1, N workers on this machine that join one JAX
+    system as a job's N tasks would (pingctl.train.worker.distributed): process 0 coordinates on
+    a free port of 127.0.0.1; each reads its own share of the rows."""
+    cmd = [sys.executable, "-m", "pingctl.train.worker", str(run)]
+    env = worker_env(cfg, started)
+    if len(logs) > 1:
+        env |= {COORDINATOR_ENV: f"127.0.0.1:{_free_port()}", PROCESSES_ENV: str(len(logs))}
+    procs: list[subprocess.Popen] = []
+    try:
+        for i, path in enumerate(logs):
+            with open(path, "a") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=run,
+                                              env={**env, PROCESS_ID_ENV: str(i)} if len(logs) > 1 else env))
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the workers still running, and wait for every one."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _failed(procs: list[subprocess.Popen]) -> int | None:
+    """The worker whose failure ended the run (one that failed by itself before one that `_stop`
+    terminated after it), or None when all exited 0."""
+    bad = [i for i, p in enumerate(procs) if p.returncode != 0]
+    own = [i for i in bad if procs[i].returncode != -signal.SIGTERM]
+    return (own or bad or [None])[0]
+
+
+def _ended(procs: list[subprocess.Popen]) -> bool:
+    """All workers ended, or one failed (the others cannot go on without it)."""
+    codes = [p.poll() for p in procs]
+    return all(c is not None for c in codes) or any(c not in (None, 0) for c in codes)
 
 
 def finish(cfg: Config, run: Path, records: list[dict], resumed_from, elapsed: float, stop_reason: str | None = None,
@@ -259,7 +323,8 @@ def save_metrics(cfg: Config, run: Path, parser: M.LogParser) -> list[dict]:
     return records
 
 
-def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser, on_record: OnRecord | None) -> None:
+def _follow(path: Path, start: int, procs: list[subprocess.Popen], parser: M.LogParser,
+            on_record: OnRecord | None) -> None:
     with open(path, errors="replace") as f:
         f.seek(start)
         buf = ""
@@ -272,7 +337,7 @@ def _follow(path: Path, start: int, proc: subprocess.Popen, parser: M.LogParser,
                     rec = parser.feed(line)
                     if rec and on_record:
                         on_record(rec)
-            elif proc.poll() is not None:
+            elif _ended(procs):
                 if buf:
                     parser.feed(buf)
                 return

@@ -8,7 +8,9 @@ factories up as module globals at call time, so assigning ours before `main` is 
 
 from __future__ import annotations
 
+import copy
 import functools
+import json
 import os
 import re
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from pingctl.artifacts.run import CONFIG, MAXTEXT_YML, clear_input_wait, write_input_wait, write_stopped
 from pingctl.config import load_config
+from pingctl.errors import PingctlError
 from pingctl.loader.pipeline import make_dataset
 from pingctl.train.metrics import WARMUP_STEPS
 from pingctl.train.render import attention_kernel
@@ -60,17 +63,32 @@ def slurm_distributed(environ=os.environ) -> dict | None:
             "process_id": int(environ["SLURM_PROCID"]), "cluster_detection_method": "deactivate"}
 
 
+# What `pingctl train --processes N` (pingctl.train.local) gives each of its N workers: the one
+# process that coordinates (host:port), how many processes, and which one this is.
+COORDINATOR_ENV, PROCESSES_ENV, PROCESS_ID_ENV = "PINGCTL_COORDINATOR", "PINGCTL_PROCESSES", "PINGCTL_PROCESS_ID"
+
+
+def distributed(environ=os.environ) -> dict | None:
+    """`jax.distributed.initialize`'s arguments for this worker: from the local launcher's
+    variables (`--processes N`), else from srun's (`slurm_distributed`); None for one process."""
+    count = int(environ.get(PROCESSES_ENV) or 1)
+    if count <= 1:
+        return slurm_distributed(environ)
+    return {"coordinator_address": environ[COORDINATOR_ENV], "num_processes": count,
+            "process_id": int(environ[PROCESS_ID_ENV]), "cluster_detection_method": "deactivate"}
+
+
 def _job_devices() -> tuple[int, str]:
     """(devices of the whole job, their platform), joining the JAX distributed system first.
 
     The batch size MaxText takes is per device, and counting the devices initialises JAX's
-    backends, after which `jax.distributed.initialize` refuses to run: so a task of a
-    multi-node SLURM job joins here, before anything counts, and MaxText finds the system
-    initialised and goes on.
+    backends, after which `jax.distributed.initialize` refuses to run: so each process of a
+    multi-process run (a task of a multi-node SLURM job, or one of `--processes N`) joins here,
+    before anything counts, and MaxText finds the system initialised and goes on.
     """
     import jax
 
-    args = slurm_distributed()
+    args = distributed()
     if args and not jax.distributed.is_initialized():
         print(f"pingctl: joining JAX's distributed runtime as process {args['process_id']} of "
               f"{args['num_processes']} (coordinator {args['coordinator_address']})", flush=True)
@@ -210,6 +228,24 @@ def _then(main, after):
     return run
 
 
+TRACE_ROWS_ENV = "PINGCTL_TRACE_ROWS"  # a directory: each process appends the row ids of its train batches there
+
+
+def _traced_rows(directory: str, process: int):
+    """A map over train batches that appends each batch's row ids, one line a batch, to
+    DIRECTORY/rows-PROCESS.txt: which rows each process read. Off unless $PINGCTL_TRACE_ROWS names
+    a directory (it checks the sharding; the file grows by a line a step)."""
+    path = Path(directory) / f"rows-{process}.txt"
+
+    def trace(batch: dict) -> dict:
+        ids = batch.pop("row_ids")
+        with open(path, "a") as f:
+            f.write(" ".join(map(str, ids.tolist())) + "\n")
+        return batch
+
+    return trace
+
+
 def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, waits: InputWaits | None, config, mesh,
               process_indices):
     import jax
@@ -219,15 +255,88 @@ def _iterator(rows_dir: str, loader_cfg, scheme: str, train: bool, bound, waits:
     shard_index = process_indices.index(jax.process_index())
     total = config.global_batch_size_to_load if train else config.global_batch_size_to_load_eval
     cfg = loader_cfg.model_copy(update={"seq_len": int(config.max_target_length)})
+    trace = os.environ.get(TRACE_ROWS_ENV) if train else None
     ds = make_dataset(
         rows_dir, cfg, scheme, train=train, shard_index=shard_index, shard_count=shard_count,
-        batch_size=int(total) // shard_count,
+        batch_size=int(total) // shard_count, row_ids=bool(trace),
     )
     cls = _time_bounded(MultiHostDataLoadIterator, bound) if train and bound else MultiHostDataLoadIterator
     if waits is not None:
         cls = _timed(cls, waits)
-    # MaxText's exit-time cleanup asserts the iterator has a parent: end with a trivial map.
-    return cls(ds.map(lambda batch: batch), mesh)
+    # MaxText's exit-time cleanup asserts the iterator has a parent: end with a map.
+    return cls(ds.map(_traced_rows(trace, jax.process_index()) if trace else lambda batch: batch), mesh)
+
+
+def _flat_map_state(state: dict, where: str) -> dict:
+    """The element position inside a loader state (pipeline.make_dataset's chain): the flat map's
+    state, at the start of the current window where a window shuffle holds rows back."""
+    state = state.get("parent_window_start_state", state)
+    if not (isinstance(state.get("parent"), dict) and "next_index" in state["parent"] and "next_index_in_buffer" in state):
+        raise PingctlError(f"{where}: a data position pingctl cannot move to another number of processes (loader "
+                           "workers keep their own); resume with as many processes as saved it (moving between "
+                           "counts needs loader.workers=0 in both runs)")
+    return state
+
+
+def moved_state(stored: list[dict], fresh: dict, index: int, count: int, rows_per_element: int, where: str = "") -> dict:
+    """The loader state of process `index` of `count` that goes on where `stored` (the states of
+    every process of the run that saved them, in process order) left off; `fresh`: its state
+    before reading anything.
+
+    Process p of n reads elements p, p + n, ... of one shuffled order (pipeline.make_dataset), so
+    the position is the first element of that order its process had not read whole; every
+    process of this run starts at its first element from there. No row is skipped: rows read
+    past that element (by processes further along, or held in a window shuffle) are read again.
+    With one row per element and no window shuffle the position is exact."""
+    n, firsts = len(stored), []
+    for p, state in enumerate(stored):
+        flat = _flat_map_state(state, where)
+        whole = flat["parent"]["next_index"] + (flat["next_index_in_buffer"] >= rows_per_element)
+        firsts.append(p + n * whole)
+    start = min(firsts)
+    moved = copy.deepcopy(fresh)
+    flat = _flat_map_state(moved, where)
+    flat["parent"]["next_index"] = -(-(start - index) // count)  # its first element at or past `start`
+    flat["next_index_in_buffer"] = 0
+    return moved
+
+
+def _data_position_moves(grain_utility, rows_per_element: int) -> None:
+    """Let a checkpoint's data position saved by another number of processes restore here.
+
+    MaxText restores Grain states only with as many processes as saved them (its
+    `expansion_factor_real_data` assumes a loader that shards otherwise); `grain_utility.for_restore`,
+    which MaxText's checkpointing looks up at each restore, becomes one that moves them
+    (`moved_state`) when the counts differ."""
+    restore = grain_utility.for_restore
+
+    class Moved(grain_utility.GrainCheckpointable):
+        async def load(self, directory):
+            import jax
+
+            names = {int(m[1]): f for f in directory.glob("process_*-of-*.json")
+                     if (m := re.fullmatch(r"process_(\d+)-of-\d+\.json", f.name))}
+            stored = [json.loads(names[p].read_text()) for p in sorted(names)]
+            item = self._item
+            state = moved_state(stored, item.get_state(), jax.process_index(), jax.process_count(), rows_per_element,
+                                str(directory))
+            print(f"pingctl: the data position of {len(stored)} process(es) moved to process {jax.process_index()} of "
+                  f"{jax.process_count()}", flush=True)
+
+            async def apply():
+                item.set_state(state)
+
+            return apply()
+
+    def for_restore(checkpoint_manager, step, data_iterator, expansion_factor_real_data):
+        import jax
+
+        saved = len(list((checkpoint_manager.directory / str(step) / "iter").glob("process_*-of-*.json")))
+        if saved == jax.process_count() or expansion_factor_real_data > 1 or isinstance(data_iterator, list):
+            return restore(checkpoint_manager, step, data_iterator, expansion_factor_real_data)
+        return Moved(getattr(data_iterator, "local_iterator", data_iterator))
+
+    grain_utility.for_restore = for_restore
 
 
 def _die_with_parent() -> None:
@@ -283,7 +392,7 @@ def main(run_dir: str) -> None:
 
     import jax
     from absl import app
-    from maxtext.common import checkpointing
+    from maxtext.common import checkpointing, grain_utility
     from maxtext.input_pipeline import input_pipeline_interface as ipi
     from maxtext.trainers.pre_train import train
 
@@ -294,6 +403,7 @@ def main(run_dir: str) -> None:
     eval_rows = cfg.train.eval_rows or cfg.train.train_rows
     ipi.make_grain_eval_iterator = functools.partial(_iterator, eval_rows, cfg.loader, scheme, False, None, None)
     _tensorboard_written_every_step()
+    _data_position_moves(grain_utility, cfg.loader.rows_per_element)
     if bound:
         bound.save_at_deadline(checkpointing)
 

@@ -34,29 +34,17 @@ from pingctl.atomic import atomic_dir, write_json
 from pingctl.config import IngestConfig
 from pingctl.errors import PingctlError
 from pingctl.fanout import work as fanout_work
+# the work directory's shared layout: .OUT.fanout/ beside the output, WORK/tasks/NNNNN/
+from pingctl.fanout.work import NOT_RUN, PLAN, TASKS, task_dir, work_dir  # noqa: F401
 from pingctl.ingest.core import ingest_file, part_name, rejects_piece, summarize, write_output
 from pingctl.ingest.parse import Options, reconcile
 from pingctl.ingest.reader import usable_cores
 from pingctl.schema.columns import arrow_schema
 
-PLAN = fanout_work.PLAN
-TASKS = "tasks"
 LOGS = "logs"
 TASK_MANIFEST = "task.json"
 PLAN_KIND = "pingctl-ingest-fanout-plan"
 TASK_KIND = "pingctl-ingest-fanout-task"
-NOT_RUN = fanout_work.NOT_RUN
-
-
-def work_dir(out: Path) -> Path:
-    """Where the tasks of `out` are written: a hidden sibling, on the output's file system
-    (a cluster's tasks must see it; the merge links the parts into the output)."""
-    out = Path(out).resolve()
-    return out.parent / f".{out.name}.fanout"
-
-
-def task_dir(work: Path, index: int) -> Path:
-    return Path(work) / TASKS / f"{index:05d}"
 
 
 # ---------------------------------------------------------------- the plan

@@ -1,0 +1,286 @@
+"""Fitting the combined answer on val (docs/eval.md, "The combined answer"), and scoring it.
+
+Per regime, the model's CDF is pooled with a log-normal around the classical estimate an answer
+can compute (`infer.combine.CLASSICAL_OF_REGIME`): w * F_model + (1 - w) * F_classical. Its
+spread is the robust spread of log(actual / estimate) on val and w the grid weight with the
+lowest mean CRPS on val. The CRPS of a pool is quadratic in w,
+    CRPS(w) = w^2 A + 2 w (1 - w) B + (1 - w)^2 C,
+with A and C the two CRPS and B their cross term, so three integrals per val packet price
+every weight. Only val enters the fit; the test split is scored with the fitted weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from pingctl.artifacts.run import is_run_dir, latest_step
+from pingctl.artifacts.table import take
+from pingctl.atomic import unwritable_reason
+from pingctl.eval.baselines import refit_prediction
+from pingctl.eval.model import QS, _reads
+from pingctl.eval.registry import REGISTRY, candidates
+from pingctl.eval.report import add_predictor, compare
+from pingctl.infer import combine as CB
+
+COMBINED = "combined"  # its predictor name in a report
+WEIGHTS = np.round(np.linspace(0.0, 1.0, 21), 2)
+MAD_SCALE = 1.4826  # a normal's standard deviation from its median absolute deviation
+# Spreads tried, as multiples of the MAD one: errors of a classical estimate have heavier tails
+# than a log-normal of the MAD spread, and the pool is scored by CRPS, which weighs the tails.
+SPREADS = (1.0, 1.5, 2.0, 3.0, 4.0)
+MIN_PACKETS = 10  # successful val packets with an estimate below which the model is kept alone
+CHUNK = 32  # packets per vectorised CRPS pass: 3 arrays of CHUNK x 65536 float64
+
+
+def spread(estimate, actual) -> float | None:
+    """1.4826 * median |log(actual / estimate)| over successful packets with an estimate: the
+    spread of a log-normal centred on the estimate (bias included, as an answer sees it)."""
+    e, a = np.asarray(estimate, np.float64), np.asarray(actual, np.float64)
+    ok = np.isfinite(e) & (e > 0) & np.isfinite(a) & (a > 0)
+    if not ok.any():
+        return None
+    return float(MAD_SCALE * np.median(np.abs(np.log(a[ok] / e[ok]))))
+
+
+def crps_terms(dists: list, estimate, log_sigma: float, actual) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per packet (A, B, C): the model's CRPS, the cross term and the classical CRPS (ms), exact
+    for the step CDFs on the model's code grid (as `metrics.crps_distribution`). NaN for failed
+    packets; B and C are A where there is no estimate (the answer is then the model's)."""
+    a = np.asarray(actual, np.float64)
+    e = np.asarray(estimate, np.float64)
+    n = len(dists)
+    out = np.full((3, n), np.nan)
+    if not n:
+        return out[0], out[1], out[2]
+    v = dists[0].values_ms
+    for lo in range(0, n, CHUNK):
+        ks = np.arange(lo, min(lo + CHUNK, n))
+        ks = ks[np.isfinite(a[ks]) & (a[ks] >= 0)]
+        if not len(ks):
+            continue
+        fm = np.minimum(np.stack([dists[k].cumulative for k in ks]), 1.0)
+        has = np.isfinite(e[ks]) & (e[ks] > 0)
+        fc = CB.classical_cdf(v[None, :], np.where(has, e[ks], 1.0)[:, None], log_sigma)
+        fc[~has] = fm[~has]
+        out[:, ks] = _integrals(v, fm, fc, a[ks])
+    return out[0], out[1], out[2]
+
+
+def _integrals(v: np.ndarray, fm: np.ndarray, fc: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """∫(Fm-H)^2, ∫(Fm-H)(Fc-H), ∫(Fc-H)^2 with H the step at y: both CDFs are constant on
+    [v_i, v_i+1), 0 below the grid and 1 above it, so each integral is a sum over the cells
+    of the parts below and above y."""
+    width = np.diff(v)[None, :]
+    below = np.clip(y[:, None] - v[None, :-1], 0.0, width)
+    above = width - below
+    m, c = fm[:, :-1], fc[:, :-1]
+    tails = np.maximum(v[0] - y, 0.0) + np.maximum(y - v[-1], 0.0)  # F=0 under H=1, F=1 under H=0
+    return np.stack([(m * m * below + (1 - m) ** 2 * above).sum(1) + tails,
+                     (m * c * below + (1 - m) * (1 - c) * above).sum(1) + tails,
+                     (c * c * below + (1 - c) ** 2 * above).sum(1) + tails])
+
+
+def fit_weight(a, b, c) -> tuple[float, dict]:
+    """The WEIGHTS value with the lowest mean CRPS over the packets scored (ties: the larger
+    weight, the model's), and the mean CRPS (ms) of the model, the classical and the pool."""
+    ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    if not ok.any():
+        return 1.0, {"model": None, "classical": None, "combined": None}
+    ma, mb, mc = float(a[ok].mean()), float(b[ok].mean()), float(c[ok].mean())
+    crps = WEIGHTS ** 2 * ma + 2 * WEIGHTS * (1 - WEIGHTS) * mb + (1 - WEIGHTS) ** 2 * mc
+    i = len(WEIGHTS) - 1 - int(np.argmin(crps[::-1]))
+    return float(WEIGHTS[i]), {"model": ma, "classical": mc, "combined": float(crps[i])}
+
+
+def fit_regime(dists: list, estimate, actual, classical: str | None) -> CB.RegimeFit:
+    """One regime's RegimeFit from its val packets' distributions and classical estimates."""
+    return fit_terms(terms(dists, estimate, actual), classical)
+
+
+def terms(dists: list, estimate, actual) -> dict:
+    """What a fit needs of val packets with one kind of estimate, the distributions read once:
+    the spreads tried (`SPREADS` times the MAD spread), the CRPS terms at each (`crps_terms`)
+    and the packet counts."""
+    est, act = np.asarray(estimate, np.float64), np.asarray(actual, np.float64)
+    ok = np.isfinite(act) & (act >= 0)
+    sigma = spread(est, act)
+    usable = int((ok & np.isfinite(est) & (est > 0)).sum())
+    if sigma is None or usable < MIN_PACKETS:
+        est = np.full(len(act), np.nan)  # too few to fit on: the model alone
+    sigmas = [max(sigma or 0.0, CB.MIN_LOG_SIGMA) * k for k in SPREADS]
+    tried = [crps_terms(dists, est, sg, act) for sg in sigmas]
+    return {"sigmas": sigmas, "usable": usable, "n_val": int(ok.sum()), "tried": tried}
+
+
+def fit_terms(t: dict, classical: str | None) -> CB.RegimeFit:
+    """The spread and weight with the lowest mean CRPS on val (ties: the first spread tried, the
+    MAD one, and the larger weight)."""
+    a = t["tried"][0][0]
+    if t["usable"] < MIN_PACKETS:
+        m = float(np.nanmean(a)) if np.isfinite(a).any() else None
+        return CB.RegimeFit(classical, 1.0, t["sigmas"][0], t["n_val"], {"model": m, "classical": None, "combined": m})
+    fits = [(fit_weight(*abc), sg) for abc, sg in zip(t["tried"], t["sigmas"])]
+    (w, crps), sigma = min(fits, key=lambda f: f[0][1]["combined"])
+    return CB.RegimeFit(classical, w, sigma, t["n_val"], crps)
+
+
+def val_record(pred: dict, split: dict, idx: np.ndarray, fitted: dict, policies: dict, seed: int) -> dict:
+    """What the fit keeps of one val set asked as `pred` (`eval.model.predict`, with its
+    "dists"): `terms` for every estimate (`val_estimates`; the baselines: `every_candidate` of
+    the regimes' `policies`), so the distributions can go."""
+    actual = np.asarray(split["rtt"], np.float64)[idx]
+    ests = val_estimates(pred, split, idx, fitted, every_candidate(policies), seed)
+    return {"terms": {name: terms(pred["dists"], e, actual) for name, e in ests.items()}}
+
+
+def val_estimates(pred: dict, split: dict, idx: np.ndarray, fitted: dict, names, seed: int) -> dict:
+    """The classical estimates of val packets `idx` (asked as `pred`, `eval.model.predict`):
+    `pair_median` (the prompt's packets of the pair), `hint` (the prompt's hint, where it
+    carries one) and each baseline of `names` (for a run without hints: the regime's best)."""
+    out = {"pair_median": np.asarray(pred["context_median"]["median"], np.float64)}
+    if pred.get("hints") is not None:
+        out["hint"] = np.asarray(pred["hints"], np.float64)
+    sub = take(split, idx)
+    glob = fitted["global_median"].predict(sub)
+    for name in names:
+        if name in out:
+            continue
+        spec = REGISTRY.get(name)
+        if name in fitted:
+            out[name] = fitted[name].predict(sub).median
+        elif spec is not None and spec.factory is not None and spec.reads_prompt:
+            out[name] = spec.factory(seed, 0).predict(pred["pool"], sub, pred["contexts"], glob).median
+        elif spec is not None and spec.refit_of in fitted:
+            out[name] = refit_prediction(fitted[spec.refit_of], pred["pool"], sub, pred["contexts"], glob).median
+    return out
+
+
+def estimate_name(regime: str, estimates: dict, best: str) -> tuple[str, str | None]:
+    """(the estimate eval pools with, the classical an answer pools with or None): the answer's
+    own where the prompts give it, else the regime's best classical (eval only)."""
+    own = CB.CLASSICAL_OF_REGIME[regime]
+    return (own, own) if own in estimates else (best, None)
+
+
+def fit_val(records: dict, choice: dict) -> dict[str, tuple[str, CB.RegimeFit]]:
+    """Per regime with val packets, (the estimate eval pools with, its RegimeFit, classical the
+    estimate's name). `records[regime]`: its val set's `val_record`."""
+    fits = {}
+    for regime, rec in records.items():
+        name, _ = estimate_name(regime, rec["terms"], choice[regime]["best"])
+        if name in rec["terms"]:
+            fits[regime] = (name, fit_terms(rec["terms"][name], name))
+    return fits
+
+
+def to_combination(fits: dict, meta: dict) -> CB.Combination:
+    """The file answers read: regimes whose estimate no answer can compute get classical None."""
+    regimes = {r: dataclasses.replace(f, classical=name if name in CB.CLASSICALS else None)
+               for r, (name, f) in fits.items()}
+    return CB.Combination(regimes, meta)
+
+
+def combined_reads(dists: list, estimate, fit: CB.RegimeFit, actual) -> dict:
+    """The reads the report takes from the pooled distributions (`eval.model._reads`)."""
+    est = np.asarray(estimate, np.float64)
+    parts = [_reads([CB.pool(d, est[k], fit) for k, d in zip(range(lo, lo + CHUNK), dists[lo : lo + CHUNK])],
+                    np.asarray(actual, np.float64)[lo : lo + CHUNK]) for lo in range(0, len(dists), CHUNK)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else _reads([], np.zeros(0))
+
+
+def record_in_run(comb: CB.Combination, run: Path, steps) -> dict:
+    """Write RUN/combination.json where answers look for it by default: only for a run directory
+    evaluated at its latest checkpoint alone (what an answer loads unless told a step), so an
+    eval of an older step never replaces the latest's fit. Returns what happened."""
+    run = Path(run)
+    if not is_run_dir(run):
+        return {"written": None, "reason": f"{run} is not a run directory"}
+    if list(steps) != [latest_step(run)]:
+        return {"written": None, "reason": f"steps {list(steps)} are not the run's latest checkpoint alone"}
+    path = run / CB.COMBINATION
+    if (why := unwritable_reason(path)) is not None:
+        return {"written": None, "reason": why}
+    return {"written": str(comb.write(path))}
+
+
+def write_fits(fits: dict, out: Path, run: Path, steps, meta: dict) -> dict:
+    """OUT/combination.json, and RUN/combination.json for the answers (`record_in_run`); returns
+    what the report says of it. `meta`: fitted_on, prompts, seed (run and steps are added)."""
+    if not fits:
+        return {"fitted": None, "reason": "no val packets to fit it on"}
+    comb = to_combination(fits, {"run": str(Path(run).resolve()), "steps": list(steps), **meta})
+    info = {"fitted": str(comb.write(Path(out) / CB.COMBINATION)), "run_copy": record_in_run(comb, run, steps),
+            "regimes": {r: {"estimate": name, **comb.regimes[r].to_json()} for r, (name, _) in fits.items()}}
+    eval_only = sorted(r for r, f in comb.regimes.items() if f.classical is None)
+    if eval_only:
+        info["note"] = (f"{', '.join(eval_only)}: pooled here with the regime's best classical predictor; answers "
+                        "cannot compute that estimate (the run has no hints), so they answer with the model alone")
+    return info
+
+
+def test_estimate(name: str, pred: dict, report) -> np.ndarray:
+    """The estimate `name` on the test packets: as the prompts give it (pair median, hint), else
+    the baseline's median in the report."""
+    if name == "pair_median":
+        return np.asarray(pred["context_median"]["median"], np.float64)
+    if name == "hint":
+        return np.asarray(pred["hints"], np.float64)
+    return np.asarray(report.ctx["predictions"][name]["median"], np.float64)
+
+
+def add_combined(report, pred: dict, entry: tuple | None, seed: int = 0) -> None:
+    """The predictor `combined` (the val-fitted pool, read from `pred`'s distributions), after the
+    model's entries in the report order, and its comparisons with every other predictor."""
+    if entry is None or not pred.get("dists"):
+        return
+    name, fit = entry
+    reads = combined_reads(pred["dists"], test_estimate(name, pred, report), fit, report.ctx["actual"])
+    add_predictor(report, COMBINED, reads["median"], quantiles=dict(zip(QS, reads["quantiles"].T)), pit=reads["pit"],
+                  p_fail=reads["p_fail"], crps=reads["crps"],
+                  info={"estimate": name, "weight": fit.weight, "log_sigma": fit.log_sigma, "fitted_on": "val",
+                        "answers_combine": name in CB.CLASSICALS})
+    order = [n for n in report["order"] if n != COMBINED]
+    at = max(i for i, n in enumerate(order) if n.startswith("model")) + 1 if "model" in order else len(order)
+    report["order"] = order[:at] + [COMBINED] + order[at:]
+
+
+def compare_combined(report, seed: int = 0) -> None:
+    if COMBINED in report.get("order", []):
+        report.setdefault("comparisons", {})[COMBINED] = compare(report, COMBINED, seed=seed)
+
+
+def row_fields(report, best: str) -> dict:
+    """The regimes table's columns of the combined answer (None where it was not fitted)."""
+    e = (report.get("predictors") or {}).get(COMBINED)
+    if not e:
+        return {"combined_median_rel_err": None}
+    c = ((report.get("comparisons") or {}).get(COMBINED) or {}).get(best) or {}
+    return {"combined_median_rel_err": e["slices"]["all"].get("median_rel_err"),
+            "combined_crps_ms": ((e.get("crps") or {}).get("all") or {}).get("mean_crps_ms"),
+            "combined_cov90": ((e.get("calibration") or {}).get("coverage") or {}).get("cov90"),
+            "combined_weight": e["info"]["weight"], "combined_estimate": e["info"]["estimate"],
+            **{f"combined_{k}": c.get(k) for k in ("diff", "ci_low", "ci_high", "verdict")}}
+
+
+def every_candidate(policies: dict) -> set[str]:
+    """Every baseline some regime may be judged against under its policy (`registry.candidates`):
+    the estimates a run without hints pools with, once val has chosen."""
+    return {c for regime, policy in policies.items() for c in candidates(regime, policy)}
+
+
+def fit_and_write(records: dict, val_dirs: dict, prompts: dict, choice: dict, out: Path, run: Path, steps,
+                  seed: int) -> tuple[dict, dict]:
+    """`eval --regimes`: each regime's fit on the val set it was asked on (`records`, keyed by
+    (val path, context policy)), written (`write_fits`); returns (fits, the report's entry)."""
+    keys = {r: (val_dirs[r], prompts[r]["context_policy"]) for r in val_dirs}
+    fits = fit_val({r: records[k] for r, k in keys.items() if k in records}, choice)
+    meta = {"fitted_on": {r: str(Path(keys[r][0]).resolve()) for r in fits}, "prompts": prompts, "seed": seed}
+    return fits, write_fits(fits, out, run, steps, meta)
+
+
+# plain `pingctl eval` reads a train and a test split and no val split: nothing to fit on
+NOT_FITTED_PLAIN = {"fitted": None, "reason": "plain eval reads no val split: `pingctl eval RUN --regimes SPLITS` "
+                    "fits the combined answer on the val sets and scores it on every regime"}

@@ -1,0 +1,234 @@
+"""The combined answer (docs/eval.md, "The combined answer"): the model's distribution pooled with
+a log-normal around the classical estimate, one weight per regime fitted on val by CRPS."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from pingctl.errors import PingctlError, UsageError
+from pingctl.eval import combine as CMB, metrics as M
+from pingctl.infer import combine as CB
+from pingctl.infer.queries import RttDistribution
+from tests.test_eval_regimes import regimes_split  # noqa: F401 - the fixture of the eval test below
+
+GRID = np.concatenate([[0.0], np.geomspace(0.1, 1e5, 3000)])  # sorted values, 0 first as the codec's
+CODES = np.arange(len(GRID), dtype=np.uint16)
+
+
+def lognormal(median: float, sigma: float, p_fail: float = 0.1) -> RttDistribution:
+    """A model-like distribution on GRID: a discretised log-normal."""
+    f = CB.classical_cdf(GRID, median, sigma)
+    p = np.diff(f, prepend=0.0)
+    return RttDistribution(p_fail, CODES, GRID, p / p.sum())
+
+
+def fit(w: float, sigma: float = 0.3, classical: str | None = "hint") -> CB.RegimeFit:
+    return CB.RegimeFit(classical, w, sigma, 100, {})
+
+
+def test_regime_of():
+    assert CB.regime_of(3, False, False) == "time"  # the pair's own packets decide, whatever the hints know
+    assert CB.regime_of(0, True, True) == "pair"
+    assert CB.regime_of(0, False, True) == "probe"
+    assert CB.regime_of(0, True, False) == "target"
+    assert CB.regime_of(0, False, False) == "probe"
+    assert set(CB.CLASSICAL_OF_REGIME) == set(CB.REGIMES)
+    assert CB.pair_median([10.0, -1.0, 30.0, 20.0]) == 20.0 and math.isnan(CB.pair_median([-1.0]))
+
+
+@pytest.mark.parametrize("w", [0.0, 0.3, 0.75])
+def test_pool_is_a_distribution_on_the_models_codes(w):
+    d = lognormal(50.0, 0.1)
+    p = CB.pool(d, 20.0, fit(w))
+    assert p.codes is d.codes and p.values_ms is d.values_ms and p.p_fail == d.p_fail
+    assert (p.probs >= 0).all() and p.probs.sum() == pytest.approx(1.0, abs=1e-12)
+    c = p.cumulative
+    assert (np.diff(c) >= -1e-15).all() and c[0] >= 0 and c[-1] == pytest.approx(1.0, abs=1e-12)
+    # the CDF at every code is the linear pool of the two CDFs there
+    expect = w * d.cumulative + (1 - w) * CB.classical_cdf(GRID, 20.0, 0.3)
+    np.testing.assert_allclose(c, expect, atol=1e-12)
+    p.summary()  # every read works on it
+
+
+def test_weight_one_or_no_estimate_is_the_models_answer():
+    d = lognormal(50.0, 0.1)
+    assert CB.pool(d, 20.0, fit(1.0)) is d
+    for bad in (float("nan"), 0.0, -3.0, None):
+        assert CB.pool(d, bad, fit(0.4)) is d
+        assert CB.classical(d, bad, fit(0.4)) is None
+    assert CB.pool(d, 20.0, fit(0.4, classical=None)) is d  # a regime answers cannot combine in
+
+
+def test_weight_zero_has_the_lognormals_quantiles():
+    d = lognormal(50.0, 0.1)
+    est, sigma = 20.0, 0.3
+    c = CB.classical(d, est, fit(0.2, sigma))
+    assert c.p_fail == d.p_fail
+    ln = NormalDist()
+    for q in (0.05, 0.25, 0.5, 0.75, 0.95):
+        got = c.quantile(q)
+        # the smallest code whose CDF reaches q: the log-normal's CDF there is >= q, below it < q
+        i = int(np.searchsorted(GRID, got))
+        assert ln.cdf(math.log(got / est) / sigma) >= q - 1e-6
+        assert ln.cdf(math.log(GRID[i - 1] / est) / sigma) < q + 1e-6
+        assert got == pytest.approx(est * math.exp(sigma * ln.inv_cdf(q)), rel=GRID[2] / GRID[1] - 1)
+
+
+def test_crps_terms_are_the_crps_of_the_pool():
+    """A, C and the quadratic in w match metrics.crps_distribution of the pooled distributions."""
+    pytest.importorskip("scoringrules")
+    rng = np.random.default_rng(0)
+    dists = [lognormal(m, s) for m, s in zip(rng.uniform(5, 200, 12), rng.uniform(0.05, 0.5, 12))]
+    est = rng.uniform(5, 200, 12)
+    est[3] = np.nan  # no estimate: the model's answer
+    actual = rng.uniform(3, 250, 12)
+    actual[5] = -1.0  # failed
+    sigma = 0.25
+    a, b, c = CMB.crps_terms(dists, est, sigma, actual)
+    assert np.isnan(a[5]) and np.isnan(b[5]) and np.isnan(c[5])
+    for w in (0.0, 0.4, 1.0):
+        pooled = [CB.pool(d, e, fit(w, sigma)) for d, e in zip(dists, est)]
+        want = M.crps_distribution(actual, GRID, [p.probs for p in pooled])
+        got = w * w * a + 2 * w * (1 - w) * b + (1 - w) ** 2 * c
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+def _val(model_off: float, classical_off: float, n: int = 60, seed: int = 1):
+    """Val packets whose model answer is centred model_off times the actual RTT and whose
+    estimate is classical_off times it, each with a little noise."""
+    rng = np.random.default_rng(seed)
+    actual = rng.uniform(10, 150, n)
+    dists = [lognormal(a * model_off * math.exp(rng.normal(0, 0.02)), 0.03) for a in actual]
+    est = actual * classical_off * np.exp(rng.normal(0, 0.02, n))
+    return dists, est, actual
+
+
+def test_fit_widens_the_spread_where_the_estimate_s_errors_have_heavy_tails():
+    """Most estimates are close and a fifth are far off: the MAD spread fits the close ones and
+    prices the far ones badly, so the fit picks a wider spread, with a lower CRPS on val."""
+    dists, est, actual = _val(3.0, 1.0, n=80, seed=5)
+    rng = np.random.default_rng(6)
+    far = rng.random(80) < 0.2
+    est = np.where(far, est * np.exp(rng.choice([-1.0, 1.0], 80) * rng.uniform(0.5, 1.0, 80)), est)
+    mad = CMB.spread(est, actual)
+    f = CMB.fit_regime(dists, est, actual, "hint")
+    assert f.log_sigma > 1.2 * mad
+    a, b, c = CMB.crps_terms(dists, est, mad, actual)
+    w_mad, crps_mad = CMB.fit_weight(a, b, c)
+    assert f.crps_val["combined"] < crps_mad["combined"]
+
+
+def test_fit_trusts_the_model_where_it_is_right_and_the_estimate_where_that_is():
+    f = CMB.fit_regime(*_val(1.0, 2.5), "hint")
+    assert f.weight >= 0.95 and f.crps_val["combined"] <= f.crps_val["model"] + 1e-9
+    assert f.crps_val["classical"] > f.crps_val["model"]
+    f = CMB.fit_regime(*_val(2.5, 1.0), "hint")
+    assert f.weight <= 0.05 and f.crps_val["combined"] <= f.crps_val["classical"] + 1e-9
+    assert f.log_sigma == pytest.approx(0.02 * 1.4826 * 0.6745, rel=0.5)  # the estimate's own noise
+    assert f.n_val == 60 and f.classical == "hint"
+
+
+def test_too_few_estimates_keep_the_model():
+    dists, est, actual = _val(1.0, 2.5, n=20)
+    est[CMB.MIN_PACKETS - 1:] = np.nan
+    f = CMB.fit_regime(dists, est, actual, "hint")
+    assert f.weight == 1.0 and f.crps_val["classical"] is None
+
+
+def test_fit_reads_val_only(tmp_path):
+    """fit_and_write sees only the val records: wild test packets cannot move the file."""
+    val = _val(1.0, 1.3)
+    rec = {"terms": {"pair_median": CMB.terms(*val), "hint": CMB.terms(*_val(2.0, 1.0))}}
+    run = tmp_path / "run"
+    keys = {r: tmp_path / "val" for r in CB.REGIMES}
+    prompts = {r: {"context_policy": "both"} for r in CB.REGIMES}
+    choice = {r: {"best": "embedding"} for r in CB.REGIMES}
+    fits, info = CMB.fit_and_write({(keys["time"], "both"): rec}, keys, prompts, choice, tmp_path / "a", run, [60], 0)
+    comb = CB.Combination.load(info["fitted"])
+    assert comb.for_regime("time").classical == "pair_median" and comb.for_regime("pair").classical == "hint"
+    assert comb.regimes["pair"].weight <= 0.05 and comb.meta["steps"] == [60]
+    assert info["run_copy"]["written"] is None  # not a run directory: nothing written there
+    # the same val with a test split of wild RTTs beside it: the same file
+    wild = {"terms": {"pair_median": CMB.terms(*_val(1.0, 40.0, seed=9))}}
+    _, info2 = CMB.fit_and_write({(keys["time"], "both"): rec, (tmp_path / "test", "both"): wild}, keys, prompts,
+                                 choice, tmp_path / "b", run, [60], 0)
+    assert json.loads(open(info2["fitted"]).read()) == json.loads(open(info["fitted"]).read())
+
+
+def test_no_hints_pools_with_the_best_in_eval_only(tmp_path):
+    rec = {"terms": {"pair_median": CMB.terms(*_val(1.0, 1.3)), "embedding": CMB.terms(*_val(2.0, 1.0))}}
+    keys = {r: tmp_path / "val" for r in CB.REGIMES}
+    fits, info = CMB.fit_and_write({(keys["time"], "cold"): rec}, keys, {r: {"context_policy": "cold"} for r in keys},
+                                   {r: {"best": "embedding"} for r in keys}, tmp_path, tmp_path, [1], 0)
+    assert fits["pair"][0] == "embedding" and fits["pair"][1].weight <= 0.05
+    comb = CB.Combination.load(info["fitted"])
+    assert comb.regimes["pair"].classical is None and comb.for_regime("pair") is None
+    assert "pair" in info["note"] and "time" not in info["note"]
+
+
+def test_round_trip_and_refusals(tmp_path):
+    comb = CB.Combination({"time": CB.RegimeFit("pair_median", 0.35, 0.2, 80, {"model": 3.0}),
+                           "pair": CB.RegimeFit(None, 1.0, 0.0, 0, {})},
+                          {"run": str(tmp_path), "steps": [5], "prompts": {"pair": {"hint": "embedding"}}})
+    path = comb.write(tmp_path / CB.COMBINATION)
+    back = CB.Combination.load(path)
+    assert back.regimes == comb.regimes and back.meta == comb.meta and back.path == str(path)
+    assert CB.mismatch(back, tmp_path, [5], {"hint": "embedding"}, "pair") is None
+    assert "step(s)" in CB.mismatch(back, tmp_path, [6])
+    assert "hint" in CB.mismatch(back, tmp_path, [5], {"hint": None}, "pair")
+    with pytest.raises(UsageError, match="no such file"):
+        CB.Combination.load(tmp_path / "missing.json")
+    good = json.loads(path.read_text())
+    cases = [("{not json", "not readable as JSON"), (json.dumps({**good, "kind": "other"}), "field kind"),
+             (json.dumps({**good, "regimes": []}), "field regimes"),
+             (json.dumps({**good, "regimes": {"pair": {**good["regimes"]["pair"], "weight": 1.5}}}),
+              r"regimes\.pair\.weight"),
+             (json.dumps({**good, "regimes": {"space": good["regimes"]["pair"]}}), "unknown regime"),
+             (json.dumps({**good, "regimes": {"time": {**good["regimes"]["time"], "classical": "oracle"}}}),
+              r"regimes\.time\.classical"),
+             (json.dumps({**good, "regimes": {"time": {**good["regimes"]["time"], "n_val": "many"}}}), "n_val")]
+    for i, (text, why) in enumerate(cases):
+        bad = tmp_path / f"bad{i}.json"
+        bad.write_text(text)
+        with pytest.raises(PingctlError, match=why) as e:
+            CB.Combination.load(bad)
+        assert str(bad) in str(e.value)
+
+
+@pytest.mark.slow
+def test_eval_regimes_adds_the_combined_row(tiny_run, regimes_split, tmp_path):
+    """A real `pingctl eval --regimes`: the combined row in every regime's report and the table,
+    OUT/combination.json fitted on val, and the run's copy that answers read."""
+    from typer.testing import CliRunner
+
+    from pingctl.cli.app import app
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)  # eval records the fit in the run: not in the shared fixture
+    out = tmp_path / "ev"
+    r = CliRunner().invoke(app, ["eval", str(run), "--regimes", str(regimes_split), "--queries", "30",
+                                 "--context", "4", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    comb = CB.Combination.load(out / CB.COMBINATION)
+    assert set(comb.regimes) == set(CB.REGIMES) and comb.regimes["time"].classical == "pair_median"
+    assert rep["combination"]["run_copy"]["written"] == str(run / CB.COMBINATION)
+    assert CB.Combination.load(run / CB.COMBINATION).regimes == comb.regimes
+    for row in rep["table"]:
+        report = rep["regimes"][row["regime"]]
+        assert report["order"].index("combined") == report["order"].index("model") + 2  # after model_calibrated
+        e = report["predictors"]["combined"]
+        assert e["info"]["weight"] == comb.regimes[row["regime"]].weight
+        assert row["combined_median_rel_err"] == e["slices"]["all"]["median_rel_err"]
+        assert row["combined_verdict"] in ("better", "worse", "tie")
+        assert "combined" in report["comparisons"] and "combined" not in (row["best_on_test"] or "")
+        assert any(x["predictor"] == "combined" for x in report["rows"])
+        if comb.regimes[row["regime"]].weight == 1.0:  # the model's own answer
+            assert e["slices"]["all"]["median_rel_err"] == report["predictors"]["model"]["slices"]["all"][
+                "median_rel_err"]
