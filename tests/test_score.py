@@ -404,7 +404,9 @@ def test_stream_scores_each_row_once_after_the_rows_before_it(model, tiny_run, p
 
     # the CSV names its units and writes times as ISO 8601 UTC (docs/data.md, "CSV and JSON outputs")
     assert back.num_rows == res["rows_scored"] == 298
-    assert back.column_names == spreadsheet_table(st.slice(0, 1)).column_names
+    # the command also says which predictor answered each row (docs/score.md)
+    assert back.column_names == [*spreadsheet_table(st.slice(0, 1)).column_names, "answered_by", "regime"]
+    assert set(back.column("answered_by").to_pylist()) == {"model"}  # the shared run holds no combination
     assert res["engine"] == "light" and res["rows_per_s"] > 0 and res["context_policy"] == "stream"
     # the first rows' windows are the same in the whole table's stream (rows are in time order)
     first = st.slice(0, 298).column("nll").to_numpy()

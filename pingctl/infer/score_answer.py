@@ -20,6 +20,7 @@ from pingctl.context import context_indices, context_pool
 from pingctl.infer import combine as CB
 from pingctl.infer import predictor as PR
 from pingctl.infer import queries as Q
+from pingctl.prompt import Policy
 from pingctl.tokenizer import Measurements
 from pingctl.tokenizer.rtt_codec import decode_rtt, token_codes
 
@@ -127,9 +128,9 @@ def answer_rows(cols: dict, rows: dict, predictor: PR.Predictor, policy: str, co
     if predictor.asked == "model" or predictor.combination is None:
         return {"answered_by": ["model"] * n, "regime": [None] * n,
                 "why": {PR.MODEL.why if predictor.asked == "model" else predictor.unused: n}}
-    if str(policy) == "stream":
+    if Policy(policy) is Policy.STREAM:
         contexts = stream_contexts(rows, cols["context_measurements"])
-        return answer_scores(cols, rows, contexts, predictor, {"context_policy": "probe", "hint": None})
+        return answer_scores(cols, rows, contexts, predictor, {"context_policy": Policy.PROBE.value, "hint": None})
     contexts = context_indices(context_pool(rows, None, policy), rows, np.arange(n), context, policy, per_pair)
     prompt = {"context_policy": str(policy), "context_measurements": context, "context_per_pair": per_pair,
               "hint": None}
