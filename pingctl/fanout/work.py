@@ -113,3 +113,20 @@ def link(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copyfile(src, dst)
+
+
+def finished_tasks(plan: dict, out: Path, read, label) -> list[dict]:
+    """Every task's record, `read(task)` giving (record, problem); where any is not done or not
+    intact, a PingctlError naming each (`label(task)`) and how to finish them."""
+    done, bad = [], []
+    for t in plan["tasks"]:
+        rec, problem = read(t)
+        if problem:
+            bad.append(f"{label(t)}: {problem}")
+        else:
+            done.append(rec)
+    if bad:
+        shown = "\n  ".join(bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
+        raise PingctlError(f"cannot merge {out}: {len(bad)} of {len(plan['tasks'])} task(s) are not done or not "
+                           f"intact:\n  {shown}\nrun the same command again: it redoes these tasks and keeps the others")
+    return done

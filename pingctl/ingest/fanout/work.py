@@ -240,17 +240,8 @@ def merge(work: Path, out: Path, elapsed_from: float | None = None) -> dict:
     work, out = Path(work), Path(out)
     t0 = time.perf_counter() if elapsed_from is None else elapsed_from
     plan = read_plan(work)
-    results, bad = [], []
-    for t in plan["tasks"]:
-        rec, problem = read_task(work, t)
-        if problem:
-            bad.append(f"task {t['index']} ({t['path']}): {problem}")
-        else:
-            results.append(rec)
-    if bad:
-        shown = "\n  ".join(bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
-        raise PingctlError(f"cannot merge {out}: {len(bad)} of {len(plan['tasks'])} task(s) are not done or not "
-                           f"intact:\n  {shown}\nrun the same command again: it redoes these tasks and keeps the others")
+    results = fanout_work.finished_tasks(plan, out, lambda t: read_task(work, t),
+                                         lambda t: f"task {t['index']} ({t['path']})")
     cfg = IngestConfig.model_validate(plan["config"])
     with atomic_dir(out) as tmp:
         for r in results:

@@ -200,17 +200,7 @@ def merge(work: Path, out: Path) -> dict:
     work, out = Path(work), Path(out)
     plan = read_plan(work)
     by = plan["options"]["by"]
-    parts, bad = [], []
-    for t in plan["tasks"]:
-        rec, problem = read_task(work, t, by)
-        if problem:
-            bad.append(f"task {t['index']}: {problem}")
-        else:
-            parts.append(rec)
-    if bad:
-        shown = "\n  ".join(bad[:20]) + (f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else "")
-        raise PingctlError(f"cannot merge {out}: {len(bad)} of {len(plan['tasks'])} task(s) are not done or not "
-                           f"intact:\n  {shown}\nrun the same command again: it redoes these tasks and keeps the others")
+    parts = fanout_work.finished_tasks(plan, out, lambda t: read_task(work, t, by), lambda t: f"task {t['index']}")
     stats = parts[0]["stats"]
     for p in parts[1:]:
         if p["stats"] != stats:
