@@ -16,8 +16,10 @@ Strategies
 For probe/target/pair the fractions are shares of *groups*, chosen exactly (groups ranked by
 an md5 of key+seed), so row shares follow group sizes; the summary reports both.
 
-Everything is computed in an on-disk DuckDB database under the output's temp directory,
-with `memory_limit` in force, so inputs far larger than memory spill instead of failing.
+Everything is computed in a DuckDB database under the output's temp directory, with
+`memory_limit` in force, so inputs far larger than memory spill instead of failing. The input
+is read and checked a fixed number of times whatever its size, each shard is sorted alone as it
+is written, and every check of the regimes reads one aggregate per pair, not the rows.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ _GROUP_KEY = {
     "target": "dst_addr",
     "pair": "src_addr || '>' || dst_addr",
 }
+# The same keys in `split_groups` (pk: the probe key)
+_GROUP_OF_SPLIT_GROUPS = {"probe": "pk", "target": "dst_addr", "pair": "src_addr || '>' || dst_addr"}
 # Why a valid row of a regimes split is in no output (counted in the manifest, never silent).
 DROP_REASONS = {
     "probe_and_target": "a held-out source measuring a held-out destination: both ends unseen, "
@@ -71,7 +75,8 @@ def _noop(_step: str, _done: int, _total: int) -> None:
 
 
 def _assign_splits(con, cfg: ShardConfig) -> dict:
-    """Create table `assigned` (canonical columns + split + shard). Returns cut details."""
+    """Create `labelled_rows` (canonical columns, split, row hash) and the view `assigned` (its
+    rows in a split). Returns cut details."""
     val_f, test_f = cfg.val_fraction, cfg.test_fraction
     if val_f + test_f >= 1.0:  # the config model refuses it; a library caller may pass a model_construct
         raise ConfigError(f"val_fraction + test_fraction must be < 1 (got {val_f} + {test_f})")
@@ -122,17 +127,20 @@ def _assign_splits(con, cfg: ShardConfig) -> dict:
         con.execute(
             f"CREATE TEMP VIEW labelled AS SELECT *, {split_sql} AS split FROM {source} WHERE reject_reason IS NULL"
         )
-    counts = dict(con.execute("SELECT split, count(*) FROM labelled GROUP BY split").fetchall())
+    cols = ", ".join(COLUMNS)
+    # `labelled` reads and checks every input row (and joins the regimes' pair classes) each
+    # time it is read: read it once. Unsorted and in memory (spilling past `memory_limit`): each
+    # shard is sorted as it is written, so a sort of the whole table, and writing it into the
+    # database file, would only be paid twice.
+    # Shard by a content hash: similar sizes, and the same row always lands in the same shard.
+    # Hashed once here, where the row is read anyway; a split's shard count is known only after.
+    con.execute(f"""CREATE TEMP TABLE labelled_rows AS SELECT {cols}, split,
+                    hash(src_addr, dst_addr, event_time, rtt, {int(cfg.seed)}) AS row_hash FROM labelled""")
+    counts = dict(con.execute("SELECT split, count(*) FROM labelled_rows GROUP BY split").fetchall())
     details["dropped"] = {k[len("drop:"):]: v for k, v in sorted(counts.items()) if k.startswith("drop:")}
     shards = {s: max(1, math.ceil(counts.get(s, 0) / cfg.rows_per_shard)) for s in splits}
-    # Shard by a content hash: similar sizes, and the same row always lands in the same shard.
-    shard_case = "CASE split " + " ".join(f"WHEN '{s}' THEN {n}" for s, n in shards.items()) + " END"
-    cols = ", ".join(COLUMNS)
-    con.execute(
-        f"""CREATE TABLE assigned AS
-        SELECT {cols}, split, (hash(src_addr, dst_addr, event_time, rtt, {int(cfg.seed)}) % ({shard_case}))::INT AS shard
-        FROM labelled WHERE split NOT LIKE 'drop:%' ORDER BY split, shard, event_time, src_addr, dst_addr, rtt"""
-    )
+    # a row's shard is row_hash % its split's shards (`_write_splits`)
+    con.execute(f"CREATE TEMP VIEW assigned AS SELECT {cols}, split FROM labelled_rows WHERE split NOT LIKE 'drop:%'")
     details["rows"] = {s: counts.get(s, 0) for s in splits}
     details["shards"] = shards
     return details
@@ -316,26 +324,40 @@ def _settle_held_out(con, pairs: dict, cut) -> None:
                 "AND src_addr NOT IN (SELECT src_addr FROM rg_train_src)")
 
 
+def _packets_in_several_splits(con) -> int:
+    """Packets (pair and time) found in more than one split. A pair whose splits' time spans
+    do not overlap has none, which is every pair the regimes make: only the rows of pairs with
+    overlapping spans (none, unless the labelling is wrong) are grouped packet by packet."""
+    con.execute("""CREATE TEMP TABLE rg_overlap AS
+        WITH s AS (SELECT split, src_addr, dst_addr, min(lo) AS lo, max(hi) AS hi FROM split_groups GROUP BY ALL)
+        SELECT DISTINCT a.src_addr, a.dst_addr FROM s a JOIN s b USING (src_addr, dst_addr)
+        WHERE a.split < b.split AND a.lo <= b.hi AND b.lo <= a.hi""")
+    if not one(con, "SELECT count(*) FROM rg_overlap")[0]:
+        return 0
+    return int(one(con, "SELECT count(*) FROM (SELECT src_addr, dst_addr, event_time FROM assigned "
+                        "JOIN rg_overlap USING (src_addr, dst_addr) GROUP BY ALL HAVING count(DISTINCT split) > 1)")[0])
+
+
 def _verify_regimes(con) -> dict:
-    """Check each regime's rule on the rows as assigned; every count must be 0."""
-    pk = _PROBE_KEY
-    train = "(SELECT * FROM assigned WHERE split = 'train')"
+    """Check each regime's rule on the rows as assigned; every count must be 0. The rules are
+    about pairs, sources, destinations and time spans, so they read `split_groups`, not the rows."""
+    pk = "pk"
+    train = "(SELECT * FROM split_groups WHERE split = 'train')"
 
     def count(sql: str) -> int:
         return int(one(con, f"SELECT count(*) FROM ({sql})")[0])
 
     def distinct(split: str, cols: str) -> str:
-        return f"SELECT DISTINCT {cols} FROM assigned WHERE split = '{split}'"
+        return f"SELECT DISTINCT {cols} FROM split_groups WHERE split = '{split}'"
 
     def later(split: str) -> str:
-        return (f"SELECT t.src_addr, t.dst_addr FROM (SELECT src_addr, dst_addr, min(event_time) AS lo FROM assigned "
-                f"WHERE split = '{split}' GROUP BY ALL) t JOIN (SELECT src_addr, dst_addr, max(event_time) AS hi "
+        return (f"SELECT t.src_addr, t.dst_addr FROM (SELECT src_addr, dst_addr, min(lo) AS lo FROM split_groups "
+                f"WHERE split = '{split}' GROUP BY ALL) t JOIN (SELECT src_addr, dst_addr, max(hi) AS hi "
                 f"FROM {train} GROUP BY ALL) r USING (src_addr, dst_addr) WHERE t.lo <= r.hi")
 
     return {
         # a packet = its pair and time: its split must follow from them alone
-        "packets_in_several_splits": count("SELECT src_addr, dst_addr, event_time FROM assigned GROUP BY ALL "
-                                           "HAVING count(DISTINCT split) > 1"),
+        "packets_in_several_splits": _packets_in_several_splits(con),
         "time_pairs_not_in_train": count(f"{distinct('test_time', 'src_addr, dst_addr')} EXCEPT "
                                          f"SELECT src_addr, dst_addr FROM {train}"),
         "time_rows_not_after_train": count(later("test_time")),
@@ -362,16 +384,16 @@ def _verify_regimes(con) -> dict:
         "val_target_destinations_in_train": count(f"{distinct('val_target', 'dst_addr')} INTERSECT "
                                                   f"SELECT dst_addr FROM {train}"),
         "val_pairs_in_a_test_set": count(f"{distinct('val_pair', 'src_addr, dst_addr')} INTERSECT "
-                                         f"SELECT src_addr, dst_addr FROM assigned WHERE split LIKE 'test_%'"),
+                                         f"SELECT src_addr, dst_addr FROM split_groups WHERE split LIKE 'test_%'"),
         "val_sources_in_a_test_set": count(f"{distinct('val_probe', 'src_addr')} INTERSECT "
-                                           f"SELECT src_addr FROM assigned WHERE split LIKE 'test_%'"),
+                                           f"SELECT src_addr FROM split_groups WHERE split LIKE 'test_%'"),
         "val_destinations_in_a_test_set": count(f"{distinct('val_target', 'dst_addr')} INTERSECT "
-                                                f"SELECT dst_addr FROM assigned WHERE split LIKE 'test_%'"),
+                                                f"SELECT dst_addr FROM split_groups WHERE split LIKE 'test_%'"),
     }
 
 
 def _verify(con, strategy: str) -> dict:
-    """Check disjointness from the written data itself; raises if violated."""
+    """Check disjointness from the rows as assigned (`split_groups`); raises if violated."""
     checks: dict = {}
     if strategy == "regimes":
         checks = _verify_regimes(con)
@@ -383,7 +405,7 @@ def _verify(con, strategy: str) -> dict:
         spans = {
             s: (lo, hi)
             for s, lo, hi in con.execute(
-                "SELECT split, min(event_time), max(event_time) FROM assigned GROUP BY split"
+                "SELECT split, min(lo), max(hi) FROM split_groups GROUP BY split"
             ).fetchall()
         }
         ordered = [spans[s] for s in SPLITS if s in spans]  # time strategy: train, val, test
@@ -392,7 +414,7 @@ def _verify(con, strategy: str) -> dict:
     if strategy in _GROUP_KEY:
         shared = one(
             con,
-            f"SELECT count(*) FROM (SELECT {_GROUP_KEY[strategy]} AS g FROM assigned "
+            f"SELECT count(*) FROM (SELECT {_GROUP_OF_SPLIT_GROUPS[strategy]} AS g FROM split_groups "
             "GROUP BY g HAVING count(DISTINCT split) > 1)",
         )[0]
         checks[f"{strategy}s_in_several_splits"] = shared
@@ -405,13 +427,23 @@ def _verify(con, strategy: str) -> dict:
     return checks
 
 
+def _split_groups(con) -> None:
+    """Create `split_groups`: one row per (split, probe key, pair) of the rows as assigned, with
+    its rows, IPv6 rows, failed rows and time span. Every check and statistic of the splits is
+    about these groups, so the rows are read for them once, not once per check."""
+    con.execute(f"""CREATE TEMP TABLE split_groups AS SELECT split, {_PROBE_KEY} AS pk, src_addr, dst_addr,
+                    count(*) AS n, count(*) FILTER (WHERE ip_version = 6) AS v6,
+                    count(*) FILTER (WHERE rtt = -1.0) AS failed, min(event_time) AS lo, max(event_time) AS hi
+                    FROM assigned GROUP BY ALL""")
+
+
 def _split_stats(con, splits: tuple[str, ...]) -> list[dict]:
+    # probes: the probe key tells a probe id from an address as COALESCE(prb_id, src_addr) does
     rows = con.execute(
-        """SELECT split, count(*) AS rows, count(DISTINCT COALESCE(prb_id::VARCHAR, src_addr)) AS probes,
-                  count(DISTINCT dst_addr) AS destinations, count(DISTINCT (src_addr, dst_addr)) AS pairs, min(event_time) AS start, max(event_time) AS end,
-                  sum(CASE WHEN ip_version = 6 THEN 1 ELSE 0 END) AS v6_rows,
-                  avg(CASE WHEN rtt = -1.0 THEN 1.0 ELSE 0.0 END) AS failure_share
-           FROM assigned GROUP BY split"""
+        """SELECT split, sum(n) AS rows, count(DISTINCT pk) AS probes, count(DISTINCT dst_addr) AS destinations,
+                  count(DISTINCT (src_addr, dst_addr)) AS pairs, min(lo) AS start, max(hi) AS end,
+                  sum(v6) AS v6_rows, sum(failed) / sum(n) AS failure_share
+           FROM split_groups GROUP BY split"""
     ).fetchall()
     names = ["split", "rows", "probes", "destinations", "pairs", "start", "end", "v6_rows", "failure_share"]
     by = {r[0]: dict(zip(names, r)) for r in rows}
@@ -439,9 +471,9 @@ def shard(
         progress("validate", 0, total_steps)
         read, rejected, by_reason = _validate(con, files, tmp / "rejects.jsonl")
         progress("assign splits", 1, total_steps)
-        con.execute("SET preserve_insertion_order=true")
         details = _assign_splits(con, cfg)
         progress("verify", 2, total_steps)
+        _split_groups(con)
         checks = _verify(con, cfg.strategy)
         files_out, written = _write_splits(con, tmp, splits_of(cfg.strategy), details["shards"], progress)
         stats = _split_stats(con, splits_of(cfg.strategy))
@@ -485,14 +517,13 @@ def _validate(con, files: list[Path], rejects_path: Path) -> tuple[int, int, dic
     """Check the inputs (the view `canonical`) and write their rejected rows to `rejects_path`.
     Returns (rows read, rows rejected, rejected by reason); raises when no row is valid."""
     canonical_query(con, files)
-    read, rejected = one(
-        con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical"
-    )
-    by_reason = dict(
-        con.execute(
-            "SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1"
-        ).fetchall()
-    )
+    counts = con.execute("SELECT reject_reason, count(*) FROM canonical GROUP BY 1 ORDER BY 1").fetchall()
+    by_reason = {reason: n for reason, n in counts if reason is not None}
+    read, rejected = sum(n for _, n in counts), sum(by_reason.values())
+    if read and not rejected:
+        # the copy below reads every input row twice (checked and raw) to find none
+        rejects_path.write_bytes(b"")
+        return read, rejected, by_reason
     # `raw` carries the input's own values as text (NaN/inf stay readable JSON strings).
     raw_cols = ", ".join(f"{c} := r.{'_time_raw' if c == 'event_time' else c}::VARCHAR"
                          for c in COLUMNS if c != "prb_id")
@@ -510,7 +541,7 @@ def _validate(con, files: list[Path], rejects_path: Path) -> tuple[int, int, dic
 
 def _write_splits(con, tmp: Path, splits: tuple[str, ...], shards: dict[str, int],
                   progress: Progress) -> tuple[dict[str, list[str]], int]:
-    """Write table `assigned` as `tmp/SPLIT/part-NNNNN.parquet`, one file per shard. Returns
+    """Write the rows of `labelled_rows` as `tmp/SPLIT/part-NNNNN.parquet`, one file per shard. Returns
     each split's files (relative to `tmp`) and the rows written."""
     written = 0
     files_out: dict[str, list[str]] = {}
@@ -521,8 +552,10 @@ def _write_splits(con, tmp: Path, splits: tuple[str, ...], shards: dict[str, int
         files_out[split] = []
         for k in range(shards[split]):
             path = tmp / split / f"part-{k:05d}.parquet"
+            # a split's only shard needs no hash modulo per row to find its rows
+            which = f" AND row_hash % {shards[split]} = {k}" if shards[split] > 1 else ""
             reader = con.sql(
-                f"SELECT {', '.join(COLUMNS)} FROM assigned WHERE split = '{split}' AND shard = {k} "
+                f"SELECT {', '.join(COLUMNS)} FROM labelled_rows WHERE split = '{split}'{which} "
                 "ORDER BY event_time, src_addr, dst_addr, rtt"
             ).to_arrow_reader(batch_size=262_144)
             n = write_canonical(reader, path)

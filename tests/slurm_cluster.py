@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -162,6 +164,31 @@ class SlurmCluster:
         out = self.run("scontrol", "-o", "show", "job", job).stdout
         return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
+    def array_runs(self, job: str) -> dict[int, tuple[float, float]]:
+        """Array task id -> (start, end) in seconds since the epoch of each task of job array `job`
+        that ended, as the controller recorded them in its job completion log (what `sacct -c`
+        reads): whole seconds, and independent of anything pingctl writes."""
+        runs = {}
+        for line in (self.dir / "log" / "jobcomp.txt").read_text().splitlines():
+            f = dict(re.findall(r"(\w+)=(\S*)", line))
+            if f.get("ArrayJobId") == job:  # a requeued task's later record replaces its earlier one
+                runs[int(f["ArrayTaskId"])] = (datetime.fromisoformat(f["StartTime"]).timestamp(),
+                                               datetime.fromisoformat(f["EndTime"]).timestamp())
+        return runs
+
+    def assert_ran_at_once(self, job: str, manifests: dict[int, Path]) -> dict[str, list]:
+        """Assert that two tasks of job array `job` ran at the same time by SLURM's record, and that
+        two did their work at the same time by their own: `manifests` maps a task to the manifest
+        it wrote last (task.json, part.json), whose `elapsed_s` is how long its work took, so the
+        work ran from the file's mtime less those seconds to its mtime. Both overlaps, longest first."""
+        runs = {i: r for i, r in self.array_runs(job).items() if i in manifests}
+        work = {i: (f.stat().st_mtime - json.loads(f.read_text())["elapsed_s"], f.stat().st_mtime)
+                for i, f in manifests.items()}
+        found = {"slurm": overlapping(runs), "work": overlapping(work, stamped=False)}
+        assert found["slurm"], f"no two tasks of job {job} ran at once by SLURM's record: {runs}"
+        assert found["work"], f"no two tasks of job {job} worked at once (start, end of their work): {work}"
+        return found
+
     def logs(self) -> str:
         return "\n".join(f"--- {f.name}\n" + f.read_text(errors="replace")[-2000:]
                          for f in sorted((self.dir / "log").glob("*.log")))
@@ -185,6 +212,20 @@ class SlurmCluster:
                 p.kill()
                 p.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def overlapping(runs: dict[int, tuple[float, float]], stamped: bool = True) -> list[tuple[int, int, float]]:
+    """(task, task, seconds) for every two runs (start, end) that certainly ran at the same time,
+    longest first; the seconds are a lower bound on how long. SLURM stamps whole seconds,
+    truncated (`stamped`): a start stamped at least a second before the other's end stamp began
+    before that end, and the two shared more than (end stamp - start stamp - 1) s."""
+    pairs = []
+    for a, (s1, e1) in runs.items():
+        for b, (s2, e2) in runs.items():
+            both = min(e1, e2) - max(s1, s2)
+            if a < b and (both >= 1 if stamped else both > 0):
+                pairs.append((a, b, both - 1 if stamped else both))
+    return sorted(pairs, key=lambda p: -p[2])
 
 
 CONF = """\
@@ -215,21 +256,37 @@ JobCompLoc={d}/log/jobcomp.txt
 MinJobAge=300
 SchedulerParameters=bf_interval=1,sched_interval=2
 KillWait=5
+{slurmd_parameters}
 {node} NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _node_line() -> str:
+# The fan-out tests assert that two array tasks ran at once: a node needs two schedulable cores.
+MIN_CPUS = 2
+
+
+def _node_line() -> tuple[str, str]:
     """`slurmd -C`'s line (exact socket/core layout) with memory below what it detects, or the
-    node is drained."""
+    node is drained. On a machine of one CPU, or of hyperthreads (with CR_Core a task holds a
+    whole core, so two hyperthreads run one task), the node is declared as one core a CPU and
+    at least MIN_CPUS of them; SLURM then takes the declared layout (SlurmdParameters=
+    config_overrides), and with task/none nothing is pinned, so tasks share the real CPUs.
+    Returns the node line and that parameter line (empty where the detected layout is kept)."""
     line = subprocess.run([_which("slurmd"), "-C"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
-    words = []
+    words, f = [], dict(w.split("=", 1) for w in line.split() if "=" in w)
+    cpus = int(f.get("CPUs", 1))
+    flat = cpus < MIN_CPUS or f.get("ThreadsPerCore", "1") != "1"
     for w in line.split():
         if w.startswith("RealMemory="):
             w = f"RealMemory={max(256, int(w.split('=')[1]) - 512)}"
+        elif flat and w.split("=")[0] in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore"):
+            continue
         words.append(w)
-    return " ".join(words)
+    if flat:
+        n = max(cpus, MIN_CPUS)
+        words[1:1] = [f"CPUs={n}", "Boards=1", "SocketsPerBoard=1", f"CoresPerSocket={n}", "ThreadsPerCore=1"]
+    return " ".join(words), "SlurmdParameters=config_overrides" if flat else ""
 
 
 def start(timeout: float = 60) -> SlurmCluster:
@@ -245,8 +302,9 @@ def start(timeout: float = 60) -> SlurmCluster:
     shutil.chown(d / "munge", "munge", "munge")
     (d / "munge").chmod(0o711)  # munged refuses a socket directory others cannot traverse
     ctld_port, slurmd_port = _free_ports(2)
+    node, params = _node_line()
     (d / "slurm.conf").write_text(CONF.format(host=socket.gethostname().split(".")[0], ctld_port=ctld_port,
-                                              slurmd_port=slurmd_port, d=d, node=_node_line()))
+                                              slurmd_port=slurmd_port, d=d, node=node, slurmd_parameters=params))
     c = SlurmCluster(dir=d, env={**os.environ, "SLURM_CONF": str(d / "slurm.conf")})
     owner = {"owner": os.getpid(), "pids": []}
     try:

@@ -1,6 +1,8 @@
 """`pingctl build-rows --target slurm|modal` (docs/rows.md, "Fanned out"): tasks by hash
-partition of the probes, on a real SLURM job array (tests/slurm_cluster.py) and on the Modal
-path with a local directory standing in for the volume, equal in content to a local build."""
+partition of the probes, on a real SLURM job array (tests/slurm_cluster.py; two of its tasks
+checked to have built at the same time) and on the Modal path with a local directory standing
+in for the volume, equal in content to a local build: the same records, byte for byte, for
+every probe and destination (the files holding them differ: one set per task)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pingctl.executor.modal.engine import DirBoundary, ModalExecutor, ModalSetti
 from pingctl.executor.slurm.engine import SlurmExecutor, SlurmSettings
 from pingctl.loader.pipeline import make_dataset
 from pingctl.records.build import build_rows
-from pingctl.records.fanout.work import read_plan, run_task, task_dir, task_states, work_dir
+from pingctl.records.fanout.work import PART, read_plan, run_task, task_dir, task_states, work_dir
 from pingctl.records.fanout.step import BuildRowsFanout
 from pingctl.records.layout import decode
 from pingctl.synth.generate import generate
@@ -114,21 +116,25 @@ def _cfg(**kw) -> LoaderConfig:
 # ---------------------------------------------------------------- a real SLURM job array
 
 
+@pytest.mark.slow  # a real SLURM (the slurm_cluster fixture marks it too)
 def test_slurm_job_array_equals_local_and_a_rerun_redoes_only_the_killed_task(slurm_cluster, split, tmp_path,
                                                                                monkeypatch):
     monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
     out = tmp_path / "rows"
-    # array task 1 is killed (SIGKILL, as by the OOM killer) before it builds anything
+    # array task 2 is killed (SIGKILL, as by the OOM killer) before it builds anything, after
+    # tasks 0 and 1 started side by side on the node's two CPUs
     s = SlurmSettings(cpus_per_task=1, mem="1G", time="00:10:00",
-                      setup='if [ "$SLURM_ARRAY_TASK_ID" = 1 ]; then kill -9 $$; fi')
+                      setup='if [ "$SLURM_ARRAY_TASK_ID" = 2 ]; then kill -9 $$; fi')
     with pytest.raises(PingctlError) as e:
         fanout([split / "synth"], out, "slurm", tasks=3, by="both", memory_limit="512MB", slurm_settings=s, **SIZES)
     msg = str(e.value)
-    assert "1 of 3 task(s) did not finish" in msg and "task 1:" in msg and "FAILED" in msg, msg
+    assert "1 of 3 task(s) did not finish" in msg and "task 2:" in msg and "FAILED" in msg, msg
     assert not out.exists()
     work = work_dir(out)
-    assert [i for i, why in task_states(work, read_plan(work)).items() if why] == [1]
+    assert [i for i, why in task_states(work, read_plan(work)).items() if why] == [2]
     first_job = fslurm.earlier_jobs(work)[0]["id"]
+    # two tasks ran, and built, at the same time: SLURM's start and end times and the tasks' own
+    slurm_cluster.assert_ran_at_once(first_job, {i: task_dir(work, i) / PART for i in (0, 1)})
 
     r = CliRunner().invoke(app, ["build-rows", str(split / "synth"), "-o", str(out), "--by", "both", "--target",
                                  "slurm", "--tasks", "3", "--memory-limit", "512MB", "--max-row-mb", str(MB), "--dst-max-row-mb", str(DST_MB), "--cpus-per-task", "1", "--mem",
@@ -139,7 +145,7 @@ def test_slurm_job_array_equals_local_and_a_rerun_redoes_only_the_killed_task(sl
     (job,) = summary["jobs"]
     assert job != first_job
     ran = slurm_cluster.run("scontrol", "-o", "show", "job", job).stdout
-    assert sorted(w.split("=")[1] for w in ran.split() if w.startswith("ArrayTaskId=")) == ["1"]
+    assert sorted(w.split("=")[1] for w in ran.split() if w.startswith("ArrayTaskId=")) == ["2"]
     assert not work.exists()
     _assert_same_rows(out, split / "local", "both")
     # the loader reads the fanned-out rows, triangulation contexts included

@@ -3,6 +3,7 @@ a log-normal around the classical estimate, one weight per regime fitted on val 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -141,10 +142,17 @@ def test_too_few_estimates_keep_the_model():
     assert f.weight == 1.0 and f.crps_val["classical"] is None
 
 
+def _record(dists, actual, **estimates) -> dict:
+    """A val record as `eval.combine.val_record` keeps it: each estimate's CRPS terms, the
+    estimates and what the pool's PIT needs of the distributions."""
+    return {"terms": {k: CMB.terms(dists, e, actual) for k, e in estimates.items()}, "estimates": estimates,
+            "at_actual": CMB.at_actual(dists, actual)}
+
+
 def test_fit_reads_val_only(tmp_path):
     """fit_and_write sees only the val records: wild test packets cannot move the file."""
-    val = _val(1.0, 1.3)
-    rec = {"terms": {"pair_median": CMB.terms(*val), "hint": CMB.terms(*_val(2.0, 1.0))}}
+    dists, hint, actual = _val(2.0, 1.0)
+    rec = _record(dists, actual, pair_median=actual * 1.3, hint=hint)
     run = tmp_path / "run"
     keys = {r: tmp_path / "val" for r in CB.REGIMES}
     prompts = {r: {"context_policy": "both"} for r in CB.REGIMES}
@@ -155,14 +163,16 @@ def test_fit_reads_val_only(tmp_path):
     assert comb.regimes["pair"].weight <= 0.05 and comb.meta["steps"] == [60]
     assert info["run_copy"]["written"] is None  # not a run directory: nothing written there
     # the same val with a test split of wild RTTs beside it: the same file
-    wild = {"terms": {"pair_median": CMB.terms(*_val(1.0, 40.0, seed=9))}}
+    d9, e9, a9 = _val(1.0, 40.0, seed=9)
+    wild = _record(d9, a9, pair_median=e9)
     _, info2 = CMB.fit_and_write({(keys["time"], "both"): rec, (tmp_path / "test", "both"): wild}, keys, prompts,
                                  choice, tmp_path / "b", run, [60], 0)
     assert json.loads(open(info2["fitted"]).read()) == json.loads(open(info["fitted"]).read())
 
 
 def test_no_hints_pools_with_the_best_in_eval_only(tmp_path):
-    rec = {"terms": {"pair_median": CMB.terms(*_val(1.0, 1.3)), "embedding": CMB.terms(*_val(2.0, 1.0))}}
+    dists, emb, actual = _val(2.0, 1.0)
+    rec = _record(dists, actual, pair_median=actual * 1.3, embedding=emb)
     keys = {r: tmp_path / "val" for r in CB.REGIMES}
     fits, info = CMB.fit_and_write({(keys["time"], "cold"): rec}, keys, {r: {"context_policy": "cold"} for r in keys},
                                    {r: {"best": "embedding"} for r in keys}, tmp_path, tmp_path, [1], 0)
@@ -225,10 +235,85 @@ def test_eval_regimes_adds_the_combined_row(tiny_run, regimes_split, tmp_path):
         assert report["order"].index("combined") == report["order"].index("model") + 2  # after model_calibrated
         e = report["predictors"]["combined"]
         assert e["info"]["weight"] == comb.regimes[row["regime"]].weight
+        assert e["info"]["recalibrated"] == (comb.regimes[row["regime"]].recal is not None)
+        assert row["combined_cov90_raw"] == e["info"]["cov90_before_recalibration"]
         assert row["combined_median_rel_err"] == e["slices"]["all"]["median_rel_err"]
         assert row["combined_verdict"] in ("better", "worse", "tie")
         assert "combined" in report["comparisons"] and "combined" not in (row["best_on_test"] or "")
         assert any(x["predictor"] == "combined" for x in report["rows"])
-        if comb.regimes[row["regime"]].weight == 1.0:  # the model's own answer
+        if comb.regimes[row["regime"]].weight == 1.0 and not e["info"]["recalibrated"]:  # the model's own answer
             assert e["slices"]["all"]["median_rel_err"] == report["predictors"]["model"]["slices"]["all"][
                 "median_rel_err"]
+
+
+def _heavy(n: int, seed: int):
+    """Packets whose estimate is close for most and far off for a fifth (heavy tails), and a
+    model centred twice too high: the CRPS fit pools (almost) only the estimate, sharply."""
+    rng = np.random.default_rng(seed)
+    actual = rng.uniform(10, 150, n)
+    far = rng.random(n) < 0.2
+    est = actual * np.exp(rng.normal(0, 0.05, n) + far * rng.choice([-1.0, 1.0], n) * rng.uniform(0.3, 1.0, n))
+    dists = [lognormal(a * 2.0, 0.05) for a in actual]
+    return dists, est, actual
+
+
+def test_pooled_pit_is_the_pools_cdf_at_the_actual_rtt():
+    """The PIT the map is fitted on is what `pool(...).cdf(actual)` reads, packet by packet."""
+    dists, est, actual = _heavy(40, 3)
+    est[2], actual[4] = np.nan, -1.0
+    actual[6] = 2e5  # above the grid: the last code
+    at = CMB.at_actual(dists, actual)
+    for w in (0.0, 0.3, 1.0):
+        f = fit(w, 0.2)
+        want = [CB.pool(d, e, f).cdf(a) if a >= 0 and e > 0 else np.nan for d, e, a in zip(dists, est, actual)]
+        np.testing.assert_allclose(CMB.pooled_pit(at, est, f), want, atol=1e-9)
+
+
+def test_recalibration_mends_a_too_narrow_pool_on_new_packets():
+    """A pool with the estimate's robust (MAD) spread, which CRPS fits often choose, holds too
+    few actual RTTs in its 90% intervals where the estimate's errors have heavy tails; the map
+    fitted on val brings them near 90% on packets it never saw."""
+    dists, est, actual = _heavy(400, 11)
+    rec = _record(dists, actual, hint=est)
+    raw = fit(0.0, CMB.spread(est, actual))
+    mended = CMB.with_recalibration(raw, rec, "hint")
+    assert mended.recal is not None and mended.weight == raw.weight and mended.log_sigma > raw.log_sigma
+    assert mended.cov90_val["raw"] < 0.86 and mended.cov90_val["recalibrated"] == pytest.approx(0.9, abs=0.02)
+
+    def cov90(f: CB.RegimeFit, d, e, a) -> float:
+        q = np.array([CB.pool(x, y, f).quantile_values([0.05, 0.95]) for x, y in zip(d, e)])
+        return float(((a >= q[:, 0]) & (a <= q[:, 1])).mean())
+
+    d2, e2, a2 = _heavy(400, 12)
+    before, after = cov90(raw, d2, e2, a2), cov90(mended, d2, e2, a2)
+    assert before < 0.86 and 0.85 <= after <= 0.95
+
+
+def test_recalibrated_pool_reads_the_map():
+    """The pooled-and-mapped CDF is H of the pooled one at every code, weight 1 included (the
+    map was fitted on those packets' PITs); without an estimate the model answers, unmapped."""
+    d = lognormal(50.0, 0.1)
+    knots = CMB.CAL.fit(np.random.default_rng(0).beta(2, 2, 500), {}).knots
+    for w in (0.0, 0.4, 1.0):
+        raw = CB.pool(d, 20.0, fit(w))
+        mapped = CB.pool(d, 20.0, dataclasses.replace(fit(w), recal=tuple(knots)))
+        np.testing.assert_allclose(mapped.cumulative, np.interp(np.minimum(raw.cumulative, 1.0), knots,
+                                                                CB.RECAL_LEVELS), atol=1e-12)
+        assert not np.allclose(mapped.cumulative, raw.cumulative, atol=1e-3)
+    assert CB.pool(d, float("nan"), dataclasses.replace(fit(0.4), recal=tuple(knots))) is d
+    assert CB.pool(d, 20.0, dataclasses.replace(fit(0.4, classical=None), recal=tuple(knots))) is d
+
+
+def test_recalibration_round_trips_and_bad_knots_are_refused(tmp_path):
+    knots = tuple(float(x) for x in np.linspace(0, 1, len(CB.RECAL_LEVELS)) ** 1.5)
+    f = CB.RegimeFit("hint", 0.1, 0.2, 50, {}, knots, {"raw": 0.7, "recalibrated": 0.9})
+    path = CB.Combination({"pair": f}, {"run": "r", "steps": [1]}).write(tmp_path / "c.json")
+    assert CB.Combination.load(path).regimes["pair"] == f
+    good = json.loads(path.read_text())
+    falls = list(knots)
+    falls[40], falls[41] = falls[41], falls[40]
+    for bad in ([0.5] * len(knots), list(knots[:-1]), falls, [*knots[:-1], float("nan")], "x"):
+        raw = {**good, "regimes": {"pair": {**good["regimes"]["pair"], "recal_knots": bad}}}
+        (tmp_path / "bad.json").write_text(json.dumps(raw))
+        with pytest.raises(PingctlError, match=r"regimes\.pair\.recal_knots"):
+            CB.Combination.load(tmp_path / "bad.json")

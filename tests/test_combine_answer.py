@@ -48,14 +48,19 @@ def setup(tiny_run, pair, tmp_path_factory):
     return run, ctx
 
 
-def write_combination(run: Path, weight: float, steps=None, crps=(5.0, 4.0, 3.0), path: Path | None = None) -> Path:
+# a recalibration map that moves mass to the upper tail: an answer path that skipped it would differ
+SKEWED = tuple(float(x) for x in np.linspace(0.0, 1.0, len(CB.RECAL_LEVELS)) ** 1.7)
+
+
+def write_combination(run: Path, weight: float, steps=None, crps=(5.0, 4.0, 3.0), path: Path | None = None,
+                      recal: tuple | None = None) -> Path:
     """A combination fitted (as far as the answers can tell) for `run` on `probe` prompts: its
-    `time` regime pools the model with the pair median at `weight`."""
+    `time` regime pools the model with the pair median at `weight` (then `recal`'s map, if any)."""
     from pingctl.artifacts.run import checkpoint_steps, run_config
 
     model, classical, combined = crps
     fit = CB.RegimeFit("pair_median", weight, 0.2, 100, {"model": model, "classical": classical,
-                                                          "combined": combined})
+                                                          "combined": combined}, recal)
     meta = {"run": str(run.resolve()), "steps": steps or [checkpoint_steps(run)[-1]], "context_policy": "probe",
             "context_measurements": 16,
             "context_per_pair": run_config(run).loader.max_per_pair, "hint": None}
@@ -97,10 +102,13 @@ def test_sample_api_serve_pairs_and_score_agree_under_combined(setup, pair, tmp_
     from pingctl.serve.server import ServerThread
 
     run, ctx = setup
-    write_combination(run, 0.5)
+    comb = CB.Combination.load(write_combination(run, 0.5, recal=SKEWED))
     model = Model.load(run)
     api = _ask(model, pair, ctx)
     assert api.answered_by["predictor"] == "combined" and api.answered_by["regime"] == "time"
+    # the pool of the model's own answer with the pair median, through the map
+    own = _ask(Model.load(run, combination=False), pair, ctx)
+    np.testing.assert_allclose(api.probs, CB.pool(own, float(np.median(RTTS)), comb.regimes["time"]).probs, atol=1e-12)
     keys = ("p_fail", "mean_ms", "trimmed_mean_ms", "p5_ms", "p25_ms", "p50_ms", "p75_ms", "p95_ms")
     want = {k: api.info[k] for k in keys}
 

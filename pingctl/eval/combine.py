@@ -23,7 +23,7 @@ from pingctl.eval.baselines import refit_prediction
 from pingctl.eval.model import QS, _reads
 from pingctl.eval.registry import REGISTRY, candidates
 from pingctl.eval.report import add_predictor, compare
-from pingctl.infer import combine as CB
+from pingctl.infer import calibration as CAL, combine as CB
 
 COMBINED = "combined"  # its predictor name in a report
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 21), 2)
@@ -133,7 +133,71 @@ def val_record(pred: dict, split: dict, idx: np.ndarray, fitted: dict, policies:
     the regimes' `policies`), so the distributions can go."""
     actual = np.asarray(split["rtt"], np.float64)[idx]
     ests = val_estimates(pred, split, idx, fitted, every_candidate(policies), seed)
-    return {"terms": {name: terms(pred["dists"], e, actual) for name, e in ests.items()}}
+    return {"terms": {name: terms(pred["dists"], e, actual) for name, e in ests.items()},
+            "estimates": ests, "at_actual": at_actual(pred["dists"], actual)}
+
+
+def at_actual(dists: list, actual) -> dict:
+    """What a pool's PIT needs of each packet's model distribution, so the distributions can go:
+    the model's CDF at the actual RTT (`RttDistribution.cdf`, NaN for a failed packet), the
+    code the CDF is read at (its value; NaN below the grid) and whether that is the last code."""
+    a = np.asarray(actual, np.float64)
+    n = len(dists)
+    out = {"model": np.full(n, np.nan), "code_ms": np.full(n, np.nan), "last": np.zeros(n, bool)}
+    for k, d in enumerate(dists):
+        if not (np.isfinite(a[k]) and a[k] >= 0):
+            continue
+        i = int(np.searchsorted(d.values_ms, a[k], side="right")) - 1
+        out["model"][k] = float(np.minimum(d.cumulative[i], 1.0)) if i >= 0 else 0.0
+        out["code_ms"][k] = d.values_ms[i] if i >= 0 else np.nan
+        out["last"][k] = i == len(d.values_ms) - 1
+    return out
+
+
+def pooled_pit(at: dict, estimate, fit: CB.RegimeFit) -> np.ndarray:
+    """The PIT of each packet under `CB.pool(dist, estimate, fit)` without the map, read as
+    `RttDistribution.cdf` reads it: the pooled CDF at the code at or below the actual RTT. NaN
+    where there is no estimate (the model answers there, unmapped) or the packet failed."""
+    e = np.asarray(estimate, np.float64)
+    use = np.isfinite(e) & (e > 0)
+    code = np.where(np.isfinite(at["code_ms"]), at["code_ms"], 1.0)
+    fc = CB.lognormal_cdf(code, np.where(use, e, 1.0), fit.log_sigma)
+    fc = np.where(at["last"], 1.0, np.where(np.isfinite(at["code_ms"]), fc, 0.0))
+    w = min(float(fit.weight), 1.0)
+    return np.where(use, w * at["model"] + (1.0 - w) * fc, np.nan)
+
+
+def with_recalibration(fit: CB.RegimeFit, rec: dict, name: str) -> CB.RegimeFit:
+    """`fit` recalibrated on the same val packets, in two moves: the classical spread widened
+    to the least of `WIDEN` that holds 90% of them in the pool's central 90% (a PIT map alone
+    cannot mend a pool so sharp that far misses read 0 or 1 to double precision: their PITs tie),
+    then the map H from the pool's PITs (`infer.calibration.fit`) for what is left, skew and
+    bias included. The weight stays the CRPS fit's. The fit unchanged where val has too few packets."""
+    at, est = rec["at_actual"], rec["estimates"][name]
+    pit = pooled_pit(at, est, fit)
+    if int(np.isfinite(pit).sum()) < CAL.MIN_PACKETS:
+        return fit
+    raw = cov90_of_pit(pit)
+    widened, factor = fit, 1.0
+    if fit.weight < 1.0:
+        for factor in WIDEN:
+            widened = dataclasses.replace(fit, log_sigma=fit.log_sigma * factor)
+            pit = pooled_pit(at, est, widened)
+            if cov90_of_pit(pit) >= 0.9:
+                break
+    cal = CAL.fit(pit, {})
+    cov = {"raw": raw, "spread_factor": float(factor), "recalibrated": cov90_of_pit(cal.level(pit))}
+    return dataclasses.replace(widened, recal=tuple(float(x) for x in cal.knots), cov90_val=cov)
+
+
+WIDEN = np.geomspace(1.0, 16.0, 49)  # spread factors tried by recalibration, ~6% apart
+
+
+def cov90_of_pit(pit) -> float | None:
+    """The share of successful packets whose PIT lies in the central 90% [0.05, 0.95]."""
+    u = np.asarray(pit, np.float64)
+    u = u[np.isfinite(u)]
+    return float(((u >= 0.05) & (u <= 0.95)).mean()) if len(u) else None
 
 
 def val_estimates(pred: dict, split: dict, idx: np.ndarray, fitted: dict, names, seed: int) -> dict:
@@ -172,7 +236,7 @@ def fit_val(records: dict, choice: dict) -> dict[str, tuple[str, CB.RegimeFit]]:
     for regime, rec in records.items():
         name, _ = estimate_name(regime, rec["terms"], choice[regime]["best"])
         if name in rec["terms"]:
-            fits[regime] = (name, fit_terms(rec["terms"][name], name))
+            fits[regime] = (name, with_recalibration(fit_terms(rec["terms"][name], name), rec, name))
     return fits
 
 
@@ -237,11 +301,17 @@ def add_combined(report, pred: dict, entry: tuple | None, seed: int = 0) -> None
     if entry is None or not pred.get("dists"):
         return
     name, fit = entry
-    reads = combined_reads(pred["dists"], test_estimate(name, pred, report), fit, report.ctx["actual"])
+    est = test_estimate(name, pred, report)
+    reads = combined_reads(pred["dists"], est, fit, report.ctx["actual"])
+    # before recalibration: the spread the CRPS fit chose, unwidened, and no map
+    factor = (fit.cov90_val or {}).get("spread_factor") or 1.0
+    raw = cov90_of_pit(pooled_pit(at_actual(pred["dists"], report.ctx["actual"]), est,
+                                  dataclasses.replace(fit, log_sigma=fit.log_sigma / factor)))
     add_predictor(report, COMBINED, reads["median"], quantiles=dict(zip(QS, reads["quantiles"].T)), pit=reads["pit"],
                   p_fail=reads["p_fail"], crps=reads["crps"],
                   info={"estimate": name, "weight": fit.weight, "log_sigma": fit.log_sigma, "fitted_on": "val",
-                        "answers_combine": name in CB.CLASSICALS})
+                        "answers_combine": name in CB.CLASSICALS, "recalibrated": fit.recal is not None,
+                        "cov90_before_recalibration": raw, "cov90_val": fit.cov90_val})
     order = [n for n in report["order"] if n != COMBINED]
     at = max(i for i, n in enumerate(order) if n.startswith("model")) + 1 if "model" in order else len(order)
     report["order"] = order[:at] + [COMBINED] + order[at:]
@@ -261,6 +331,7 @@ def row_fields(report, best: str) -> dict:
     return {"combined_median_rel_err": e["slices"]["all"].get("median_rel_err"),
             "combined_crps_ms": ((e.get("crps") or {}).get("all") or {}).get("mean_crps_ms"),
             "combined_cov90": ((e.get("calibration") or {}).get("coverage") or {}).get("cov90"),
+            "combined_cov90_raw": e["info"].get("cov90_before_recalibration"),
             "combined_weight": e["info"]["weight"], "combined_estimate": e["info"]["estimate"],
             **{f"combined_{k}": c.get(k) for k in ("diff", "ci_low", "ci_high", "verdict")}}
 

@@ -158,7 +158,12 @@ def combined_line(table: list[dict]) -> str | None:
               f", − {r['best']} {100 * r['combined_diff']:+.1f} [{100 * r['combined_ci_low']:+.1f}, "
               f"{100 * r['combined_ci_high']:+.1f}] {r.get('combined_verdict') or ''}".rstrip())
         crps = "-" if r.get("combined_crps_ms") is None else f"{r['combined_crps_ms']:,.1f}"
-        return (f"{r['regime']} {100 * r['combined_median_rel_err']:.1f}% CRPS {crps} ms "
+        cov = "" if r.get("combined_cov90") is None else f" cov90 {_pct(r.get('combined_cov90_raw'))} -> {_pct(r['combined_cov90'])}"
+        return (f"{r['regime']} {100 * r['combined_median_rel_err']:.1f}% CRPS {crps} ms{cov} "
                 f"(w {r['combined_weight']:.2f} on the model, with {r['combined_estimate']}{ci})")
 
-    return "combined answer (fitted on val): " + "; ".join(one(r) for r in rows)
+    return "combined answer (fitted and recalibrated on val): " + "; ".join(one(r) for r in rows)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"

@@ -24,6 +24,7 @@ import numpy as np
 from pingctl.artifacts import export as EX
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
+from pingctl.infer.calibration import GRID as RECAL_LEVELS
 from pingctl.infer.queries import RttDistribution
 
 COMBINATION = "combination.json"
@@ -57,10 +58,24 @@ class RegimeFit:
     log_sigma: float  # spread of log(actual/estimate) on val
     n_val: int
     crps_val: dict  # {"model":..., "classical":..., "combined":...} in ms
+    # The pool's own recalibration map H (knots at RECAL_LEVELS, as infer.calibration's): the
+    # weight and spread are fitted by CRPS, which prefers sharp answers to calibrated ones, so
+    # the pooled intervals are mended afterwards from the PITs of the pool on the same val packets.
+    recal: tuple[float, ...] | None = None
+    cov90_val: dict | None = None  # {"raw": ..., "recalibrated": ...} on val
 
     def to_json(self) -> dict:
-        return {"classical": self.classical, "weight": self.weight, "log_sigma": self.log_sigma,
-                "n_val": self.n_val, "crps_val": self.crps_val}
+        out = {"classical": self.classical, "weight": self.weight, "log_sigma": self.log_sigma,
+               "n_val": self.n_val, "crps_val": self.crps_val}
+        if self.recal is not None:
+            out |= {"recal_levels": RECAL_LEVELS.tolist(), "recal_knots": list(self.recal)}
+        if self.cov90_val is not None:
+            out["cov90_val"] = self.cov90_val
+        return out
+
+    def recalibrated(self, cdf: np.ndarray) -> np.ndarray:
+        """H(F): the pooled CDF through the recalibration map (F itself where there is none)."""
+        return cdf if self.recal is None else np.interp(cdf, self.recal, RECAL_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -139,7 +154,22 @@ def _regime_fit(where: str, name: str, r) -> RegimeFit:
     crps = r.get("crps_val", {})
     if not isinstance(crps, dict):
         raise PingctlError(f"{at}.crps_val is not an object")
-    return RegimeFit(classical, weight, sigma, n_val, crps)
+    cov = r.get("cov90_val")
+    return RegimeFit(classical, weight, sigma, n_val, crps, _recal_knots(at, r), cov if isinstance(cov, dict) else None)
+
+
+def _recal_knots(at: str, r: dict) -> tuple[float, ...] | None:
+    """The recalibration map's knots: absent (no map), or one per RECAL_LEVELS, non-decreasing
+    from 0 to 1; anything else is refused by field rather than applied."""
+    knots = r.get("recal_knots")
+    if knots is None:
+        return None
+    k = np.asarray(knots if isinstance(knots, list) else [], dtype=object)
+    ok = (len(k) == len(RECAL_LEVELS) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in k))
+    kf = k.astype(np.float64) if ok else np.zeros(0)
+    if not ok or not np.isfinite(kf).all() or kf[0] != 0.0 or kf[-1] != 1.0 or (np.diff(kf) < 0).any():
+        raise PingctlError(f"{at}.recal_knots: expected {len(RECAL_LEVELS)} numbers rising from 0 to 1")
+    return tuple(float(x) for x in kf)
 
 
 Z_EXACT = 9.0  # |z| beyond which Phi(z) is 0 or 1 within 1e-19
@@ -186,17 +216,27 @@ def usable(estimate_ms) -> bool:
 
 
 def pool(dist: RttDistribution, estimate_ms: float, fit: RegimeFit) -> RttDistribution:
-    """w * F_model + (1 - w) * F_lognormal(estimate_ms, log_sigma) on the model's own codes;
-    P(failure) stays the model's. The model's distribution itself where w is 1, the fit cannot
-    combine, or there is no estimate (NaN, None or <= 0)."""
+    """H(w * F_model + (1 - w) * F_lognormal(estimate_ms, log_sigma)) on the model's own codes,
+    H the fit's recalibration map (`RegimeFit.recal`, none: the identity); P(failure) stays the
+    model's. The model's distribution itself where the fit cannot combine or there is no
+    estimate (NaN, None or <= 0), and where w is 1 without a map."""
     w = float(fit.weight)
-    if w >= 1.0 or fit.classical is None or not usable(estimate_ms):
+    if fit.classical is None or not usable(estimate_ms) or (w >= 1.0 and fit.recal is None):
         return dist
-    f = classical_cdf(dist.values_ms, float(estimate_ms), fit.log_sigma)
-    if w > 0.0:
-        f = w * np.minimum(dist.cumulative, 1.0) + (1.0 - w) * f
-    probs = np.diff(f, prepend=0.0).clip(min=0.0)
+    probs = np.diff(fit.recalibrated(pooled_cdf(dist, float(estimate_ms), fit)), prepend=0.0).clip(min=0.0)
     return RttDistribution(dist.p_fail, dist.codes, dist.values_ms, probs / probs.sum())
+
+
+def pooled_cdf(dist: RttDistribution, estimate_ms: float, fit: RegimeFit, f_model=None, values_ms=None) -> np.ndarray:
+    """w * F_model + (1 - w) * F_classical at each code, before the map: `f_model` (the model's
+    CDF, default the distribution's) and `values_ms` (default its codes' values) let a caller
+    that refines the grid read the same pool (`predictor.Choice.read_cdf`)."""
+    w = float(fit.weight)
+    f = np.minimum(dist.cumulative if f_model is None else f_model, 1.0)
+    if w >= 1.0:
+        return f
+    c = classical_cdf(dist.values_ms if values_ms is None else values_ms, estimate_ms, fit.log_sigma)
+    return c if w <= 0.0 else w * f + (1.0 - w) * c
 
 
 def classical(dist: RttDistribution, estimate_ms: float, fit: RegimeFit) -> RttDistribution | None:
@@ -205,7 +245,7 @@ def classical(dist: RttDistribution, estimate_ms: float, fit: RegimeFit) -> RttD
     if not usable(estimate_ms):
         return None
     return pool(dist, estimate_ms, RegimeFit(fit.classical or CLASSICAL_OF_REGIME["pair"], 0.0, fit.log_sigma,
-                                             fit.n_val, fit.crps_val))
+                                             fit.n_val, fit.crps_val))  # no map: it was fitted for the pool
 
 
 def pair_median(rtt_ms) -> float:

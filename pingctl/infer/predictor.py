@@ -18,8 +18,7 @@ the question has a classical estimate; otherwise by the model, and the answer sa
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -71,15 +70,13 @@ class Choice:
         answer is exact at its own quantiles. None where that is the model's (or its map's)."""
         if self.predictor == "model":
             return None
-        w = 0.0 if self.predictor == "classical" else float(self.fit.weight)
-        if w >= 1.0:
+        fit = (replace(self.fit, weight=0.0, recal=None) if self.predictor == "classical" else self.fit)
+        if fit.weight >= 1.0 and fit.recal is None:
             return None
-        est, sigma = float(self.estimate_ms), self.fit.log_sigma
+        est = float(self.estimate_ms)
 
-        def cdf(f, values):  # the raw model's CDF, as `apply` pools it
-            f = np.minimum(f, 1.0)
-            g = CB.classical_cdf(values, est, sigma)
-            return g if w <= 0.0 else w * f + (1.0 - w) * g
+        def cdf(f, values):  # the raw model's CDF, as `apply` pools and maps it
+            return fit.recalibrated(CB.pooled_cdf(None, est, fit, f_model=f, values_ms=values))
 
         return cdf
 
@@ -159,7 +156,7 @@ class Predictor:
         est = classical_estimate(regime, rtts, self.hints, src, dst, context, hint_ms)
         if est is None:
             return Choice("model", regime, no_estimate(regime))
-        return dataclasses.replace(decided, estimate_ms=est,
+        return replace(decided, estimate_ms=est,
                                    why=f"{decided.why}; {decided.fit.classical} {est:.1f} ms")
 
     def for_regime(self, regime: str | None, prompt: dict) -> Choice:
@@ -195,7 +192,7 @@ class Predictor:
             return self
         if answer != "model" and self.combination is None:
             raise UsageError(f"{option} {answer!r}: {self.unused}")
-        return dataclasses.replace(self, asked=answer)
+        return replace(self, asked=answer)
 
     def require(self, choice: Choice) -> Choice:
         """A single question asked for `combined` or `classical` explicitly that cannot have
@@ -261,7 +258,7 @@ def resolve(model_dir: Path | str, steps, answer: str | None = None, combination
     model_dir = Path(model_dir)
     if answer == "model":  # the combination kept (a call may still ask for it), never refused for it
         try:
-            return dataclasses.replace(resolve(model_dir, steps, None, combination, option), asked="model")
+            return replace(resolve(model_dir, steps, None, combination, option), asked="model")
         except PingctlError as e:
             return Predictor("model", None, str(e), None)
     if combination is False:

@@ -4,8 +4,9 @@ answers its question (docs/score.md, "Which predictor answers").
 The model's scores of a packet are read at its observed value x: P(RTT < x), P(RTT = x) and the
 code's own mass. A pool w * F_model + (1 - w) * G (`combine.pool`, G the log-normal around
 the row's classical estimate on the same codes) is linear, so its reads are the same mixture of
-the model's reads and G's at x: no distribution of 65,536 codes is built per row. P(failure)
-stays the model's, so a failed packet's scores do not change.
+the model's reads and G's at x, and the fit's recalibration map H moves both CDF levels read
+there: no distribution of 65,536 codes is built per row. P(failure) stays the model's, so a
+failed packet's scores do not change.
 
 A row's classical estimate comes from its prompt's context rows, as a question's does
 (`predictor`): the median of the pair's own packets there (the `time` regime), else the run's
@@ -13,6 +14,8 @@ hints' estimate for the pair.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -54,7 +57,6 @@ def answer_scores(cols: dict, rows: dict, contexts: list[np.ndarray], predictor:
     regime = _regimes(predictor, src, dst, np.array([len(p) for p in pair]))
     by = np.full(n, "model", object)
     why: dict = {}
-    est, w, sigma = np.full(n, np.nan), np.ones(n), np.ones(n)
     for r in dict.fromkeys(regime.tolist()):
         sel = np.flatnonzero(regime == r)
         decided = predictor.for_regime(r, prompt)
@@ -63,12 +65,12 @@ def answer_scores(cols: dict, rows: dict, contexts: list[np.ndarray], predictor:
             ok = np.isfinite(e) & (e > 0)
             if (~ok).any():
                 why[PR.no_estimate(r)] = why.get(PR.no_estimate(r), 0) + int((~ok).sum())
-            sel = sel[ok]
-            est[sel], by[sel] = e[ok], decided.predictor
-            w[sel] = 0.0 if decided.predictor == "classical" else decided.fit.weight
-            sigma[sel] = decided.fit.log_sigma
+            sel, by[sel[ok]] = sel[ok], decided.predictor
+            # the classical answer alone is the pool at weight 0, without the pool's map
+            fit = (replace(decided.fit, weight=0.0, recal=None) if decided.predictor == "classical" else decided.fit)
+            scored = rtt[sel] >= 0
+            _pool_reads(cols, rtt, sel[scored], e[ok][scored], fit)
         why[decided.why] = why.get(decided.why, 0) + len(sel)
-    _pool_reads(cols, rtt, est, w, sigma, np.flatnonzero((by != "model") & (rtt >= 0) & (w < 1.0)))
     return {"answered_by": by.tolist(), "regime": regime.tolist(), "why": {k: v for k, v in why.items() if v}}
 
 
@@ -96,28 +98,28 @@ def _estimate(predictor, regime, pair_rtt, src, dst, rows, ctx) -> float:
     return np.nan if est is None else est
 
 
-def _pool_reads(cols: dict, rtt: np.ndarray, est: np.ndarray, w: np.ndarray, sigma: np.ndarray,
-                idx: np.ndarray) -> None:
-    """The pooled PIT, tail probability and NLL of the successful rows `idx`, from the model's:
-    G's mass below the observed code's value and at it, on the sorted code grid as `pool`."""
-    if not len(idx):
+def _pool_reads(cols: dict, rtt: np.ndarray, idx: np.ndarray, est: np.ndarray, fit: CB.RegimeFit) -> None:
+    """The pooled (and mapped: `RegimeFit.recal`) PIT, tail probability and NLL of the
+    successful rows `idx`, from the model's: G's mass below the observed code's value and up to
+    it, on the sorted code grid as `pool`; the map moves both CDF levels and the code's mass is
+    their difference."""
+    w = float(fit.weight)
+    if not len(idx) or (w >= 1.0 and fit.recal is None):
         return
     _, values, _, _ = Q.code_table()
     x = decode_rtt(token_codes(np.maximum(rtt[idx], 0.0)).astype(np.uint16)).astype(np.float64)
     j = np.searchsorted(values, x, side="left")  # the first code of x's value on the grid
     prev = values[np.maximum(j - 1, 0)]
-    g_below = np.where(j > 0, CB.lognormal_cdf(prev, est[idx], sigma[idx]), 0.0)
-    g_upto = np.where(j >= len(values) - 1, 1.0, CB.lognormal_cdf(x, est[idx], sigma[idx]))
-    g_at = g_upto - g_below
+    g_below = np.where(j > 0, CB.lognormal_cdf(prev, est, fit.log_sigma), 0.0)
+    g_upto = np.where(j >= len(values) - 1, 1.0, CB.lognormal_cdf(x, est, fit.log_sigma))
     pf, pit_m, nll_m = cols["p_fail"][idx], cols["pit"][idx], cols["nll"][idx]
     lf = -np.log(np.maximum(1.0 - pf, _TINY))
     at_m = np.exp(-(nll_m - lf))  # the observed code's mass under the model, from its NLL
-    ww = w[idx]
-    pit = ww * pit_m + (1.0 - ww) * g_upto
-    below = ww * (pit_m - at_m) + (1.0 - ww) * g_below
-    cols["pit"][idx] = np.minimum(pit, 1.0)
-    cols["tail_p"][idx] = np.minimum(1.0, 2.0 * np.minimum(np.minimum(pit, 1.0), 1.0 - below))
-    cols["nll"][idx] = lf - np.log(np.maximum(ww * at_m + (1.0 - ww) * g_at, _TINY))
+    upto = fit.recalibrated(np.minimum(w * pit_m + (1.0 - w) * g_upto, 1.0))
+    below = fit.recalibrated(np.clip(w * (pit_m - at_m) + (1.0 - w) * g_below, 0.0, 1.0))
+    cols["pit"][idx] = upto
+    cols["tail_p"][idx] = np.minimum(1.0, 2.0 * np.minimum(upto, 1.0 - below))
+    cols["nll"][idx] = lf - np.log(np.maximum(upto - below, _TINY))
 
 
 def answer_rows(cols: dict, rows: dict, predictor: PR.Predictor, policy: str, context: int, per_pair: int) -> dict:

@@ -47,17 +47,22 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _address_tables(con) -> tuple[np.ndarray, np.ndarray]:
-    """Give every distinct valid address an id; return (uint8[m,16], bool[m]) by id."""
+def _address_tables(con) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Give every distinct valid address an id, in the addresses' text order, and every probe
+    id a rank in its key's text order (`prb_ranks`); return (uint8[m,16], bool[m], text) by id.
+    One read of the split: its distinct (probe id, source, destination) are few."""
+    con.execute("""CREATE TEMP TABLE split_ends AS SELECT DISTINCT prb_id, src_addr, dst_addr FROM canonical
+                   WHERE reject_reason IS NULL""")
     con.execute(
         """CREATE TEMP TABLE addr_ids AS
            SELECT a, (row_number() OVER (ORDER BY a) - 1)::UINTEGER AS id FROM (
-             SELECT src_addr AS a FROM canonical WHERE reject_reason IS NULL
-             UNION SELECT dst_addr FROM canonical WHERE reject_reason IS NULL)"""
+             SELECT src_addr AS a FROM split_ends UNION SELECT dst_addr FROM split_ends)"""
     )
-
+    con.execute("""CREATE TEMP TABLE prb_ranks AS SELECT prb_id, (row_number() OVER (ORDER BY 'prb:' || prb_id) - 1)
+                   AS r FROM (SELECT DISTINCT prb_id FROM split_ends WHERE prb_id IS NOT NULL)""")
     names = con.sql("SELECT a FROM addr_ids ORDER BY id").to_arrow_table().column(0)
-    return parse_addresses(names, "address")
+    addr, v6 = parse_addresses(names, "address")
+    return addr, v6, names.to_pylist()
 
 
 class _Writer:
@@ -93,12 +98,11 @@ class _Writer:
             self._w = None
 
 
-def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray, v6: np.ndarray, max_n: int
-                ) -> list[tuple[int, int]]:
-    """Write rows [lo, hi) of one probe (or destination) as one or more records of <= max_n
+def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, key: str, addr: np.ndarray, v6: np.ndarray,
+                max_n: int) -> list[tuple[int, int]]:
+    """Write rows [lo, hi) of one probe (or destination) `key` as one or more records of <= max_n
     measurements; returns (record id, first time) of each."""
     prb = cols["prb_id"][lo]
-    key = cols["probe_key"][lo]
     parts = []
     for part, start in enumerate(range(lo, hi, max_n)):
         end = min(start + max_n, hi)
@@ -125,12 +129,15 @@ def _emit_probe(writer: _Writer, cols: dict, lo: int, hi: int, addr: np.ndarray,
     return parts
 
 
-# The group key and sort order of each layout. Sub-second precision is dropped: the
-# measurement language counts whole seconds.
+# The group key (its text names the record) and sort order of each layout. Sub-second
+# precision is dropped: the measurement language counts whole seconds. The rows are sorted by
+# `gk`, an integer in the key's text order (a probe id's rank, `prb_ranks`, before every
+# address, and addresses by id, which is their text order), because a sort on the text itself
+# costs several times more and grows worse than linearly with long shared prefixes.
 _GROUPS = {
     "source": ("CASE WHEN c.prb_id IS NOT NULL THEN 'prb:' || c.prb_id ELSE 'src:' || c.src_addr END",
-               "COALESCE(c.prb_id, -1)", "probe_key, t, dst_id, rtt"),
-    "destination": ("'dst:' || c.dst_addr", "-1", "probe_key, t, src_id, rtt"),
+               "COALESCE(c.prb_id, -1)", "COALESCE(p.r, {n_prb} + s.id)", "gk, t, dst_id, rtt"),
+    "destination": ("'dst:' || c.dst_addr", "-1", "d.id", "gk, t, src_id, rtt"),
 }
 
 
@@ -234,19 +241,20 @@ def build_groups(files: list[Path], tmp: Path, by: str, max_n: int, dst_max_n: i
     con = connect(memory_limit, threads, temp_dir=work / "spill")
     canonical_query(con, files)
     progress("validate and index addresses", 0, 1)
-    read, rejected = one(con, "SELECT count(*), count(*) FILTER (WHERE reject_reason IS NOT NULL) FROM canonical")
+    # one read of the split for its counts and time span (each read checks every row again)
+    counts = con.execute("SELECT reject_reason, count(*), min(event_time), max(event_time) FROM canonical "
+                         "GROUP BY 1 ORDER BY 1").fetchall()
+    by_reason = {reason: n for reason, n, _, _ in counts if reason is not None}
+    read, rejected = sum(n for _, n, _, _ in counts), sum(by_reason.values())
     if read == rejected:
         raise all_rejected(con, files, read)
-    by_reason = dict(
-        con.execute("SELECT reject_reason, count(*) FROM canonical WHERE reject_reason IS NOT NULL GROUP BY 1").fetchall()
-    )
+    valid, span = next((n, (lo, hi)) for reason, n, lo, hi in counts if reason is None)
     if rejected and rejects:
         con.execute(
             f"""COPY (SELECT _file AS file, _row AS row, reject_reason AS reason FROM canonical
                 WHERE reject_reason IS NOT NULL ORDER BY _file, _row) TO '{tmp / 'rejects.jsonl'}' (FORMAT json)"""
         )
-    addr, v6 = _address_tables(con)
-    span = one(con, "SELECT min(event_time), max(event_time) FROM canonical WHERE reject_reason IS NULL")
+    addr, v6, names = _address_tables(con)
     stats = {"rows_read": read, "rows_rejected": rejected, "rejects_by_reason": by_reason, "start": span[0],
              "end": span[1]}
     results = {}
@@ -254,9 +262,10 @@ def build_groups(files: list[Path], tmp: Path, by: str, max_n: int, dst_max_n: i
         where.mkdir(exist_ok=True)
         key = _GROUPS[group][0]
         only = "" if partition is None else f" AND md5_number({key}) % {int(partition[1])} = {int(partition[0])}"
-        expected = one(con, f"SELECT count(*) FROM canonical c WHERE c.reject_reason IS NULL{only}")[0]
-        written = _write_group(con, group, where, addr, v6, max_n if group == "source" else dst_max_n, expected,
-                               progress, only, prefix)
+        expected = valid if partition is None else one(
+            con, f"SELECT count(*) FROM canonical c WHERE c.reject_reason IS NULL{only}")[0]
+        written = _write_group(con, group, where, (addr, v6, names), max_n if group == "source" else dst_max_n,
+                               expected, progress, only, prefix)
         written["bytes"] = sum((where / f).stat().st_size for f in written["files"])
         results[group] = written
     con.close()
@@ -264,15 +273,27 @@ def build_groups(files: list[Path], tmp: Path, by: str, max_n: int, dst_max_n: i
     return stats, results
 
 
-def _write_group(con, group: str, where: Path, addr: np.ndarray, v6: np.ndarray, max_n: int, total_valid: int,
-                 progress: Progress, only: str = "", prefix: str = "rows") -> dict:
-    """One layout's records into `where`: the manifest fields that describe them."""
-    key, prb, order = _GROUPS[group]
+def _key_text(group: str, cols: dict, lo: int, names: list[str]) -> str:
+    """The key of the group starting at row `lo`, as `_GROUPS` writes it in SQL."""
+    if group == "destination":
+        return f"dst:{names[cols['dst_id'][lo]]}"
+    prb = int(cols["prb_id"][lo])
+    return f"prb:{prb}" if prb >= 0 else f"src:{names[cols['src_id'][lo]]}"
+
+
+def _write_group(con, group: str, where: Path, addresses: tuple[np.ndarray, np.ndarray, list[str]], max_n: int,
+                 total_valid: int, progress: Progress, only: str = "", prefix: str = "rows") -> dict:
+    """One layout's records into `where`: the manifest fields that describe them. `addresses`:
+    `_address_tables`' bytes, families and text by id."""
+    addr, v6, names = addresses
+    _, prb, gk, order = _GROUPS[group]
+    n_prb = one(con, "SELECT count(*) FROM prb_ranks")[0]
     reader = con.sql(
-        f"""SELECT {key} AS probe_key, {prb} AS prb_id, epoch(c.event_time)::BIGINT AS t, c.rtt,
+        f"""SELECT {gk.format(n_prb=int(n_prb))} AS gk, {prb} AS prb_id, epoch(c.event_time)::BIGINT AS t, c.rtt,
                   c.msm_id, s.id AS src_id, d.id AS dst_id, c.size::INTEGER AS size,
                   c.packet_error_count::INTEGER AS errors
            FROM canonical c JOIN addr_ids s ON s.a = c.src_addr JOIN addr_ids d ON d.a = c.dst_addr
+             LEFT JOIN prb_ranks p ON p.prb_id = c.prb_id
            WHERE c.reject_reason IS NULL{only}
            ORDER BY {order}"""
     ).to_arrow_reader(batch_size=BATCH_ROWS)
@@ -283,16 +304,17 @@ def _write_group(con, group: str, where: Path, addr: np.ndarray, v6: np.ndarray,
     step = "write records" if group == "source" else "write destination records"
 
     def emit(cols, lo, hi) -> None:
-        parts = _emit_probe(writer, cols, lo, hi, addr, v6, max_n)
+        key = _key_text(group, cols, lo, names)
+        parts = _emit_probe(writer, cols, lo, hi, key, addr, v6, max_n)
         if group == "destination":
-            index[str(cols["probe_key"][lo])[4:]] = [[rid, t] for rid, t in parts]
+            index[key[4:]] = [[rid, t] for rid, t in parts]
 
     try:
         for batch in reader:
             cols = _columns(batch)
             if carry is not None:
                 cols = {k: np.concatenate([carry[k], v]) for k, v in cols.items()}
-            keys = cols["probe_key"]
+            keys = cols["gk"]
             starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
             bounds = np.r_[starts, len(keys)]
             # The last group may continue in the next batch: keep it back.
@@ -323,11 +345,7 @@ def _write_group(con, group: str, where: Path, addr: np.ndarray, v6: np.ndarray,
 
 
 def _columns(batch) -> dict:
-    names = batch.schema.names
-    cols = {n: batch.column(i) for i, n in enumerate(names)}
-    out = {n: cols[n].to_numpy(zero_copy_only=False) for n in names if n != "probe_key"}
-    out["probe_key"] = np.asarray(cols["probe_key"].to_numpy(zero_copy_only=False), dtype=object)
-    return out
+    return {n: batch.column(i).to_numpy(zero_copy_only=False) for i, n in enumerate(batch.schema.names)}
 
 
 def bench_build_rows(rows: int, memory_limit: str, max_row_mb: float) -> dict:
