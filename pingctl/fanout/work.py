@@ -130,3 +130,17 @@ def finished_tasks(plan: dict, out: Path, read, label) -> list[dict]:
         raise PingctlError(f"cannot merge {out}: {len(bad)} of {len(plan['tasks'])} task(s) are not done or not "
                            f"intact:\n  {shown}\nrun the same command again: it redoes these tasks and keeps the others")
     return done
+
+
+def check_unchanged(read: Path, index: int, source: dict) -> None:
+    """Refuse a task whose input is not the file the plan described (`source`: its path, bytes
+    and mtime_ns): a task must read what was planned. A copy on a volume has its own mtime, so
+    there (mtime_ns None) only its size is compared."""
+    try:
+        st = read.stat()
+    except OSError as e:
+        raise PingctlError(f"task {index} cannot read {source['path']} ({read}): {e.strerror or e}") from None
+    moved = source["mtime_ns"] is not None and st.st_mtime_ns != source["mtime_ns"]
+    if st.st_size != source["bytes"] or moved:
+        raise PingctlError(f"{source['path']} changed since the plan was made ({source['bytes']} bytes then, "
+                           f"{st.st_size} now{', modified since' if moved else ''}): rerun the command to plan it again")

@@ -121,7 +121,7 @@ def run_task(work: Path, index: int) -> dict:
     t = plan["tasks"][index]
     opts = options_from_json(plan["options"])
     read = work / t["read"]  # an absolute path (SLURM), or one relative to the work dir (a volume)
-    _check_unchanged(read, t)
+    fanout_work.check_unchanged(read, t["index"], t)
     # SLURM without CPU binding (task/none) leaves every core in the affinity mask: the task
     # then keeps to the CPUs it asked for
     cores = min(usable_cores(), int(os.environ.get("SLURM_CPUS_PER_TASK") or 1 << 16))
@@ -144,18 +144,6 @@ def run_task(work: Path, index: int) -> dict:
         }
         write_json(tmp / TASK_MANIFEST, record)
     return record
-
-
-def _check_unchanged(read: Path, t: dict) -> None:
-    try:
-        st = read.stat()
-    except OSError as e:
-        raise PingctlError(f"task {t['index']} cannot read {t['path']} ({read}): {e.strerror or e}") from None
-    # a copy on a volume has its own mtime: only its size is compared (its sha256 goes to the manifest)
-    moved = t["mtime_ns"] is not None and st.st_mtime_ns != t["mtime_ns"]
-    if st.st_size != t["bytes"] or moved:
-        raise PingctlError(f"{t['path']} changed since the plan was made ({t['bytes']} bytes then, {st.st_size} now"
-                           f"{', modified since' if moved else ''}): rerun the command to plan it again")
 
 
 # ---------------------------------------------------------------- checking a task

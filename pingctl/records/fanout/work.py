@@ -116,13 +116,7 @@ def run_task(work: Path, index: int) -> dict:
     files = []
     for s in plan["sources"]:
         read = work / s["read"]  # absolute (SLURM) or relative to the work dir (a volume)
-        try:
-            st = read.stat()
-        except OSError as e:
-            raise PingctlError(f"task {index} cannot read {s['path']} ({read}): {e.strerror or e}") from None
-        moved = s["mtime_ns"] is not None and st.st_mtime_ns != s["mtime_ns"]
-        if st.st_size != s["bytes"] or moved:
-            raise PingctlError(f"{s['path']} changed since the plan was made: rerun the command to plan it again")
+        fanout_work.check_unchanged(read, index, s)
         files.append(read)
     o = plan["options"]
     t0 = time.perf_counter()
