@@ -223,19 +223,18 @@ def pool(dist: RttDistribution, estimate_ms: float, fit: RegimeFit) -> RttDistri
     w = float(fit.weight)
     if fit.classical is None or not usable(estimate_ms) or (w >= 1.0 and fit.recal is None):
         return dist
-    probs = np.diff(fit.recalibrated(pooled_cdf(dist, float(estimate_ms), fit)), prepend=0.0).clip(min=0.0)
+    probs = np.diff(fit.recalibrated(pooled_cdf(dist.cumulative, dist.values_ms, float(estimate_ms), fit)), prepend=0.0).clip(min=0.0)
     return RttDistribution(dist.p_fail, dist.codes, dist.values_ms, probs / probs.sum())
 
 
-def pooled_cdf(dist: RttDistribution, estimate_ms: float, fit: RegimeFit, f_model=None, values_ms=None) -> np.ndarray:
-    """w * F_model + (1 - w) * F_classical at each code, before the map: `f_model` (the model's
-    CDF, default the distribution's) and `values_ms` (default its codes' values) let a caller
-    that refines the grid read the same pool (`predictor.Choice.read_cdf`)."""
+def pooled_cdf(f_model: np.ndarray, values_ms: np.ndarray, estimate_ms: float, fit: RegimeFit) -> np.ndarray:
+    """w * F_model + (1 - w) * F_classical at each code of `values_ms`, before the map: `pool`'s
+    CDF, and the one a caller that refines the grid reads (`predictor.Choice.read_cdf`)."""
     w = float(fit.weight)
-    f = np.minimum(dist.cumulative if f_model is None else f_model, 1.0)
+    f = np.minimum(f_model, 1.0)
     if w >= 1.0:
         return f
-    c = classical_cdf(dist.values_ms if values_ms is None else values_ms, estimate_ms, fit.log_sigma)
+    c = classical_cdf(values_ms, estimate_ms, fit.log_sigma)
     return c if w <= 0.0 else w * f + (1.0 - w) * c
 
 

@@ -76,7 +76,7 @@ class Choice:
         est = float(self.estimate_ms)
 
         def cdf(f, values):  # the raw model's CDF, as `apply` pools and maps it
-            return fit.recalibrated(CB.pooled_cdf(None, est, fit, f_model=f, values_ms=values))
+            return fit.recalibrated(CB.pooled_cdf(f, values, est, fit))
 
         return cdf
 
