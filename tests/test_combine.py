@@ -120,9 +120,8 @@ def test_fit_widens_the_spread_where_the_estimate_s_errors_have_heavy_tails():
     mad = CMB.spread(est, actual)
     f = CMB.fit_regime(dists, est, actual, "hint")
     assert f.log_sigma > 1.2 * mad
-    a, b, c = CMB.crps_terms(dists, est, mad, actual)
-    w_mad, crps_mad = CMB.fit_weight(a, b, c)
-    assert f.crps_val["combined"] < crps_mad["combined"]
+    at_mad = CMB.pool_crps(*CMB.crps_terms(dists, est, mad, actual)).mean(axis=0)
+    assert f.crps_val["combined"] < at_mad.min()
 
 
 def test_fit_trusts_the_model_where_it_is_right_and_the_estimate_where_that_is():
@@ -140,6 +139,82 @@ def test_too_few_estimates_keep_the_model():
     est[CMB.MIN_PACKETS - 1:] = np.nan
     f = CMB.fit_regime(dists, est, actual, "hint")
     assert f.weight == 1.0 and f.crps_val["classical"] is None
+
+
+def _two_kinds(good_units: int, bad_units: int, per_unit: int = 25) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled CRPS (packets x 1 spread x weights) of val packets in units where the model is far
+    better than the estimate (A 1, C 10 ms) and units where it is a little worse (A 2.2, C 2),
+    and each packet's unit."""
+    good, bad = good_units * per_unit, bad_units * per_unit
+    a = np.r_[np.full(good, 1.0), np.full(bad, 2.2)]
+    b = np.r_[np.full(good, 3.0), np.full(bad, 2.0)]  # the cross term: at most sqrt(A C)
+    c = np.r_[np.full(good, 10.0), np.full(bad, 2.0)]
+    return CMB.pool_crps(a, b, c)[:, None, :], np.repeat(np.arange(good_units + bad_units), per_unit)
+
+
+def test_a_weight_won_on_a_few_units_goes_back_to_zero():
+    """The model is far better on 2 of 20 units and worse on the rest: the mean over packets
+    prefers it, but a draw of units without those 2 does not, so val cannot vouch for any weight
+    above 0. The same packets counted one by one (500 units) do vouch for it."""
+    crps, units = _two_kinds(2, 18)
+    assert CMB.WEIGHTS[np.argmin(crps.mean(axis=0)[0])] > 0.3  # what the mean alone would pick
+    s, w, evidence = CMB.vouched(crps, units)
+    assert (s, w) == (0, 0) and evidence["units"] == 20 and evidence["gain_low"] == 0.0
+    assert evidence["min_crps_weight"] > 0.3
+    s, w, evidence = CMB.vouched(crps, np.arange(len(units)))
+    assert w > 0 and evidence["gain_low"] > 0
+
+
+def test_a_gain_that_holds_in_every_unit_keeps_the_weight():
+    crps, units = _two_kinds(20, 0)
+    s, w, evidence = CMB.vouched(crps, units)
+    assert CMB.WEIGHTS[w] >= 0.8 and evidence["gain_low"] > 5.0
+
+
+def test_too_few_units_answer_classically_whatever_the_gain():
+    crps, units = _two_kinds(CMB.MIN_UNITS - 1, 0)
+    assert CMB.vouched(crps, units)[1] == 0
+    crps, units = _two_kinds(CMB.MIN_UNITS, 0)
+    assert CMB.vouched(crps, units)[1] > 0
+
+
+def test_each_regime_counts_its_own_units():
+    """One val record, its packets from 40 pairs but 2 destinations: the pair regime vouches for
+    the model's weight, the destination regime (new destinations) cannot."""
+    dists, hint, actual = _val(1.0, 2.5, n=80)
+    rec = _record(dists, actual, hint=hint)
+    rec["units"] = {"pair": np.arange(80) // 2, "src": np.arange(80) // 2, "dst": np.arange(80) % 2}
+    fits = CMB.fit_val({"pair": rec, "target": rec}, {"pair": {"best": "embedding"}, "target": {"best": "embedding"}})
+    assert fits["pair"][1].weight >= 0.9 and fits["pair"][1].crps_val["units"] == 40
+    assert fits["target"][1].weight == 0.0 and fits["target"][1].crps_val["units"] == 2
+
+
+def test_pool_rel_errs_read_the_pools_median():
+    """The bisection's median is the pooled distribution's own (`RttDistribution.quantile`), at
+    every spread and weight; a packet without an estimate has the model's."""
+    rng = np.random.default_rng(3)
+    dists = [lognormal(m, s) for m, s in zip(rng.uniform(5, 200, 9), rng.uniform(0.05, 0.8, 9))]
+    est, actual = rng.uniform(5, 200, 9), rng.uniform(3, 250, 9)
+    est[2], actual[4] = np.nan, -1.0
+    sigmas = [0.1, 0.6]
+    got = CMB.pool_rel_errs(dists, est, sigmas, actual)
+    assert got.shape == (9, 2, len(CMB.WEIGHTS)) and np.isnan(got[4]).all()
+    for k in (0, 2, 7):
+        for j, sg in enumerate(sigmas):
+            for i, w in enumerate(CMB.WEIGHTS):
+                med = CB.pool(dists[k], est[k], fit(float(w), sg)).quantile(0.5)
+                assert got[k, j, i] == pytest.approx(abs(med - actual[k]) / actual[k], rel=1e-12)
+
+
+def test_a_crps_gain_with_a_worse_median_is_not_taken():
+    """A broad model around a biased centre beside a sharp, unbiased estimate: the pool gains CRPS
+    from the estimate's misses, but its median drifts toward the model's, so the median check
+    keeps the weight where the median is no worse."""
+    crps, units = _two_kinds(20, 0)
+    rel = np.tile(np.linspace(0.10, 0.30, len(CMB.WEIGHTS)), (1, 1))  # worse with every step of weight
+    assert CMB.vouched(crps, units, rel_err=rel)[1] == 0
+    rel[0, :5] = 0.10  # weights up to 0.2 leave the median where it was
+    assert CMB.WEIGHTS[CMB.vouched(crps, units, rel_err=rel)[1]] == pytest.approx(0.2)
 
 
 def _record(dists, actual, **estimates) -> dict:
@@ -317,3 +392,15 @@ def test_recalibration_round_trips_and_bad_knots_are_refused(tmp_path):
         (tmp_path / "bad.json").write_text(json.dumps(raw))
         with pytest.raises(PingctlError, match=r"regimes\.pair\.recal_knots"):
             CB.Combination.load(tmp_path / "bad.json")
+
+
+def test_the_printed_line_says_what_val_could_not_vouch_for():
+    from pingctl.eval.presentation import combined_line
+
+    row = {"regime": "target", "combined_median_rel_err": 0.36, "combined_crps_ms": 132.2, "combined_cov90": 0.91,
+           "combined_cov90_raw": 0.89, "combined_weight": 0.0, "combined_estimate": "hint", "best": "embedding_refit",
+           "combined_diff": 0.018, "combined_ci_low": -0.003, "combined_ci_high": 0.058, "combined_verdict": "tie",
+           "combined_min_crps_weight": 0.55, "combined_units": 2, "combined_unit": "dst"}
+    assert "val's mean alone: 0.55, not vouched for over 2 dsts" in combined_line([row])
+    assert "val's mean alone" in combined_line([{**row, "combined_weight": 0.2, "combined_min_crps_weight": 0.7}])
+    assert "val's mean" not in combined_line([{**row, "combined_min_crps_weight": 0.0}])

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pingctl.cli.common import JsonOpt, emit, handle_errors, kv_table, step_progress
-from pingctl.errors import PingctlError, UsageError
+from pingctl.errors import UsageError
 
 
 def hints(
@@ -18,6 +18,9 @@ def hints(
     folds: Annotated[int, typer.Option(min=2, max=20, help="Folds of the pairs: a pair's estimate comes from the "
                                                            "embedding fitted on the other folds.")] = 5,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the embeddings' starting points.")] = 0,
+    workers: Annotated[int | None, typer.Option(min=1, help="Processes fitting at once (default: one per core, "
+                                                           "at most folds + 1); the file is the same whatever "
+                                                           "the number.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit the least-squares embedding per fold of the train split's pairs and write the estimates
@@ -28,21 +31,16 @@ def hints(
     Then: pingctl train ROWS --set loader.hints_file=runs/regimes/sparse/hints.npz. Eval's `both`
     prompts carry the embedding's estimate for such a run (--no-hints: without).
     """
-    from pingctl.artifacts.table import load_split
-    from pingctl.eval.hints import fit_hints
+    from pingctl.eval.hints import fit_hints_split
 
     if out.suffix != ".npz":
         raise UsageError(f"-o {out}: a hints file is .npz (NumPy's archive), e.g. -o {out.with_suffix('.npz')}")
     with step_progress("hints") as report:
-        report("loading the train split", 0, None)
-        # the fit reads the ends and the RTT only: the other columns would triple its memory
-        train = load_split(split, columns=["src_addr", "dst_addr", "rtt"], split_hint="train")
-        if not len(train["rtt"]):
-            raise PingctlError(f"{split}: no rows to fit the embedding on")
-        got = fit_hints(train, out, folds=folds, seed=seed,
-                        progress=lambda done, total: report(
-                            f"fitting the embedding {min(done + 1, total)} of {total} (the folds', then on every pair)",
-                            done, total))
+        report("reading the train split's ends and RTTs", 0, None)
+        got = fit_hints_split(split, out, folds=folds, seed=seed, workers=workers,
+                              progress=lambda done, total: report(
+                                  f"fitting the embeddings: {done} of {total} done (the folds', and one on every pair)",
+                                  done, total))
     if as_json:
         emit(got, True)
         return

@@ -2,8 +2,11 @@
 
 Per regime, the model's CDF is pooled with a log-normal around the classical estimate an answer
 can compute (`infer.combine.CLASSICAL_OF_REGIME`): w * F_model + (1 - w) * F_classical. Its
-spread is the robust spread of log(actual / estimate) on val and w the grid weight with the
-lowest mean CRPS on val. The CRPS of a pool is quadratic in w,
+spread is a multiple of the robust spread of log(actual / estimate) on val and w > 0 only where
+val vouches for it: the (spread, weight) whose CRPS gain over the classical pool has the highest
+lower bound, bootstrapped over the units the regime generalises across, among the pools whose
+median relative error on val is no worse than the classical answer's (`vouched`). The CRPS of
+a pool is quadratic in w,
     CRPS(w) = w^2 A + 2 w (1 - w) B + (1 - w)^2 C,
 with A and C the two CRPS and B their cross term, so three integrals per val packet price
 every weight. Only val enters the fit; the test split is scored with the fitted weights.
@@ -32,6 +35,13 @@ MAD_SCALE = 1.4826  # a normal's standard deviation from its median absolute dev
 # than a log-normal of the MAD spread, and the pool is scored by CRPS, which weighs the tails.
 SPREADS = (1.0, 1.5, 2.0, 3.0, 4.0)
 MIN_PACKETS = 10  # successful val packets with an estimate below which the model is kept alone
+# The unit a regime's test questions are new in: a weight must hold on units val never held, so
+# its evidence is counted in them (a weight fitted on val packets of two destinations is a fit
+# to those two). Time asks known pairs later, so its unit is the pair.
+UNIT_OF_REGIME = {"time": "pair", "pair": "pair", "probe": "src", "target": "dst"}
+MIN_UNITS = 5  # below this many units no bootstrap bound means anything: the classical pool answers
+BOOTSTRAP = 2000
+LOWER = 0.05  # the one-sided bound a weight's gain must clear: 95% over resampled units
 CHUNK = 32  # packets per vectorised CRPS pass: 3 arrays of CHUNK x 65536 float64
 
 
@@ -83,18 +93,6 @@ def _integrals(v: np.ndarray, fm: np.ndarray, fc: np.ndarray, y: np.ndarray) -> 
                      (c * c * below + (1 - c) ** 2 * above).sum(1) + tails])
 
 
-def fit_weight(a, b, c) -> tuple[float, dict]:
-    """The WEIGHTS value with the lowest mean CRPS over the packets scored (ties: the larger
-    weight, the model's), and the mean CRPS (ms) of the model, the classical and the pool."""
-    ok = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
-    if not ok.any():
-        return 1.0, {"model": None, "classical": None, "combined": None}
-    ma, mb, mc = float(a[ok].mean()), float(b[ok].mean()), float(c[ok].mean())
-    crps = WEIGHTS ** 2 * ma + 2 * WEIGHTS * (1 - WEIGHTS) * mb + (1 - WEIGHTS) ** 2 * mc
-    i = len(WEIGHTS) - 1 - int(np.argmin(crps[::-1]))
-    return float(WEIGHTS[i]), {"model": ma, "classical": mc, "combined": float(crps[i])}
-
-
 def fit_regime(dists: list, estimate, actual, classical: str | None) -> CB.RegimeFit:
     """One regime's RegimeFit from its val packets' distributions and classical estimates."""
     return fit_terms(terms(dists, estimate, actual), classical)
@@ -112,19 +110,112 @@ def terms(dists: list, estimate, actual) -> dict:
         est = np.full(len(act), np.nan)  # too few to fit on: the model alone
     sigmas = [max(sigma or 0.0, CB.MIN_LOG_SIGMA) * k for k in SPREADS]
     tried = [crps_terms(dists, est, sg, act) for sg in sigmas]
-    return {"sigmas": sigmas, "usable": usable, "n_val": int(ok.sum()), "tried": tried}
+    return {"sigmas": sigmas, "usable": usable, "n_val": int(ok.sum()), "tried": tried,
+            "rel_err": pool_rel_errs(dists, est, sigmas, act)}
 
 
-def fit_terms(t: dict, classical: str | None) -> CB.RegimeFit:
-    """The spread and weight with the lowest mean CRPS on val (ties: the first spread tried, the
-    MAD one, and the larger weight)."""
+def pool_rel_errs(dists: list, estimate, sigmas, actual) -> np.ndarray:
+    """Each packet's relative error |median - actual| / actual under every pool (packets x
+    spreads x weights; NaN for a failed packet), the median read as `RttDistribution.quantile`
+    reads it: the first code whose pooled CDF reaches 0.5, found by bisection on the codes, so
+    no pool's CDF is built. The model's median where there is no estimate."""
+    a, e = np.asarray(actual, np.float64), np.asarray(estimate, np.float64)
+    out = np.full((len(dists), len(sigmas), len(WEIGHTS)), np.nan)
+    if not dists:
+        return out
+    v = dists[0].values_ms
+    m = len(v)
+    w = WEIGHTS[None, None, :]
+    sg = np.asarray(sigmas, np.float64)[None, :, None]
+    for lo_k in range(0, len(dists), CHUNK):
+        ks = np.arange(lo_k, min(lo_k + CHUNK, len(dists)))
+        fm = np.minimum(np.stack([dists[k].cumulative for k in ks]), 1.0)
+        has = (np.isfinite(e[ks]) & (e[ks] > 0))[:, None, None]
+        est = np.where(has, e[ks][:, None, None], 1.0)
+        lo = np.zeros((len(ks), len(sigmas), len(WEIGHTS)), np.int64)
+        hi = np.full_like(lo, m - 1)
+        rows = np.arange(len(ks))[:, None, None]
+        while (lo < hi).any():
+            mid = (lo + hi) // 2
+            f_m = fm[rows, mid]
+            f_c = np.where(mid == m - 1, 1.0, CB.lognormal_cdf(v[mid], est, sg))
+            f = np.where(has, w * f_m + (1 - w) * f_c, f_m)
+            hi, lo = np.where(f >= 0.5, mid, hi), np.where(f >= 0.5, lo, mid + 1)
+        y = a[ks][:, None, None]
+        out[ks] = np.where((y > 0) & np.isfinite(y), np.abs(v[lo] - y) / np.where(y > 0, y, 1.0), np.nan)
+    return out
+
+
+def fit_terms(t: dict, classical: str | None, units=None, unit: str = "packet", seed: int = 0) -> CB.RegimeFit:
+    """The spread and weight val vouches for (`vouched`; `units`: each val packet's `unit`, None:
+    each packet its own), and the mean CRPS on val (ms) of the model, of the classical pool at
+    its best spread and of the pool chosen, with the evidence for its weight."""
     a = t["tried"][0][0]
     if t["usable"] < MIN_PACKETS:
         m = float(np.nanmean(a)) if np.isfinite(a).any() else None
         return CB.RegimeFit(classical, 1.0, t["sigmas"][0], t["n_val"], {"model": m, "classical": None, "combined": m})
-    fits = [(fit_weight(*abc), sg) for abc, sg in zip(t["tried"], t["sigmas"])]
-    (w, crps), sigma = min(fits, key=lambda f: f[0][1]["combined"])
-    return CB.RegimeFit(classical, w, sigma, t["n_val"], crps)
+    crps = np.stack([pool_crps(*abc) for abc in t["tried"]], axis=1)  # packets x spreads x weights
+    ok = np.isfinite(crps).all(axis=(1, 2))
+    u = np.arange(len(a)) if units is None else np.asarray(units)
+    rel = _median_over_packets(t["rel_err"][ok])
+    s, w, evidence = vouched(crps[ok], u[ok], seed, rel)
+    mean = crps[ok].mean(axis=0)
+    s0 = evidence.pop("spread0")
+    return CB.RegimeFit(classical, float(WEIGHTS[w]), t["sigmas"][s], t["n_val"],
+                        {"model": float(a[ok].mean()), "classical": float(mean[s0, 0]), "combined": float(mean[s, w]),
+                         "unit": unit, **evidence, "median_rel_err": {"classical": _num(rel[s0, 0]),
+                                                                      "combined": _num(rel[s, w])}})
+
+
+def _median_over_packets(rel: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.nanmedian(rel, axis=0) if len(rel) and np.isfinite(rel).any() else np.full(rel.shape[1:], np.nan)
+
+
+def _num(x) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def pool_crps(a, b, c) -> np.ndarray:
+    """Each packet's CRPS (ms) under every WEIGHTS pool: packets x weights."""
+    w = WEIGHTS[None, :]
+    a, b, c = (np.asarray(x, np.float64)[:, None] for x in (a, b, c))
+    return w ** 2 * a + 2 * w * (1 - w) * b + (1 - w) ** 2 * c
+
+
+def vouched(crps: np.ndarray, units: np.ndarray, seed: int = 0, rel_err: np.ndarray | None = None
+            ) -> tuple[int, int, dict]:
+    """(spread index, weight index, the evidence) from val packets' pooled CRPS (packets x
+    spreads x weights): against the classical pool at its best spread, each (spread, weight)'s
+    mean gain is bootstrapped over `units` (resampled whole, `BOOTSTRAP` times) and the one with
+    the highest `LOWER` bound is taken, where that bound is above 0; else the classical pool
+    (w = 0). A weight the mean alone prefers, won on a few units, so goes back to 0, and one
+    that holds across units keeps most of its gain. Fewer than `MIN_UNITS` units: w = 0.
+    `rel_err` (spreads x weights, the pools' median relative errors on the same packets): a
+    pool whose median answer is further off than the classical one's is not taken, whatever its
+    CRPS (a linear pool of a sharp estimate and a broad model can gain CRPS from its tails while
+    its median drifts toward the model's)."""
+    n, spreads, weights = crps.shape
+    s0 = int(np.argmin(crps[:, :, 0].mean(axis=0)))
+    _, unit = np.unique(units, return_inverse=True)
+    k = int(unit.max()) + 1 if n else 0
+    evidence = {"spread0": s0, "units": k, "min_crps_weight": float(WEIGHTS[np.unravel_index(
+        np.argmin(crps.mean(axis=0)), (spreads, weights))[1]]) if n else None, "gain_low": 0.0}
+    if k < MIN_UNITS:
+        return s0, 0, evidence
+    gain = (crps[:, s0, 0][:, None, None] - crps).reshape(n, -1)
+    per_unit = np.zeros((k, gain.shape[1]))
+    np.add.at(per_unit, unit, gain)
+    counts = np.bincount(unit, minlength=k).astype(np.float64)
+    draws = np.random.default_rng(seed).multinomial(k, np.full(k, 1.0 / k), size=BOOTSTRAP).astype(np.float64)
+    low = np.quantile((draws @ per_unit) / (draws @ counts)[:, None], LOWER, axis=0).reshape(spreads, weights)
+    low[:, 0] = -np.inf  # w = 0 at another spread is not a gain the model brings
+    if rel_err is not None:
+        low[~(rel_err <= rel_err[s0, 0])] = -np.inf
+    s, w = np.unravel_index(int(np.argmax(low)), low.shape)
+    if not low[s, w] > 0:
+        return s0, 0, evidence
+    return int(s), int(w), {**evidence, "gain_low": float(low[s, w])}
 
 
 def val_record(pred: dict, split: dict, idx: np.ndarray, fitted: dict, policies: dict, seed: int) -> dict:
@@ -134,7 +225,14 @@ def val_record(pred: dict, split: dict, idx: np.ndarray, fitted: dict, policies:
     actual = np.asarray(split["rtt"], np.float64)[idx]
     ests = val_estimates(pred, split, idx, fitted, every_candidate(policies), seed)
     return {"terms": {name: terms(pred["dists"], e, actual) for name, e in ests.items()},
-            "estimates": ests, "at_actual": at_actual(pred["dists"], actual)}
+            "estimates": ests, "at_actual": at_actual(pred["dists"], actual), "units": units_of(split, idx)}
+
+
+def units_of(split: dict, idx: np.ndarray) -> dict:
+    """Each packet's source, destination and pair as small integers (`UNIT_OF_REGIME`'s units)."""
+    src, dst = np.asarray(split["src"], object)[idx], np.asarray(split["dst"], object)[idx]
+    s, d = np.unique(src.astype(str), return_inverse=True)[1], np.unique(dst.astype(str), return_inverse=True)[1]
+    return {"src": s, "dst": d, "pair": s * (int(d.max()) + 1 if len(d) else 1) + d}
 
 
 def at_actual(dists: list, actual) -> dict:
@@ -236,7 +334,10 @@ def fit_val(records: dict, choice: dict) -> dict[str, tuple[str, CB.RegimeFit]]:
     for regime, rec in records.items():
         name, _ = estimate_name(regime, rec["terms"], choice[regime]["best"])
         if name in rec["terms"]:
-            fits[regime] = (name, with_recalibration(fit_terms(rec["terms"][name], name), rec, name))
+            unit = UNIT_OF_REGIME[regime]
+            units = (rec.get("units") or {}).get(unit)
+            fit = fit_terms(rec["terms"][name], name, units, unit if units is not None else "packet")
+            fits[regime] = (name, with_recalibration(fit, rec, name))
     return fits
 
 
@@ -311,7 +412,7 @@ def add_combined(report, pred: dict, entry: tuple | None, seed: int = 0) -> None
                   p_fail=reads["p_fail"], crps=reads["crps"],
                   info={"estimate": name, "weight": fit.weight, "log_sigma": fit.log_sigma, "fitted_on": "val",
                         "answers_combine": name in CB.CLASSICALS, "recalibrated": fit.recal is not None,
-                        "cov90_before_recalibration": raw, "cov90_val": fit.cov90_val})
+                        "cov90_before_recalibration": raw, "cov90_val": fit.cov90_val, "crps_val": fit.crps_val})
     order = [n for n in report["order"] if n != COMBINED]
     at = max(i for i, n in enumerate(order) if n.startswith("model")) + 1 if "model" in order else len(order)
     report["order"] = order[:at] + [COMBINED] + order[at:]
@@ -328,7 +429,9 @@ def row_fields(report, best: str) -> dict:
     if not e:
         return {"combined_median_rel_err": None}
     c = ((report.get("comparisons") or {}).get(COMBINED) or {}).get(best) or {}
+    vouch = e["info"].get("crps_val") or {}
     return {"combined_median_rel_err": e["slices"]["all"].get("median_rel_err"),
+            **{f"combined_{k}": vouch.get(k) for k in ("unit", "units", "gain_low", "min_crps_weight")},
             "combined_crps_ms": ((e.get("crps") or {}).get("all") or {}).get("mean_crps_ms"),
             "combined_cov90": ((e.get("calibration") or {}).get("coverage") or {}).get("cov90"),
             "combined_cov90_raw": e["info"].get("cov90_before_recalibration"),

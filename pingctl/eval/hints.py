@@ -10,65 +10,178 @@ placed from the prompt (`embedding_refit`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
+from pingctl.artifacts.split_codes import SplitCodes, read_split_codes
 from pingctl.atomic import atomic_file
+from pingctl.errors import PingctlError
+from pingctl.processes import die_with_parent
 from pingctl.schema.arrow_strings import codes_in, vocabulary
-from pingctl.eval.baselines import column, refit_prediction
-from pingctl.eval.embedding import Embedding, pair_medians
+from pingctl.eval.baselines import column, group_quantile, refit_prediction
+from pingctl.eval.embedding import Embedding
 from pingctl.loader.hints import KEY_BYTES, fold_of
 from pingctl.tokenizer.measurements import parse_addresses
 
 FOLDS = 5
+_KEY_CHUNK = 1 << 22  # rows turned into sort keys at once: their temporaries stay ~100 MB
 
 
-def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, progress=lambda done, total: None
-              ) -> dict:
+def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, progress=lambda done, total: None,
+              workers: int = 1) -> dict:
     """Write the hints file of `train` (a `load_split` dict) to `out`; returns what it holds."""
+    vocab = vocabulary(column(train, "src"), column(train, "dst"))
+    a, b = codes_in(column(train, "src"), vocab), codes_in(column(train, "dst"), vocab)
+    rtt = np.asarray(column(train, "rtt"), np.float64)
+    ok = _measured(a, b, rtt)
+    return _fit_and_write(SplitCodes(vocab, a[ok], b[ok], rtt[ok], len(rtt)), out, folds, seed, progress, workers)
+
+
+def fit_hints_split(split, out: Path | str, folds: int = FOLDS, seed: int = 0, progress=lambda done, total: None,
+                    workers: int | None = None) -> dict:
+    """`fit_hints` of the split at `split` (canonical Parquet, as `load_split` takes it), read as
+    address codes a batch at a time (`artifacts.split_codes`): the same file, in a fraction of
+    the memory. `workers`: processes fitting at once (None: one per core, at most folds + 1)."""
+    codes = read_split_codes(split, keep=_measured, split_hint="train")
+    if not codes.rows:
+        raise PingctlError(f"{split}: no rows to fit the embedding on")
+    return _fit_and_write(codes, out, folds, seed, progress, workers)
+
+
+def _measured(a, b, rtt) -> np.ndarray:
+    """The rows a pair's median is taken over: two known, different ends and a successful RTT."""
+    return (a >= 0) & (b >= 0) & (a != b) & np.isfinite(rtt) & (rtt >= 0)
+
+
+def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, workers) -> dict:
+    """The hints file of the rows `_measured` kept (`codes`, whose rows are dropped once their
+    pairs' medians are taken: the fits need the pairs only)."""
     import pyarrow as pa
 
     if folds < 2:
         raise ValueError(f"folds must be at least 2 (a pair's estimate comes from the folds without it), got {folds}")
-    vocab = vocabulary(column(train, "src"), column(train, "dst"))
-    a, b = codes_in(column(train, "src"), vocab), codes_in(column(train, "dst"), vocab)
-    rtt = np.asarray(column(train, "rtt"), np.float64)
-    n = len(vocab)
-    addr, v6 = parse_addresses(pa.array(vocab.to_pylist(), pa.string()), "train addresses")
+    n, measurements = len(codes.vocab), codes.rows
+    addr, v6 = parse_addresses(pa.array(codes.vocab.to_pylist(), pa.string()), "train addresses")
     keys = np.concatenate([addr, np.asarray(v6, np.uint8)[:, None]], axis=1)
     assert keys.shape[1] == KEY_BYTES
-    pa_, pb_, med = pair_medians(a, b, rtt, n)
+    pa_, pb_, med = pair_medians_of(codes.a, codes.b, codes.rtt, n)
+    codes.a = codes.b = codes.rtt = None
     # a pair's measurements all share its fold, so a fold's fit takes the medians of the pairs
     # outside it: the same numbers as the medians of their measurements, with one sort of them all
     pair_fold = fold_of(pa_, pb_, folds)
-    x, h, trained, scale, info, err = [], [], [], [], [], []
-    # the folds' fits, then the answer-time one on every pair (what a prompt of a pair train never saw carries)
-    for i, k in enumerate([*range(folds), None]):
-        progress(i, folds + 1)
-        keep = slice(None) if k is None else pair_fold != k
-        e = Embedding(seed=seed).fit_pairs(pa_[keep], pb_[keep], med[keep], n)
-        x.append(e.x)
-        h.append(e.h)
-        trained.append(e.trained)
-        scale.append(e.scale)
-        if k is not None:
-            info.append(e.fit_info)
-            held = pair_fold == k  # the pairs this fit never saw, whose estimates it gives
-            err.append(np.abs(e.distance(pa_[held], pb_[held]) - med[held]) / np.maximum(med[held], e.min_rtt_ms))
-    progress(folds + 1, folds + 1)
+    fits = _fits(pa_, pb_, med, n, pair_fold, folds, seed, progress, workers)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as tmp:
         with open(tmp, "wb") as fh:
-            np.savez(fh, keys=keys, x=np.stack(x), h=np.stack(h), trained=np.stack(trained),
-                     scale=np.asarray(scale, np.float64))
-    return {"path": str(out), "nodes": n, "folds": folds, "measurements": int(len(rtt)),
+            np.savez(fh, keys=keys, x=np.stack([f["x"] for f in fits]), h=np.stack([f["h"] for f in fits]),
+                     trained=np.stack([f["trained"] for f in fits]),
+                     scale=np.asarray([f["scale"] for f in fits], np.float64))
+    info = [f["fit_info"] for f in fits[:folds]]
+    err = np.concatenate([f["err"] for f in fits[:folds]]) if len(med) else None
+    return {"path": str(out), "nodes": n, "folds": folds, "measurements": int(measurements),
             "pairs": [i["pairs"] for i in info],
             "train_median_rel_err": [i["train_median_rel_err"] for i in info],
             # what a hint is worth: each pair's estimate against its median RTT (NaN: an end unplaced)
-            "estimate_median_rel_err": float(np.nanmedian(np.concatenate(err))) if len(med) else None,
-            "estimated_share": float(np.isfinite(np.concatenate(err)).mean()) if len(med) else None}
+            "estimate_median_rel_err": float(np.nanmedian(err)) if len(med) else None,
+            "estimated_share": float(np.isfinite(err).mean()) if len(med) else None}
+
+
+def pair_medians_of(a, b, rtt, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`eval.embedding.pair_medians` of rows `_measured` keeps, to the bit, in a fraction of its
+    memory: each row one uint64 sort key, the pair's code above the rank of its RTT among the
+    distinct RTTs, sorted in place (a day's 64M rows: 0.5 GB of keys, where the lexsort of
+    (pair, RTT) holds eight arrays that size). Where the two do not fit in 64 bits (millions of
+    addresses), the lexsort."""
+    n = max(int(n_nodes), 1)
+    if not len(rtt):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    values = np.unique(rtt)
+    vbits, pbits = (len(values) - 1).bit_length(), (n * n - 1).bit_length()
+    if vbits + pbits > 63:
+        pair = np.asarray(a, np.int64) * n + np.asarray(b, np.int64)
+        order = np.lexsort((rtt, pair))
+        return _group_medians(pair[order], rtt[order], n)
+    key = np.empty(len(rtt), np.uint64)
+    shift, un = np.uint64(vbits), np.uint64(n)
+    for s in range(0, len(rtt), _KEY_CHUNK):
+        e = s + _KEY_CHUNK
+        pair = np.asarray(a[s:e], np.uint64) * un + np.asarray(b[s:e], np.uint64)
+        key[s:e] = (pair << shift) | np.searchsorted(values, rtt[s:e]).astype(np.uint64)
+    key.sort()
+    return _group_medians(key >> shift, _Ranked(values, key, (1 << vbits) - 1), n)
+
+
+class _Ranked:
+    """The sorted RTTs, read from the sorted keys only where a median takes them."""
+
+    def __init__(self, values: np.ndarray, key: np.ndarray, mask: int):
+        self.values, self.key, self.mask = values, key, np.uint64(mask)
+
+    def __getitem__(self, i):
+        return self.values[(self.key[i] & self.mask).astype(np.int64)]
+
+
+def _group_medians(pair: np.ndarray, sorted_rtt, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, median) per run of equal `pair` codes (sorted, with their RTTs sorted within),
+    by `Groups`' own quantile (`group_quantile`)."""
+    first = np.empty(len(pair), bool)
+    first[0] = True
+    np.not_equal(pair[1:], pair[:-1], out=first[1:])
+    start = np.flatnonzero(first)
+    count = np.diff(np.append(start, len(pair)))
+    keys = pair[start].astype(np.int64)
+    return keys // n, keys % n, group_quantile(sorted_rtt, start, count, 0.5)
+
+
+def _fits(pa_, pb_, med, n: int, pair_fold, folds: int, seed: int, progress, workers: int | None) -> list[dict]:
+    """The folds' fits, then the answer-time one on every pair (what a prompt of a pair train
+    never saw carries), in that order. Each in a process of its own where `workers` > 1 (None:
+    one per core, where the fits are large enough to pay for starting processes): the fits are
+    independent and each deterministic, so the numbers are those of one after another."""
+    held = [pair_fold == k for k in range(folds)] + [np.zeros(len(med), bool)]
+    args = [(pa_[~h], pb_[~h], med[~h], pa_[h], pb_[h], med[h], n, seed) for h in held]
+    if workers is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = cores if len(med) >= _PARALLEL_PAIRS else 1
+    workers = min(max(int(workers), 1), len(args))
+    progress(0, len(args))
+    if workers == 1:
+        fits = []
+        for i, arg in enumerate(args):
+            fits.append(_fit_one(*arg))
+            progress(i + 1, len(args))
+        return fits
+    return _fit_in_processes(args, workers, progress)
+
+
+# pairs below which the fits run in this process: a worker's start (~1 s) outweighs its share
+_PARALLEL_PAIRS = 20_000
+
+
+def _fit_in_processes(args: list[tuple], workers: int, progress) -> list[dict]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    fits: list[dict | None] = [None] * len(args)
+    # the every-pair fit, the largest, first: the last to start then is a small one
+    order = sorted(range(len(args)), key=lambda i: -len(args[i][2]))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        running = {pool.submit(_fit_one, *args[i]): i for i in order}
+        for done, fut in enumerate(as_completed(running), 1):
+            fits[running[fut]] = fut.result()
+            progress(done, len(args))
+    return fits
+
+
+def _fit_one(pa_, pb_, med, held_a, held_b, held_med, n: int, seed: int) -> dict:
+    """One `Embedding` fit on pairs' medians, and its relative error on the held-out pairs."""
+    e = Embedding(seed=seed).fit_pairs(pa_, pb_, med, n)
+    err = np.abs(e.distance(held_a, held_b) - held_med) / np.maximum(held_med, e.min_rtt_ms)
+    return {"x": e.x, "h": e.h, "trained": e.trained, "scale": e.scale, "fit_info": e.fit_info, "err": err}
 
 
 def prompt_hints(spec, fitted: dict):

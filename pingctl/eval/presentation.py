@@ -160,9 +160,19 @@ def combined_line(table: list[dict]) -> str | None:
         crps = "-" if r.get("combined_crps_ms") is None else f"{r['combined_crps_ms']:,.1f}"
         cov = "" if r.get("combined_cov90") is None else f" cov90 {_pct(r.get('combined_cov90_raw'))} -> {_pct(r['combined_cov90'])}"
         return (f"{r['regime']} {100 * r['combined_median_rel_err']:.1f}% CRPS {crps} ms{cov} "
-                f"(w {r['combined_weight']:.2f} on the model, with {r['combined_estimate']}{ci})")
+                f"(w {r['combined_weight']:.2f} on the model{_vouch(r)}, with {r['combined_estimate']}{ci})")
 
     return "combined answer (fitted and recalibrated on val): " + "; ".join(one(r) for r in rows)
+
+
+def _vouch(r: dict) -> str:
+    """Where val's mean preferred a weight the units could not vouch for, say so."""
+    w, units = r.get("combined_min_crps_weight"), r.get("combined_units")
+    if w is None or units is None or w == r["combined_weight"]:
+        return ""
+    if r["combined_weight"] == 0:
+        return f"; val's mean alone: {w:.2f}, not vouched for over {units} {r.get('combined_unit') or 'unit'}s"
+    return f"; val's mean alone: {w:.2f}"
 
 
 def _pct(x) -> str:
