@@ -196,11 +196,12 @@ def vouched(crps: np.ndarray, units: np.ndarray, seed: int = 0, rel_err: np.ndar
     CRPS (a linear pool of a sharp estimate and a broad model can gain CRPS from its tails while
     its median drifts toward the model's)."""
     n, spreads, weights = crps.shape
-    s0 = int(np.argmin(crps[:, :, 0].mean(axis=0)))
+    mean = crps.mean(axis=0)
+    s0 = int(np.argmin(mean[:, 0]))
     _, unit = np.unique(units, return_inverse=True)
     k = int(unit.max()) + 1 if n else 0
-    evidence = {"spread0": s0, "units": k, "min_crps_weight": float(WEIGHTS[np.unravel_index(
-        np.argmin(crps.mean(axis=0)), (spreads, weights))[1]]) if n else None, "gain_low": 0.0}
+    evidence = {"spread0": s0, "units": k, "gain_low": 0.0,
+                "min_crps_weight": float(WEIGHTS[np.unravel_index(np.argmin(mean), mean.shape)[1]]) if n else None}
     if k < MIN_UNITS:
         return s0, 0, evidence
     gain = (crps[:, s0, 0][:, None, None] - crps).reshape(n, -1)

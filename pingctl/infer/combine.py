@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +72,11 @@ class RegimeFit:
         if self.cov90_val is not None:
             out["cov90_val"] = self.cov90_val
         return out
+
+    def classical_alone(self) -> "RegimeFit":
+        """The classical answer alone: this pool at weight 0, without the pool's map (fitted
+        for the pool, not for the log-normal by itself)."""
+        return replace(self, weight=0.0, recal=None)
 
     def recalibrated(self, cdf: np.ndarray) -> np.ndarray:
         """H(F): the pooled CDF through the recalibration map (F itself where there is none)."""

@@ -70,7 +70,7 @@ class Choice:
         answer is exact at its own quantiles. None where that is the model's (or its map's)."""
         if self.predictor == "model":
             return None
-        fit = (replace(self.fit, weight=0.0, recal=None) if self.predictor == "classical" else self.fit)
+        fit = self.fit.classical_alone() if self.predictor == "classical" else self.fit
         if fit.weight >= 1.0 and fit.recal is None:
             return None
         est = float(self.estimate_ms)

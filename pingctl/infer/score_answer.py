@@ -15,8 +15,6 @@ hints' estimate for the pair.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from pingctl.context import context_indices, context_pool
@@ -66,8 +64,7 @@ def answer_scores(cols: dict, rows: dict, contexts: list[np.ndarray], predictor:
             if (~ok).any():
                 why[PR.no_estimate(r)] = why.get(PR.no_estimate(r), 0) + int((~ok).sum())
             sel, by[sel[ok]] = sel[ok], decided.predictor
-            # the classical answer alone is the pool at weight 0, without the pool's map
-            fit = (replace(decided.fit, weight=0.0, recal=None) if decided.predictor == "classical" else decided.fit)
+            fit = decided.fit.classical_alone() if decided.predictor == "classical" else decided.fit
             scored = rtt[sel] >= 0
             _pool_reads(cols, rtt, sel[scored], e[ok][scored], fit)
         why[decided.why] = why.get(decided.why, 0) + len(sel)
