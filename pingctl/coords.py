@@ -17,74 +17,60 @@ DIMS, STEPS, LR, REFIT_STEPS, MIN_RTT_MS = 8, 2000, 0.05, 500, 0.01
 _EPS = 1e-6  # smooths ‖x_i − x_j‖ at 0 (normalised units), where its gradient has no direction
 
 
-class _Grad:
-    """Per-node sums of per-edge terms for edges (a, b): sort once, `reduceat` every step. The
-    (2 * edges, dims) terms live in buffers allocated once: a fresh array of that size every
-    step pays its page faults again, which cost more than the arithmetic at 10^5 edges."""
-
-    def __init__(self, a: np.ndarray, b: np.ndarray, dims: int):
-        ends = np.concatenate([a, b])
-        self.perm = np.argsort(ends, kind="stable")
-        s = ends[self.perm]
-        first = np.ones(len(s), bool)
-        first[1:] = s[1:] != s[:-1]
-        self.nodes, self.starts = s[first], np.flatnonzero(first)
-        self.terms = np.empty((len(ends), dims))  # the terms at a (first len(a) rows), then at b
-        self._sorted = np.empty_like(self.terms)
-        self._columns = np.empty((dims, len(ends)))
-
-    def sum(self, at_a: np.ndarray, at_b: np.ndarray) -> np.ndarray:
-        return np.add.reduceat(np.concatenate([at_a, at_b])[self.perm], self.starts, axis=0)
-
-    def sum_terms(self) -> np.ndarray:
-        """`sum` of the rows of `terms`, to the bit: reduceat along rows of 8 makes one call of
-        its inner loop per row; along the contiguous axis, one per node and dimension."""
-        np.take(self.terms, self.perm, axis=0, out=self._sorted, mode="clip")
-        np.copyto(self._columns, self._sorted.T)
-        return np.add.reduceat(self._columns, self.starts, axis=1).T
-
-
 def fit_points(x, h, a, b, y, free, steps: int, lr: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Adam on the points `x` (n, d) and heights `h` (n,) of the `free` nodes, minimising the
     mean squared log error of ‖x_a − x_b‖ + h_a + h_b against `y` (log RTT, normalised units);
-    the others stay as they are. Cosine-decayed learning rate. Returns x, h and the final loss."""
+    the others stay as they are. Cosine-decayed learning rate. Returns x, h and the final loss.
+
+    The points are held one dimension to a row, so that every per-edge array is contiguous: a
+    row's gather reads one small array that stays in cache, and each node's gradient is two
+    `bincount`s of a row (the edges at its a side minus those at its b side, in edge order)."""
     x, h = x.copy(), h.copy()
     if not len(a) or steps <= 0:
         return x, h, float("nan")
-    p, dims = len(a), x.shape[1]
-    grad = _Grad(a, b, dims)
-    at_a, at_b = np.empty((p, dims)), np.empty((p, dims))
-    delta = grad.terms[:p]
-    upd = free[grad.nodes]
-    nodes = grad.nodes[upd]
-    mx, vx = np.zeros((len(nodes), dims)), np.zeros((len(nodes), dims))
+    n, dims = x.shape
+    a, b = np.asarray(a, np.intp), np.asarray(b, np.intp)
+    xt = np.ascontiguousarray(x.T)
+    seen = np.zeros(n, bool)
+    seen[a] = seen[b] = True
+    nodes = np.flatnonzero(free & seen)
+    delta, at_b = np.empty((dims, len(a))), np.empty(len(a))
+    dist, pred = np.empty(len(a)), np.empty(len(a))
+    mx, vx = np.zeros((dims, len(nodes))), np.zeros((dims, len(nodes)))
     mh, vh = np.zeros(len(nodes)), np.zeros(len(nodes))
+    gx = np.empty((dims, len(nodes)))
     b1, b2, eps = 0.9, 0.999, 1e-8
     scale = 2.0 / len(a)
     loss = float("nan")
     for t in range(1, steps + 1):
-        np.take(x, a, axis=0, out=at_a, mode="clip")
-        np.take(x, b, axis=0, out=at_b, mode="clip")
-        np.subtract(at_a, at_b, out=delta)
-        dist = np.sqrt(np.einsum("ij,ij->i", delta, delta) + _EPS * _EPS)
-        pred = dist + h[a] + h[b]
+        for k in range(dims):
+            np.take(xt[k], a, out=delta[k], mode="clip")
+            np.take(xt[k], b, out=at_b, mode="clip")
+            delta[k] -= at_b
+        np.multiply(delta[0], delta[0], out=dist)
+        for k in range(1, dims):
+            dist += delta[k] * delta[k]
+        dist += _EPS * _EPS
+        np.sqrt(dist, out=dist)
+        np.add(dist, np.take(h, a, mode="clip"), out=pred)
+        pred += np.take(h, b, mode="clip")
         r = np.log(pred) - y
         if t == steps:
             loss = float(np.mean(r * r))
         g = scale * r / pred
-        np.multiply((g / dist)[:, None], delta, out=delta)  # the edges' gradient at a
-        np.negative(delta, out=grad.terms[p:])
-        gx = grad.sum_terms()[upd]
-        gh = grad.sum(g, g)[upd]
+        delta *= g / dist  # the edges' gradient at a; at b it is the negative
+        for k in range(dims):
+            gx[k] = (np.bincount(a, delta[k], n) - np.bincount(b, delta[k], n))[nodes]
+        gh = (np.bincount(a, g, n) + np.bincount(b, g, n))[nodes]
         step = lr * 0.5 * (1.0 + np.cos(np.pi * (t - 1) / steps)) + lr * 0.01
         mx = b1 * mx + (1 - b1) * gx
         vx = b2 * vx + (1 - b2) * gx * gx
         mh = b1 * mh + (1 - b1) * gh
         vh = b2 * vh + (1 - b2) * gh * gh
         c1, c2 = 1 - b1**t, 1 - b2**t
-        x[nodes] -= step * (mx / c1) / (np.sqrt(vx / c2) + eps)
+        xt[:, nodes] -= step * (mx / c1) / (np.sqrt(vx / c2) + eps)
         h[nodes] = np.maximum(h[nodes] - step * (mh / c1) / (np.sqrt(vh / c2) + eps), 0.0)
-    return x, h, loss
+    return np.ascontiguousarray(xt.T), h, loss
 
 
 def place_new(x: np.ndarray, h: np.ndarray, va: np.ndarray, vb: np.ndarray, y: np.ndarray, n_new: int, steps: int,

@@ -36,7 +36,12 @@ K="${PINGCTL_REGIMES_K:-16}"                    # context measurements a side
 QUERIES="${PINGCTL_REGIMES_QUERIES:-1000}"
 HARDWARE="${PINGCTL_REGIMES_HARDWARE:-cpu}"
 HINTS="${PINGCTL_REGIMES_HINTS:-1}"             # triangulation contexts carry the embedding's estimate (pingctl hints); 0: off
-RELATIVE="${PINGCTL_REGIMES_RELATIVE:-1}"       # with hints: a hinted query's RTT relative to its hint (loader.relative_target); 0: off
+# with hints: a hinted query's RTT relative to its hint (loader.relative_target): 1 on, 0 off, auto (the
+# default) on where the hints are close, their cross-fitted median error (`pingctl hints`'s
+# estimate_median_rel_err) at most RELATIVE_MAX_ERR: relative to a poor hint the model does worse
+# (measured: docs/eval.md, "./run regimes")
+RELATIVE="${PINGCTL_REGIMES_RELATIVE:-auto}"
+RELATIVE_MAX_ERR="${PINGCTL_REGIMES_RELATIVE_MAX_ERR:-0.12}"
 PERIOD="${PINGCTL_REGIMES_PERIOD:-$(( STEPS / 4 > 0 ? STEPS / 4 : 1 ))}"  # checkpoint and eval interval
 
 step() { printf '\n\033[1;36m==> %s\033[0m\n' "$*"; }
@@ -78,12 +83,24 @@ for world in $WORLDS; do
   done
   hint_args=()
   if [ "$HINTS" = 1 ]; then
-    if [ ! -f "$W/hints.npz" ]; then
+    if [ ! -f "$W/hints.npz" ] || [ ! -f "$W/hints.json" ]; then
       step "$world: pingctl hints (the embedding's cross-fitted estimates, for the triangulation contexts)"
-      $PINGCTL hints "$W/splits/train" -o "$W/hints.npz"
+      $PINGCTL hints "$W/splits/train" -o "$W/hints.npz" --json > "$W/hints.json.tmp"
+      mv "$W/hints.json.tmp" "$W/hints.json"
     fi
     hint_args=(--set loader.hints_file="$W/hints.npz")
-    [ "$RELATIVE" = 1 ] && hint_args+=(--set loader.relative_target=true)
+    relative="$RELATIVE"
+    if [ "$RELATIVE" = auto ]; then
+      read -r relative err < <("$PYTHON" - "$W/hints.json" "$RELATIVE_MAX_ERR" <<'PY'
+import json, sys
+err = json.load(open(sys.argv[1]))["estimate_median_rel_err"]
+print(1 if err is not None and err <= float(sys.argv[2]) else 0, "unknown" if err is None else f"{err:.1%}")
+PY
+)
+      echo "$world: hints $err off the train pairs' medians: relative target" \
+        "$([ "$relative" = 1 ] && echo on || echo off) (on at most $RELATIVE_MAX_ERR)"
+    fi
+    [ "$relative" = 1 ] && hint_args+=(--set loader.relative_target=true)
   fi
   if ! trained "$W/train"; then
     step "$world: pingctl train $PRESET, $STEPS steps, triangulation share $SHARE, $K a side"

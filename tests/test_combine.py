@@ -404,3 +404,34 @@ def test_the_printed_line_says_what_val_could_not_vouch_for():
     assert "val's mean alone: 0.55, not vouched for over 2 dsts" in combined_line([row])
     assert "val's mean alone" in combined_line([{**row, "combined_weight": 0.2, "combined_min_crps_weight": 0.7}])
     assert "val's mean" not in combined_line([{**row, "combined_min_crps_weight": 0.0}])
+
+
+def test_eval_s_time_estimate_is_the_answer_s_for_each_packet(tmp_path):
+    """The `time` regime's estimate eval fits and scores the pool with (`pair_estimate_of` of a
+    val or test packet) is the one an answer computes (`classical_estimate`), packet for packet:
+    the pair's train history where the run's hints keep it, else its packets in the prompt."""
+    from pingctl.eval.hints import fit_hints
+    from pingctl.infer.predictor import classical_estimate
+    from pingctl.loader.hints import Hints
+
+    rng = np.random.default_rng(4)
+    addr = np.array([f"10.0.0.{i}" for i in range(12)], object)
+    s, d = rng.integers(0, 6, 600), rng.integers(6, 12, 600)
+    train = {"src": addr[s], "dst": addr[d], "rtt": rng.uniform(5, 90, 600)}
+    fit_hints(train, tmp_path / "h.npz", folds=2)
+    hints = Hints.load(tmp_path / "h.npz")
+    # asked packets: pairs train measured, one the other way round, one with a new source
+    split = {"src": np.array([*addr[s[:5]], addr[d[0]], "10.9.9.9"], object),
+             "dst": np.array([*addr[d[:5]], addr[s[0]], addr[7]], object)}
+    idx = np.arange(7)
+    prompts = [rng.uniform(5, 90, 3) for _ in idx]
+    pred = {"context_median": {"median": np.array([np.median(p) for p in prompts])},
+            "pair_history": CMB.history_of(hints, split, idx)}
+    got = CMB.pair_estimate_of(pred)
+    want = [classical_estimate("time", p, hints, split["src"][i], split["dst"][i]) for i, p in zip(idx, prompts)]
+    assert got.tolist() == want
+    assert np.isfinite(pred["pair_history"][:5]).all() and np.isnan(pred["pair_history"][5:]).all()
+    assert got[5] == np.median(prompts[5]) and got[0] != np.median(prompts[0])
+    # a run without hints: the prompt's packets alone, in eval as in answers
+    bare = CMB.pair_estimate_of({"context_median": pred["context_median"], "pair_history": CMB.history_of(None, split, idx)})
+    assert bare.tolist() == [classical_estimate("time", p, None, "a", "b") for p in prompts]

@@ -14,28 +14,31 @@ from pingctl.schema.arrow_strings import codes_in, vocabulary
 
 def _plain_fit(x, h, a, b, y, free, steps, lr):
     """Adam on ‖x_a − x_b‖ + h_a + h_b against y, written as plainly as it reads: fresh arrays
-    every step, per-node sums by a stable sort of the edges' ends and `reduceat` along rows."""
+    every step, the squared distance summed one dimension after another, per-node sums by
+    `np.add.at` over the edges in order (the a side, less the b side)."""
     x, h = x.copy(), h.copy()
-    ends = np.concatenate([a, b])
-    perm = np.argsort(ends, kind="stable")
-    s = ends[perm]
-    first = np.r_[True, s[1:] != s[:-1]]
-    nodes, starts = s[first], np.flatnonzero(first)
-    upd = free[nodes]
-    moved = nodes[upd]
-    mx, vx = np.zeros((len(moved), x.shape[1])), np.zeros((len(moved), x.shape[1]))
+    n, dims = x.shape
+    moved = np.flatnonzero(free & np.isin(np.arange(n), np.concatenate([a, b])))
+    mx, vx = np.zeros((len(moved), dims)), np.zeros((len(moved), dims))
     mh, vh = np.zeros(len(moved)), np.zeros(len(moved))
     loss = np.nan
     for t in range(1, steps + 1):
         delta = x[a] - x[b]
-        dist = np.sqrt(np.einsum("ij,ij->i", delta, delta) + 1e-6 * 1e-6)
+        sq = delta[:, 0] * delta[:, 0]
+        for k in range(1, dims):
+            sq = sq + delta[:, k] * delta[:, k]
+        dist = np.sqrt(sq + 1e-6 * 1e-6)
         pred = dist + h[a] + h[b]
         r = np.log(pred) - y
         loss = float(np.mean(r * r))
         g = 2.0 / len(a) * r / pred
         gd = (g / dist)[:, None] * delta
-        gx = np.add.reduceat(np.concatenate([gd, -gd])[perm], starts, axis=0)[upd]
-        gh = np.add.reduceat(np.concatenate([g, g])[perm], starts, axis=0)[upd]
+        at_a, at_b, ha, hb = np.zeros((n, dims)), np.zeros((n, dims)), np.zeros(n), np.zeros(n)
+        np.add.at(at_a, a, gd)
+        np.add.at(at_b, b, gd)
+        np.add.at(ha, a, g)
+        np.add.at(hb, b, g)
+        gx, gh = (at_a - at_b)[moved], (ha + hb)[moved]
         step = lr * 0.5 * (1.0 + np.cos(np.pi * (t - 1) / steps)) + lr * 0.01
         mx, vx = 0.9 * mx + (1 - 0.9) * gx, 0.999 * vx + (1 - 0.999) * gx * gx
         mh, vh = 0.9 * mh + (1 - 0.9) * gh, 0.999 * vh + (1 - 0.999) * gh * gh

@@ -312,6 +312,70 @@ def test_an_answer_s_estimate_is_the_eval_baseline_s(tmp_path):
     assert np.isnan(h.answer(s, new)) and np.isnan(h.answer("10.9.9.8", new, peers))
 
 
+def test_the_file_keeps_each_train_pair_s_median_and_history_reads_it(tmp_path):
+    """`history`: the pair's median over train (one direction: a -> b is not b -> a), NaN for a
+    pair never measured, an address the fit never saw, or a file written before it kept them;
+    the time regime's classical estimate of an answer takes it over the prompt's packets."""
+    from pingctl.eval.embedding import pair_medians
+    from pingctl.infer import combine as CB
+    from pingctl.infer.predictor import classical_estimate
+
+    t = _table(2)
+    fit_hints(t, tmp_path / "h.npz", folds=2)
+    h = Hints.load(tmp_path / "h.npz")
+    s, d = t["src"][0], t["dst"][0]
+    mine = (t["src"] == s) & (t["dst"] == d)
+    assert h.history(s, d) == float(np.median(t["rtt"][mine]))
+    assert np.isnan(h.history(d, s)) and np.isnan(h.history(s, "10.9.9.9"))
+    # every pair, read back in bulk, is `pair_medians` of the split
+    from pingctl.schema.arrow_strings import codes_in, vocabulary
+
+    vocab = vocabulary(t["src"], t["dst"])
+    pa_, pb_, med = pair_medians(codes_in(t["src"], vocab), codes_in(t["dst"], vocab), t["rtt"], len(vocab))
+    names = np.asarray(vocab.to_pylist(), object)
+    got = np.array([h.history(a, b) for a, b in zip(names[pa_], names[pb_])])
+    assert np.array_equal(got, med)
+    # the answer's time estimate: the history, where the prompt holds a few of the pair's packets
+    assert classical_estimate("time", [1.0, 2.0, 3.0], h, s, d) == h.history(s, d)
+    assert classical_estimate("time", [1.0, 2.0, 3.0], h, d, s) == 2.0  # no history that way round
+    assert classical_estimate("time", [1.0, 2.0, 3.0], None, s, d) == 2.0
+    assert CB.pair_estimate(np.array([np.nan, 7.0]), np.array([2.0, 3.0])).tolist() == [2.0, 7.0]
+    # a file written before the pairs were kept loads and answers no history
+    old = tmp_path / "old.npz"
+    with np.load(tmp_path / "h.npz") as z:
+        np.savez(old, **{k: z[k] for k in ("keys", "x", "h", "trained", "scale")})
+    assert np.isnan(Hints.load(old).history(s, d))
+    assert classical_estimate("time", [1.0, 2.0, 3.0], Hints.load(old), s, d) == 2.0
+
+
+HISTORY_DAMAGES = {
+    "half the pairs' arrays": (lambda a: {k: v for k, v in a.items() if k != "pair_median"},
+                               "holds pair_a, pair_b without pair_median"),
+    "a code past the nodes": (lambda a: a | {"pair_b": _set(a["pair_b"], -1, 99)}, "array pair_b holds code 99"),
+    "a node paired with itself": (lambda a: a | {"pair_b": _set(a["pair_b"], 0, a["pair_a"][0])},
+                                  "as both ends of pair 0"),
+    "pairs out of order": (lambda a: a | {k: a[k][::-1] for k in ("pair_a", "pair_b", "pair_median")},
+                           "not in strictly increasing pair order"),
+    "a negative median": (lambda a: a | {"pair_median": _set(a["pair_median"], 1, -3.0)},
+                          "array pair_median holds -3.0 at 1"),
+    "unequal lengths": (lambda a: a | {"pair_median": a["pair_median"][:-1]}, "medians for"),
+}
+
+
+@pytest.mark.parametrize("damage", HISTORY_DAMAGES)
+def test_a_damaged_pair_history_is_refused_at_load(tmp_path, damage):
+    fit_hints(_table(3, 500), tmp_path / "h.npz", folds=2)
+    with np.load(tmp_path / "h.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    assert len(arrays["pair_a"]) > 3
+    make, says = HISTORY_DAMAGES[damage]
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(_npz(make(arrays)))
+    with pytest.raises(PingctlError) as e:
+        Hints.load(bad)
+    assert e.value.exit_code == 1 and str(bad) in str(e.value) and says in str(e.value), str(e.value)
+
+
 def test_fit_hints_refuses_a_single_fold(tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         fit_hints(_table(0, 100), tmp_path / "h.npz", folds=1)

@@ -231,3 +231,26 @@ def test_the_service_warm_up_on_the_numpy_engine_asks_no_context_levels(tiny_run
     done = W.warm(npy, 32, npy.metadata()["seq_len"], 32)
     assert done["calls"] == 7 and done["context_measurements"] == [0], done
     assert len(W.levels(npy.metadata()["seq_len"])) > 2  # what the light engine would have climbed
+
+
+def test_the_warm_up_of_a_run_trained_with_the_rtt_last_asks_no_search(tiny_run, tmp_path):
+    """A run trained with loader.result_last=1 (`./run regimes`'s recipe) refuses a search (its
+    prompts put the RTT first): the warm-up leaves it out instead of failing, so `pingctl serve`
+    reports ready and `pingctl bench serve` runs."""
+    import shutil
+
+    import yaml
+
+    from pingctl.api import Model
+    from pingctl.serve import warmup as W
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["loader"]["result_last"] = 1.0
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    npy = Model.load(run, engine="numpy")
+    with pytest.raises(Exception, match="result_last=1"):
+        npy.search("192.0.2.1", "10-30")
+    done = W.warm(npy, 32, npy.metadata()["seq_len"], 32)
+    assert done["calls"] == 6 and done["context_measurements"] == [0], done

@@ -301,9 +301,9 @@ def cov90_of_pit(pit) -> float | None:
 
 def val_estimates(pred: dict, split: dict, idx: np.ndarray, fitted: dict, names, seed: int) -> dict:
     """The classical estimates of val packets `idx` (asked as `pred`, `eval.model.predict`):
-    `pair_median` (the prompt's packets of the pair), `hint` (the prompt's hint, where it
-    carries one) and each baseline of `names` (for a run without hints: the regime's best)."""
-    out = {"pair_median": np.asarray(pred["context_median"]["median"], np.float64)}
+    `pair_median` (`pair_estimate_of`), `hint` (the prompt's hint, where it carries one) and
+    each baseline of `names` (for a run without hints: the regime's best)."""
+    out = {"pair_median": pair_estimate_of(pred)}
     if pred.get("hints") is not None:
         out["hint"] = np.asarray(pred["hints"], np.float64)
     sub = take(split, idx)
@@ -319,6 +319,25 @@ def val_estimates(pred: dict, split: dict, idx: np.ndarray, fitted: dict, names,
         elif spec is not None and spec.refit_of in fitted:
             out[name] = refit_prediction(fitted[spec.refit_of], pred["pool"], sub, pred["contexts"], glob).median
     return out
+
+
+def pair_estimate_of(pred: dict) -> np.ndarray:
+    """The answer's `pair_median` of each packet asked as `pred`: its pair's training history
+    where the run's hints keep it (`pred["pair_history"]`, `history_of`), else the median of
+    its packets in the prompt (`infer.combine.pair_estimate`, as every answer takes it)."""
+    prompt = np.asarray(pred["context_median"]["median"], np.float64)
+    return CB.pair_estimate(pred.get("pair_history", np.full(len(prompt), np.nan)), prompt)
+
+
+def history_of(hints, split: dict, idx: np.ndarray) -> np.ndarray:
+    """Each packet's pair median over the run's training split, from the run's hints file
+    (`loader.hints.Hints.histories`); NaN without hints or where the pair is not there."""
+    if hints is None:
+        return np.full(len(idx), np.nan)
+    src, dst = np.asarray(split["src"], object)[idx], np.asarray(split["dst"], object)[idx]
+    uniq, inv = np.unique(np.concatenate([src, dst]).astype(str), return_inverse=True)
+    codes = np.array([hints.key_code(a) for a in uniq], np.int64)[inv]
+    return hints.histories(codes[:len(idx)], codes[len(idx):])
 
 
 def estimate_name(regime: str, estimates: dict, best: str) -> tuple[str, str | None]:
@@ -391,7 +410,7 @@ def test_estimate(name: str, pred: dict, report) -> np.ndarray:
     """The estimate `name` on the test packets: as the prompts give it (pair median, hint), else
     the baseline's median in the report."""
     if name == "pair_median":
-        return np.asarray(pred["context_median"]["median"], np.float64)
+        return pair_estimate_of(pred)
     if name == "hint":
         return np.asarray(pred["hints"], np.float64)
     return np.asarray(report.ctx["predictions"][name]["median"], np.float64)

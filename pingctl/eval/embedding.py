@@ -23,19 +23,66 @@ import numpy as np
 
 from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.coords import DIMS, LR, MIN_RTT_MS, REFIT_STEPS, STEPS, fit_points, place_new
-from pingctl.eval.baselines import GlobalMedian, Groups, column, point_prediction
+from pingctl.eval.baselines import GlobalMedian, column, group_quantile, point_prediction
 from pingctl.eval.vivaldi import NewHosts
+
+_KEY_CHUNK = 1 << 22  # rows turned into sort keys at once: their temporaries stay ~100 MB
 
 
 def pair_medians(a, b, rtt_ms, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(a, b, median RTT) per directed pair of node codes with a successful measurement."""
+    """(a, b, median RTT) per directed pair of node codes with a successful measurement, ordered
+    by a * n_nodes + b; the median is `Groups`' own (`group_quantile`)."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     r = np.asarray(rtt_ms, np.float64)
     ok = (a >= 0) & (b >= 0) & (a != b) & np.isfinite(r) & (r >= 0)
+    return measured_pair_medians(a[ok], b[ok], r[ok], n_nodes)
+
+
+def measured_pair_medians(a, b, rtt, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`pair_medians` of rows it would keep (two known, different ends, a successful RTT), in a
+    fraction of the memory of a sort of (pair, RTT): each row one uint64 sort key, the pair's
+    code above the rank of its RTT among the distinct RTTs, sorted in place (a day's 64M rows:
+    0.5 GB of keys, where the lexsort of (pair, RTT) holds eight arrays that size). Where the
+    two do not fit in 64 bits (millions of addresses), the lexsort."""
     n = max(int(n_nodes), 1)
-    g = Groups(np.where(ok, a * n + b, -1), np.where(ok, r, -1.0), quantiles=(0.5,), sketch=2)
-    have = g.count > 0
-    return g.keys[have] // n, g.keys[have] % n, g.q[0.5][have]
+    if not len(rtt):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
+    values = np.unique(rtt)
+    vbits, pbits = (len(values) - 1).bit_length(), (n * n - 1).bit_length()
+    if vbits + pbits > 63:
+        pair = np.asarray(a, np.int64) * n + np.asarray(b, np.int64)
+        order = np.lexsort((rtt, pair))
+        return _group_medians(pair[order], rtt[order], n)
+    key = np.empty(len(rtt), np.uint64)
+    shift, un = np.uint64(vbits), np.uint64(n)
+    for s in range(0, len(rtt), _KEY_CHUNK):
+        e = s + _KEY_CHUNK
+        pair = np.asarray(a[s:e], np.uint64) * un + np.asarray(b[s:e], np.uint64)
+        key[s:e] = (pair << shift) | np.searchsorted(values, rtt[s:e]).astype(np.uint64)
+    key.sort()
+    return _group_medians(key >> shift, _Ranked(values, key, (1 << vbits) - 1), n)
+
+
+class _Ranked:
+    """The sorted RTTs, read from the sorted keys only where a median takes them."""
+
+    def __init__(self, values: np.ndarray, key: np.ndarray, mask: int):
+        self.values, self.key, self.mask = values, key, np.uint64(mask)
+
+    def __getitem__(self, i):
+        return self.values[(self.key[i] & self.mask).astype(np.int64)]
+
+
+def _group_medians(pair: np.ndarray, sorted_rtt, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, median) per run of equal `pair` codes (sorted, with their RTTs sorted within),
+    by `Groups`' own quantile (`group_quantile`)."""
+    first = np.empty(len(pair), bool)
+    first[0] = True
+    np.not_equal(pair[1:], pair[:-1], out=first[1:])
+    start = np.flatnonzero(first)
+    count = np.diff(np.append(start, len(pair)))
+    keys = pair[start].astype(np.int64)
+    return keys // n, keys % n, group_quantile(sorted_rtt, start, count, 0.5)
 
 
 class Embedding:

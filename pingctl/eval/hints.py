@@ -20,13 +20,12 @@ from pingctl.atomic import atomic_file
 from pingctl.errors import PingctlError
 from pingctl.processes import die_with_parent
 from pingctl.schema.arrow_strings import codes_in, vocabulary
-from pingctl.eval.baselines import column, group_quantile, refit_prediction
-from pingctl.eval.embedding import Embedding
+from pingctl.eval.baselines import column, refit_prediction
+from pingctl.eval.embedding import Embedding, measured_pair_medians
 from pingctl.loader.hints import KEY_BYTES, fold_of
 from pingctl.tokenizer.measurements import parse_addresses
 
 FOLDS = 5
-_KEY_CHUNK = 1 << 22  # rows turned into sort keys at once: their temporaries stay ~100 MB
 
 
 def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, progress=lambda done, total: None,
@@ -66,7 +65,7 @@ def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, work
     addr, v6 = parse_addresses(pa.array(codes.vocab.to_pylist(), pa.string()), "train addresses")
     keys = np.concatenate([addr, np.asarray(v6, np.uint8)[:, None]], axis=1)
     assert keys.shape[1] == KEY_BYTES
-    pa_, pb_, med = pair_medians_of(codes.a, codes.b, codes.rtt, n)
+    pa_, pb_, med = measured_pair_medians(codes.a, codes.b, codes.rtt, n)
     codes.a = codes.b = codes.rtt = None
     # a pair's measurements all share its fold, so a fold's fit takes the medians of the pairs
     # outside it: the same numbers as the medians of their measurements, with one sort of them all
@@ -78,62 +77,16 @@ def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, work
         with open(tmp, "wb") as fh:
             np.savez(fh, keys=keys, x=np.stack([f["x"] for f in fits]), h=np.stack([f["h"] for f in fits]),
                      trained=np.stack([f["trained"] for f in fits]),
-                     scale=np.asarray([f["scale"] for f in fits], np.float64))
+                     scale=np.asarray([f["scale"] for f in fits], np.float64),
+                     pair_a=pa_.astype(np.int32), pair_b=pb_.astype(np.int32), pair_median=med)
     info = [f["fit_info"] for f in fits[:folds]]
     err = np.concatenate([f["err"] for f in fits[:folds]]) if len(med) else None
     return {"path": str(out), "nodes": n, "folds": folds, "measurements": int(measurements),
-            "pairs": [i["pairs"] for i in info],
+            "pairs": [i["pairs"] for i in info], "train_pairs": int(len(med)),
             "train_median_rel_err": [i["train_median_rel_err"] for i in info],
             # what a hint is worth: each pair's estimate against its median RTT (NaN: an end unplaced)
             "estimate_median_rel_err": float(np.nanmedian(err)) if len(med) else None,
             "estimated_share": float(np.isfinite(err).mean()) if len(med) else None}
-
-
-def pair_medians_of(a, b, rtt, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`eval.embedding.pair_medians` of rows `_measured` keeps, to the bit, in a fraction of its
-    memory: each row one uint64 sort key, the pair's code above the rank of its RTT among the
-    distinct RTTs, sorted in place (a day's 64M rows: 0.5 GB of keys, where the lexsort of
-    (pair, RTT) holds eight arrays that size). Where the two do not fit in 64 bits (millions of
-    addresses), the lexsort."""
-    n = max(int(n_nodes), 1)
-    if not len(rtt):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-    values = np.unique(rtt)
-    vbits, pbits = (len(values) - 1).bit_length(), (n * n - 1).bit_length()
-    if vbits + pbits > 63:
-        pair = np.asarray(a, np.int64) * n + np.asarray(b, np.int64)
-        order = np.lexsort((rtt, pair))
-        return _group_medians(pair[order], rtt[order], n)
-    key = np.empty(len(rtt), np.uint64)
-    shift, un = np.uint64(vbits), np.uint64(n)
-    for s in range(0, len(rtt), _KEY_CHUNK):
-        e = s + _KEY_CHUNK
-        pair = np.asarray(a[s:e], np.uint64) * un + np.asarray(b[s:e], np.uint64)
-        key[s:e] = (pair << shift) | np.searchsorted(values, rtt[s:e]).astype(np.uint64)
-    key.sort()
-    return _group_medians(key >> shift, _Ranked(values, key, (1 << vbits) - 1), n)
-
-
-class _Ranked:
-    """The sorted RTTs, read from the sorted keys only where a median takes them."""
-
-    def __init__(self, values: np.ndarray, key: np.ndarray, mask: int):
-        self.values, self.key, self.mask = values, key, np.uint64(mask)
-
-    def __getitem__(self, i):
-        return self.values[(self.key[i] & self.mask).astype(np.int64)]
-
-
-def _group_medians(pair: np.ndarray, sorted_rtt, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(a, b, median) per run of equal `pair` codes (sorted, with their RTTs sorted within),
-    by `Groups`' own quantile (`group_quantile`)."""
-    first = np.empty(len(pair), bool)
-    first[0] = True
-    np.not_equal(pair[1:], pair[:-1], out=first[1:])
-    start = np.flatnonzero(first)
-    count = np.diff(np.append(start, len(pair)))
-    keys = pair[start].astype(np.int64)
-    return keys // n, keys % n, group_quantile(sorted_rtt, start, count, 0.5)
 
 
 def _fits(pa_, pb_, med, n: int, pair_fold, folds: int, seed: int, progress, workers: int | None) -> list[dict]:

@@ -37,6 +37,7 @@ from pingctl.eval.registry import candidates, fit_baselines
 from pingctl.eval.report import add_model, add_prompt_baselines, baseline_table, compare, model_first
 from pingctl.eval.run import check_options, check_out_dir, fit_calibration
 from pingctl.infer import calibration as CAL
+from pingctl.infer.hints import run_hints
 from pingctl.infer.model import LoadedModel
 from pingctl.prompt import PromptSpec, is_fair, regime_policies
 from pingctl.synth.truth import load_truth
@@ -282,10 +283,12 @@ class _Regimes:
     def ask(self, split: dict, idx: np.ndarray, cal, what: str, spec: PromptSpec) -> dict:
         """The model's predictions of packets `idx` of `split` under prompts `spec`."""
         self.progress(f"model predictions ({what})", 0, len(idx))
-        return predict(self.model, split, idx, context=self.context, train=self.train, policy=spec.policy,
+        pred = predict(self.model, split, idx, context=self.context, train=self.train, policy=spec.policy,
                        per_pair=spec.cap, calibration=cal, context_dst=spec.context_dst,
                        hints=prompt_hints(spec, self.fitted),
                        progress=lambda done, total: self.progress(f"model predictions ({what})", done, total))
+        pred["pair_history"] = CMB.history_of(run_hints(self.run), split, idx)
+        return pred
 
     def recalibrate(self, val_dirs: dict, recalibration: str, out: Path) -> tuple[dict, dict]:
         """Each regime's val set (val/ for time, val_<regime>/ for the others where the split has

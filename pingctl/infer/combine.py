@@ -30,8 +30,9 @@ from pingctl.infer.queries import RttDistribution
 COMBINATION = "combination.json"
 KIND = "pingctl.rtt-combination"
 REGIMES = ("time", "pair", "probe", "target")
-# the classical estimate an answer can compute itself, per regime: the pair's own packets in
-# the prompt where it holds some, else the embedding's estimate the prompt's hint carries
+# the classical estimate an answer can compute itself, per regime: the pair's own median where
+# the prompt holds its packets (its training history where the run's hints keep it:
+# `pair_estimate`), else the embedding's estimate the prompt's hint carries
 CLASSICAL_OF_REGIME = {"time": "pair_median", "pair": "hint", "probe": "hint", "target": "hint"}
 CLASSICALS = ("pair_median", "hint")
 # a spread of zero (estimates exact on every val packet) would make the log-normal a step; a
@@ -253,11 +254,21 @@ def classical(dist: RttDistribution, estimate_ms: float, fit: RegimeFit) -> RttD
 
 
 def pair_median(rtt_ms) -> float:
-    """The `time` regime's classical estimate: the median of the pair's own successful packets
-    in the prompt (NaN where there are none), as `pingctl eval` computes it."""
+    """The median of the pair's own successful packets in the prompt (NaN where there are
+    none), as `pingctl eval` computes it."""
     r = np.asarray(rtt_ms, np.float64)
     r = r[np.isfinite(r) & (r >= 0)]  # a failed packet's RTT is negative
     return float(np.median(r)) if len(r) else float("nan")
+
+
+def pair_estimate(history_ms, prompt_median_ms):
+    """The `time` regime's classical estimate (`pair_median`): the pair's median over the run's
+    training split where its hints file keeps it (`loader.hints.Hints.history`: every packet
+    of the pair's history, where a prompt holds its last few), else the median of its packets
+    in the prompt. Scalars or arrays, elementwise: eval and every answer take it here."""
+    h = np.asarray(history_ms, np.float64)
+    out = np.where(np.isfinite(h) & (h > 0), h, np.asarray(prompt_median_ms, np.float64))
+    return float(out) if out.ndim == 0 else out
 
 
 def mismatch(comb: Combination, run: Path | str, steps, prompt: dict | None = None,

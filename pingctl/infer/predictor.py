@@ -86,14 +86,15 @@ MODEL = Choice("model", None, "asked for the model's own answer (answer model)")
 
 def classical_estimate(regime: str | None, pair_rtt_ms, hints: Hints | None, src: str, dst: str, context=None,
                        hint_ms: float | None = None) -> float | None:
-    """A question's classical estimate (ms) for its regime, computed once: the median of the
-    pair's own packets in the prompt (`time`), else the embedding's estimate the run's hints
-    give (`hint_ms` where the prompt's hint already computed it; the prompt's `context`
-    measurements place an end the fit never saw). None where there is none."""
+    """A question's classical estimate (ms) for its regime, computed once: the pair's median
+    (`time`: its training history where the run's hints keep it, else its packets in the
+    prompt: `combine.pair_estimate`), else the embedding's estimate the run's hints give
+    (`hint_ms` where the prompt's hint already computed it; the prompt's `context` measurements
+    place an end the fit never saw). None where there is none."""
     if regime is None:
         return None
     if CB.CLASSICAL_OF_REGIME[regime] == "pair_median":
-        est = CB.pair_median(pair_rtt_ms)
+        est = CB.pair_estimate(np.nan if hints is None else hints.history(src, dst), CB.pair_median(pair_rtt_ms))
     elif hint_ms is not None:
         est = hint_ms
     elif hints is None:

@@ -17,7 +17,11 @@ each address's `records.layout.address_key`; `x` (folds + 1, n, dims) points; `h
 `trained` (folds + 1, n) bool (the node had a measured pair in that fit); `scale` (folds + 1,)
 ms per unit. Fits 0..folds-1 are the folds'; the last is fitted on every pair, the estimate
 `answer` gives (eval's `embedding` baseline is the same fit), with an end it never saw placed
-from the prompt's measurements as `embedding_refit` places it.
+from the prompt's measurements as `embedding_refit` places it. Optionally (files written since
+2026-11-29) the pairs that fit was fitted on: `pair_a`, `pair_b` (pairs,) int32 node codes and
+`pair_median` (pairs,) float64 ms, each measured pair's median RTT over the training split,
+ordered by pair_a * nodes + pair_b: what `history` answers, the `time` regime's classical
+estimate of an answer (`infer.combine`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ KEY_BYTES = 17  # `records.layout.address_key`: 16 address bytes and the family
 FIELDS = {"keys": ("u", 2, "uint8 (nodes, 17)"), "x": ("f", 3, "float (fits, nodes, dims)"),
           "h": ("f", 2, "float (fits, nodes)"), "trained": ("b", 2, "bool (fits, nodes)"),
           "scale": ("f", 1, "float (fits,)")}
+# The training pairs' medians: all three or none (a file written before them answers no history)
+HISTORY = {"pair_a": ("i", 1, "int32 (pairs,)"), "pair_b": ("i", 1, "int32 (pairs,)"),
+           "pair_median": ("f", 1, "float (pairs,)")}
 # An archive cut short or overwritten fails in zipfile or zlib, a member that is no plain array
 # (pickled objects, a bad header) in NumPy's reader, an empty file with EOFError
 _UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -74,12 +81,17 @@ class Hints:
     trained: np.ndarray
     scale: np.ndarray
     share: float = 1.0  # of triangulation contexts whose query has an estimate
+    pair_a: np.ndarray | None = None  # HISTORY (module docstring); None: the file holds none
+    pair_b: np.ndarray | None = None
+    pair_median: np.ndarray | None = None
 
     def __post_init__(self):
         self._code = {bytes(k): i for i, k in enumerate(np.asarray(self.keys, np.uint8))}
+        self._pair_key = (None if self.pair_a is None else
+                          np.asarray(self.pair_a, np.int64) * len(self.keys) + np.asarray(self.pair_b, np.int64))
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_code"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_code", "_pair_key")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -122,6 +134,24 @@ class Hints:
         d = np.linalg.norm(self.x[ff, aa] - self.x[ff, bb], axis=1) + self.h[ff, aa] + self.h[ff, bb]
         out[np.flatnonzero(ok)] = np.where(placed, self.scale[ff] * d, np.nan)
         return out
+
+    def histories(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The training split's median RTT (ms) of each node-code pair (a -> b); NaN where the
+        pair was not measured there or the file keeps no pairs."""
+        a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+        out = np.full(len(a), np.nan)
+        if self._pair_key is None or not len(self._pair_key):
+            return out
+        ok = (a >= 0) & (b >= 0)
+        key = np.where(ok, a * len(self.keys) + b, -1)
+        at = np.minimum(np.searchsorted(self._pair_key, key), len(self._pair_key) - 1)
+        found = ok & (self._pair_key[at] == key)
+        out[found] = self.pair_median[at[found]]
+        return out
+
+    def history(self, src: str, dst: str) -> float:
+        """`histories` of one pair of address strings."""
+        return float(self.histories(np.array([self.key_code(src)]), np.array([self.key_code(dst)]))[0])
 
     def key_code(self, address: str) -> int:
         """Node code of one address string (-1: not in the fit, or not an address)."""
@@ -230,7 +260,11 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             raise PingctlError(f"{path}: not a hints file (no array {', '.join(missing)}; it holds "
                                f"{held or 'none'}); {_again(path)}")
         got = {}
-        for k in FIELDS:
+        held = [k for k in HISTORY if k in z.files]
+        if held and len(held) != len(HISTORY):
+            raise PingctlError(f"{path}: not a hints file (it holds {', '.join(held)} without "
+                               f"{', '.join(k for k in HISTORY if k not in held)}); {_again(path)}")
+        for k in [*FIELDS, *held]:
             try:
                 got[k] = z[k]
             except _UNREADABLE as e:
@@ -279,6 +313,36 @@ def check_arrays(path: Path | str, a: dict[str, np.ndarray]) -> None:
                             "and no RTT is negative")
     _check_reach(bad, x, h, trained, scale)
     _check_unique(bad, keys)
+    if "pair_a" in a:
+        _check_history(bad, a, n)
+
+
+def _check_history(bad, a: dict[str, np.ndarray], n: int) -> None:
+    """The training pairs' medians as `fit_hints` writes them: as many of each, codes of two
+    different known nodes, strictly ordered by pair_a * n + pair_b, medians RTTs can be."""
+    for name, (kind, ndim, want) in HISTORY.items():
+        arr = a[name]
+        if arr.dtype.kind != kind or arr.ndim != ndim:
+            raise bad(name, f"is {arr.dtype} of shape {arr.shape}, where a hints file has {want}")
+    pa_, pb_, med = (a[k] for k in HISTORY)
+    if not len(pa_) == len(pb_) == len(med):
+        raise bad("pair_median", f"holds {len(med):,} medians for {len(pa_):,} pair_a and {len(pb_):,} pair_b codes")
+    for name, c in (("pair_a", pa_), ("pair_b", pb_)):
+        off = (c < 0) | (c >= n)
+        if off.any():
+            i = int(np.argmax(off))
+            raise bad(name, f"holds code {int(c[i])} at {i}, where the file has {n:,} nodes")
+    same = pa_ == pb_
+    if same.any():
+        raise bad("pair_b", f"names node {int(pb_[np.argmax(same)])} as both ends of pair {int(np.argmax(same))}")
+    key = pa_.astype(np.int64) * n + pb_
+    down = np.flatnonzero(key[1:] <= key[:-1])
+    if len(down):
+        raise bad("pair_a", f"is not in strictly increasing pair order at {int(down[0]) + 1} (a pair twice, or unsorted)")
+    off = ~((med >= 0) & (med <= MAX_RTT_MS))
+    if off.any():
+        i = int(np.argmax(off))
+        raise bad("pair_median", f"holds {float(med[i])!r} at {i}, where a median RTT is between 0 and {MAX_RTT_MS:,.0f} ms")
 
 
 def _check_reach(bad, x: np.ndarray, h: np.ndarray, trained: np.ndarray, scale: np.ndarray) -> None:
