@@ -364,6 +364,28 @@ def test_recalibration_mends_a_too_narrow_pool_on_new_packets():
     assert before < 0.86 and 0.85 <= after <= 0.95
 
 
+def test_recalibration_keeps_the_median_val_vouched_for():
+    """Val's actual RTTs all above the estimate (a few hosts' bias): the map widens the pool's
+    intervals but leaves its median at the estimate, as `vouched` checked it; a map free to
+    move it (`CAL.fit` alone) would put the median at val's median PIT."""
+    from pingctl.infer import calibration as CAL
+
+    dists, est, actual = _heavy(400, 13)
+    est = est / 1.3  # every estimate 30% low
+    rec = _record(dists, actual, hint=est)
+    raw = fit(0.0, CMB.spread(est, actual))
+    mended = CMB.with_recalibration(raw, rec, "hint")
+    assert mended.recal is not None
+    for e in (12.0, 40.0, 300.0):
+        d = lognormal(e * 2.0, 0.05)
+        assert CB.pool(d, e, mended).quantile(0.5) == pytest.approx(e, rel=5e-3)  # GRID: 0.46% a code
+        assert CB.pool(d, e, mended).quantile(0.95) > CB.pool(d, e, raw).quantile(0.95)
+    free = CAL.fit(CMB.pooled_pit(rec["at_actual"], est, dataclasses.replace(mended, recal=None)), {})
+    assert abs(free.knots[50] - 0.5) > 0.05  # the fitted map would have moved the median
+    kept = CMB.median_kept(free.knots)
+    assert kept[50] == 0.5 and (np.diff(kept) > 0).all() and kept[0] == 0.0 and kept[-1] == 1.0
+
+
 def test_recalibrated_pool_reads_the_map():
     """The pooled-and-mapped CDF is H of the pooled one at every code, weight 1 included (the
     map was fitted on those packets' PITs); without an estimate the model answers, unmapped."""

@@ -284,9 +284,25 @@ def with_recalibration(fit: CB.RegimeFit, rec: dict, name: str) -> CB.RegimeFit:
             pit = pooled_pit(at, est, widened)
             if cov90_of_pit(pit) >= 0.9:
                 break
-    cal = CAL.fit(pit, {})
+    cal = CAL.Calibration(median_kept(CAL.fit(pit, {}).knots), {})
     cov = {"raw": raw, "spread_factor": float(factor), "recalibrated": cov90_of_pit(cal.level(pit))}
     return dataclasses.replace(widened, recal=tuple(float(x) for x in cal.knots), cov90_val=cov)
+
+
+def median_kept(knots: np.ndarray) -> np.ndarray:
+    """The map's knots with its middle one moved to 0.5 (each half scaled to keep its shape), so
+    the recalibrated pool's median is the pool's: the map mends the intervals, not the answer's
+    median. A map fitted on val moves the median to val's median PIT, which where val holds a
+    few hosts is their bias, not the next questions'; and the median is what `vouched` checked."""
+    k = np.asarray(knots, np.float64).copy()
+    mid = int(np.flatnonzero(np.isclose(CAL.GRID, 0.5))[0])
+    m = k[mid]
+    if not 0.0 < m < 1.0:
+        return k
+    k[:mid] *= 0.5 / m
+    k[mid + 1:] = 0.5 + (k[mid + 1:] - m) * (0.5 / (1.0 - m))
+    k[mid] = 0.5
+    return k
 
 
 WIDEN = np.geomspace(1.0, 16.0, 49)  # spread factors tried by recalibration, ~6% apart
