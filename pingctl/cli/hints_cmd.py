@@ -50,6 +50,7 @@ def hints(
         ("folds", got["folds"]), ("pairs per fit", f"{min(got['pairs']):,}-{max(got['pairs']):,}"),
         ("estimate vs the pair's median RTT, median rel err", "-" if est is None else f"{100 * est:.1f}%"),
         ("pairs with an estimate", "-" if est is None else f"{100 * got['estimated_share']:.1f}%"),
+        ("pairs' train medians kept", f"{got['train_pairs']:,} (the time regime's classical estimate)"),
         ("next", f"pingctl train ROWS --set loader.hints_file={got['path']}"),
     ]))
 
