@@ -324,6 +324,12 @@ class Model:
     def device(self) -> str:
         return self.loaded.device
 
+    @property
+    def searches(self) -> bool:
+        """Whether `search` (and a completion from an RTT) can be asked: not of a run trained
+        with the RTT always after both addresses (loader.result_last=1)."""
+        return QS.rtt_first_ok(self.run)
+
     def metadata(self) -> dict:
         """What the loaded model is: run, step(s), preset, scheme, seq_len, whether it was trained
         with timestamps, device; `checkpoint_time` (UTC, when its checkpoint was written);

@@ -29,17 +29,22 @@ from pingctl.eval.vivaldi import NewHosts
 _KEY_CHUNK = 1 << 22  # rows turned into sort keys at once: their temporaries stay ~100 MB
 
 
+def measured(a, b, rtt) -> np.ndarray:
+    """The rows a pair's median is taken over: two known, different ends and a successful RTT."""
+    return (a >= 0) & (b >= 0) & (a != b) & np.isfinite(rtt) & (rtt >= 0)
+
+
 def pair_medians(a, b, rtt_ms, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, median RTT) per directed pair of node codes with a successful measurement, ordered
     by a * n_nodes + b; the median is `Groups`' own (`group_quantile`)."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     r = np.asarray(rtt_ms, np.float64)
-    ok = (a >= 0) & (b >= 0) & (a != b) & np.isfinite(r) & (r >= 0)
+    ok = measured(a, b, r)
     return measured_pair_medians(a[ok], b[ok], r[ok], n_nodes)
 
 
 def measured_pair_medians(a, b, rtt, n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`pair_medians` of rows it would keep (two known, different ends, a successful RTT), in a
+    """`pair_medians` of rows `measured` keeps, in a
     fraction of the memory of a sort of (pair, RTT): each row one uint64 sort key, the pair's
     code above the rank of its RTT among the distinct RTTs, sorted in place (a day's 64M rows:
     0.5 GB of keys, where the lexsort of (pair, RTT) holds eight arrays that size). Where the

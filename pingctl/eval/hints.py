@@ -21,7 +21,7 @@ from pingctl.errors import PingctlError
 from pingctl.processes import die_with_parent
 from pingctl.schema.arrow_strings import codes_in, vocabulary
 from pingctl.eval.baselines import column, refit_prediction
-from pingctl.eval.embedding import Embedding, measured_pair_medians
+from pingctl.eval.embedding import Embedding, measured, measured_pair_medians
 from pingctl.loader.hints import KEY_BYTES, fold_of
 from pingctl.tokenizer.measurements import parse_addresses
 
@@ -34,7 +34,7 @@ def fit_hints(train: dict, out: Path | str, folds: int = FOLDS, seed: int = 0, p
     vocab = vocabulary(column(train, "src"), column(train, "dst"))
     a, b = codes_in(column(train, "src"), vocab), codes_in(column(train, "dst"), vocab)
     rtt = np.asarray(column(train, "rtt"), np.float64)
-    ok = _measured(a, b, rtt)
+    ok = measured(a, b, rtt)
     return _fit_and_write(SplitCodes(vocab, a[ok], b[ok], rtt[ok], len(rtt)), out, folds, seed, progress, workers)
 
 
@@ -43,19 +43,14 @@ def fit_hints_split(split, out: Path | str, folds: int = FOLDS, seed: int = 0, p
     """`fit_hints` of the split at `split` (canonical Parquet, as `load_split` takes it), read as
     address codes a batch at a time (`artifacts.split_codes`): the same file, in a fraction of
     the memory. `workers`: processes fitting at once (None: one per core, at most folds + 1)."""
-    codes = read_split_codes(split, keep=_measured, split_hint="train")
+    codes = read_split_codes(split, keep=measured, split_hint="train")
     if not codes.rows:
         raise PingctlError(f"{split}: no rows to fit the embedding on")
     return _fit_and_write(codes, out, folds, seed, progress, workers)
 
 
-def _measured(a, b, rtt) -> np.ndarray:
-    """The rows a pair's median is taken over: two known, different ends and a successful RTT."""
-    return (a >= 0) & (b >= 0) & (a != b) & np.isfinite(rtt) & (rtt >= 0)
-
-
 def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, workers) -> dict:
-    """The hints file of the rows `_measured` kept (`codes`, whose rows are dropped once their
+    """The hints file of the rows `measured` kept (`codes`, whose rows are dropped once their
     pairs' medians are taken: the fits need the pairs only)."""
     import pyarrow as pa
 

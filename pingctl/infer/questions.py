@@ -366,6 +366,12 @@ class GenerateQuestion(Question):
 # ----------------------------------------------------------------- the run's rules
 
 
+def rtt_first_ok(run) -> bool:
+    """Whether the run can be asked with the RTT before the addresses (a completion or search
+    from an RTT): not one trained with loader.result_last=1, which never saw that order."""
+    return run_config(run).loader.result_last < 1.0
+
+
 def check_run(question: Question, run: Path) -> None:
     """Refuse what the run was not trained to answer, from its config.yaml (cheap, no JAX):
     a time, timestamps or a period of a run trained without timestamps; an RTT before the
@@ -381,7 +387,7 @@ def check_run(question: Question, run: Path) -> None:
             raise untimed_run("--timestamps", run, "so it cannot generate them")
         if question.period and not timed:
             raise untimed_run("--since/--until", run, "so its streams have no times to bound")
-    if isinstance(question, (CompleteQuestion, InverseQuestion)) and trained.result_last >= 1.0:
+    if isinstance(question, (CompleteQuestion, InverseQuestion)) and not rtt_first_ok(run):
         # these prompts put the RTT before the addresses, an order such a run never saw
         raise UsageError(f"--rtt: {run} was trained with loader.result_last=1 (the RTT always after both "
                          "addresses), so it cannot answer from an RTT to addresses; ask a run trained with "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 
 from pingctl.api import Context, Model
-from pingctl.artifacts.run import run_config
 from pingctl.serve import answers as A
 from pingctl.tokenizer import Measurements
 
@@ -77,8 +76,7 @@ def warm(model: Model, max_batch: int, seq_len: int, forward_batch: int, log=lam
         log(f"warm-up: prompts with {shown} context measurements ({time.perf_counter() - t0:.1f} s)")
     model.complete("192.0.2.1", "198.51.100.*")
     calls += 1
-    if run_config(model.run).loader.result_last < 1.0:
-        # a run trained with the RTT always after both addresses refuses a search (RTT first)
+    if model.searches:
         model.search("192.0.2.1", "10-30")
         calls += 1
     n = 8
