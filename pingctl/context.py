@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pingctl.histories import Addresses, History
 from pingctl.prompt import Policy, parse_policy
 from pingctl.schema.arrow_strings import codes_in, vocabulary
 
@@ -141,47 +142,119 @@ def triangulation_indices(pool: dict, test: dict, idx: np.ndarray, k_src: int, k
     `k_src` measurements to destinations other than d and the last `k_dst` measurements of d
     from sources other than s, all strictly before t, at most `per_pair` of each pair; never
     the pair (s, d) itself. Merged and sorted by time (oldest first)."""
-    if (k_src <= 0 and k_dst <= 0) or len(idx) == 0:
-        return [np.zeros(0, np.int64) for _ in idx]
-    sources = vocabulary(pool["src"], test["src"])
-    dsts = vocabulary(pool["dst"], test["dst"])
-    p_src, p_dst = codes_in(pool["src"], sources), codes_in(pool["dst"], dsts)
-    q_src, q_dst = codes_in(test["src"], sources), codes_in(test["dst"], dsts)
-    pt = np.asarray(pool["event_time"], np.int64)
-    qt = np.asarray(test["event_time"], np.int64)
-    pk, qk = _probe_keys(pool, sources), _probe_keys(test, sources)
-    by_probe = np.lexsort((pt, pk))
-    by_dst = np.lexsort((pt, p_dst))
-    sides = ((by_probe, pk[by_probe], pt[by_probe], qk, p_dst[by_probe], q_dst, k_src),
-             (by_dst, p_dst[by_dst], pt[by_dst], q_dst, p_src[by_dst], q_src, k_dst))
-    out = []
-    for i in idx:
-        parts = []
-        for order, keys, times, qkeys, other, exclude, k in sides:
-            if k <= 0:
-                continue
-            lo, hi = np.searchsorted(keys, qkeys[i], side="left"), np.searchsorted(keys, qkeys[i], side="right")
-            pos = recent_others(times[lo:hi], other[lo:hi], int(qt[i]), int(exclude[i]), k, per_pair)
-            parts.append(order[lo + pos])
-        both = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        out.append(both[np.argsort(pt[both], kind="stable")])
-    return out
+    parts, queries = _histories(pool, test)
+    return part_contexts(parts, queries, idx, Policy.BOTH, k_src, k_dst, per_pair)
 
 
 def pair_history_indices(pool: dict, test: dict, idx: np.ndarray, context: int) -> list[np.ndarray]:
     """The `pair` policy: per query packet (s, d, t), indices into `pool` of the last `context`
     measurements of (s, d) itself strictly before t, oldest first."""
-    if context <= 0 or len(idx) == 0:
+    parts, queries = _histories(pool, test)
+    return part_contexts(parts, queries, idx, Policy.PAIR, context)
+
+
+def _histories(pool: dict, test: dict) -> tuple[list[History], History]:
+    addresses = Addresses()
+    history = History.of(pool, addresses)
+    return [history], (history if test is pool else History.of(test, addresses))
+
+
+def pool_and_contexts(test: dict, idx: np.ndarray, context: int, policy: str, per_pair: int = 0,
+                      context_dst: int | None = None, train: dict | History | None = None) -> tuple[dict, list]:
+    """(the measurements the prompts hold, per query packet the indices of its own into them):
+    `context_indices` of `context_pool`. `train` may be its `History`, built once for several
+    calls (eval asks eight sets of packets of one train split). For `both` and `pair` the pool
+    is only the rows some prompt holds, in the order of the tables they come from (the test
+    split after train), and neither table is copied."""
+    pol = parse_policy(policy)
+    if pol not in (Policy.BOTH, Policy.PAIR):
+        pool = context_pool(test, train.table if isinstance(train, History) else train, policy)
+        return pool, context_indices(pool, test, idx, context, policy, per_pair, context_dst)
+    if train is None:
+        parts, queries = _histories(test, test)
+    else:
+        history = train if isinstance(train, History) else History.of(train, Addresses())
+        queries = History.of(test, history.addresses)
+        parts = [history, queries]
+    rows = part_contexts(parts, queries, idx, pol, context, context if context_dst is None else context_dst, per_pair)
+    return gather(parts, rows)
+
+
+def part_contexts(parts: list[History], queries: History, idx: np.ndarray, policy: Policy, k_src: int,
+                  k_dst: int = 0, per_pair: int = 0) -> list[np.ndarray]:
+    """The `both` (`k_src`, `k_dst` a side) or `pair` (`k_src` of the pair) contexts of packets
+    `idx` of `queries`, drawn from tables `parts` taken as one (the rows of the second after the
+    first's: an index into them is the row's place in their concatenation); every table's
+    codes from one `Addresses`."""
+    if len(idx) == 0 or (k_src <= 0 and (policy is Policy.PAIR or k_dst <= 0)):
         return [np.zeros(0, np.int64) for _ in idx]
-    sources, dsts = vocabulary(pool["src"], test["src"]), vocabulary(pool["dst"], test["dst"])
-    pk = codes_in(pool["src"], sources) * len(dsts) + codes_in(pool["dst"], dsts)
-    qk = codes_in(test["src"], sources) * len(dsts) + codes_in(test["dst"], dsts)
-    pt, qt = np.asarray(pool["event_time"], np.int64), np.asarray(test["event_time"], np.int64)
-    order = np.lexsort((pt, pk))
-    sk, st = pk[order], pt[order]
+    offsets = np.cumsum([0] + [len(p) for p in parts[:-1]])
+    if policy is Policy.PAIR:
+        sides = [("pair", queries.pair_key(), None, k_src)]
+    else:
+        sides = [("probe", queries.probe, queries.dst, k_src), ("dst", queries.dst, queries.src, k_dst)]
     out = []
     for i in idx:
-        lo, end = np.searchsorted(sk, qk[i], side="left"), np.searchsorted(sk, qk[i], side="right")
-        hi = lo + np.searchsorted(st[lo:end], qt[i], side="left")
-        out.append(order[max(lo, hi - context) : hi])
+        t, rows, times = int(queries.time[i]), [], []
+        for name, qkeys, exclude, k in sides:
+            if k <= 0:
+                continue
+            spans = [(p.side(name), *p.side(name).span(int(qkeys[i])), int(off)) for p, off in zip(parts, offsets)]
+            r, tt = (_last_before(spans, t, k) if exclude is None
+                     else _recent_others_parts(spans, t, int(exclude[i]), k, per_pair))
+            rows.append(r)
+            times.append(tt)
+        rows_, times_ = np.concatenate(rows), np.concatenate(times)
+        out.append(rows_[np.argsort(times_, kind="stable")])
     return out
+
+
+def _suffixes(spans: list, t_query: int, width: int):
+    """The last `width` rows strictly before `t_query` of the tables' key spans taken as one
+    history (ties in time: the earlier table's first), as (rows, times, other, whole: no earlier
+    row is left out)."""
+    cut = []
+    for side, lo, hi, off in spans:
+        end = lo + int(np.searchsorted(side.times[lo:hi], t_query, side="left"))
+        cut.append((side, max(lo, end - width), end, off, lo))
+    rows = np.concatenate([side.order[a:b].astype(np.int64) + off for side, a, b, off, _ in cut])
+    times = np.concatenate([side.times[a:b] for side, a, b, _, _ in cut])
+    other = (None if cut[0][0].other is None
+             else np.concatenate([side.other[a:b] for side, a, b, _, _ in cut]))
+    if len(cut) > 1:  # one table's span is in order already
+        o = np.argsort(times, kind="stable")[-width:]
+        rows, times, other = rows[o], times[o], None if other is None else other[o]
+    whole = all(a == lo for _, a, _, _, lo in cut) and len(rows) <= width
+    return rows, times, other, whole
+
+
+def _last_before(spans: list, t_query: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    rows, times, _, _ = _suffixes(spans, t_query, k)
+    return rows, times
+
+
+def _recent_others_parts(spans: list, t_query: int, exclude: int, k: int, per_pair: int):
+    """`recent_others` on the tables' spans taken as one history, read from its end: a suffix
+    keeps exactly the positions the whole history would (`recent_others`), so it grows until
+    the rule finds `k` in it or it is the whole history."""
+    width = 4 * k * max(1, per_pair)
+    while True:
+        rows, times, other, whole = _suffixes(spans, t_query, width)
+        pos = recent_others(times, other, t_query, exclude, k, per_pair)
+        if len(pos) >= k or whole:
+            return rows[pos], times[pos]
+        width *= 4
+
+
+def gather(parts: list[History], contexts: list[np.ndarray]) -> tuple[dict, list[np.ndarray]]:
+    """The rows `contexts` hold (indices into `parts` taken as one), as one table in that
+    order, and the contexts as indices into it."""
+    used = np.unique(np.concatenate([np.asarray(c, np.int64) for c in contexts] + [np.zeros(0, np.int64)]))
+    keys = [k for k in parts[0].table if all(k in p.table for p in parts)]
+    bounds = np.cumsum([0] + [len(p) for p in parts])
+    pool = {}
+    for key in keys:
+        pieces = [np.asarray(p.table[key])[used[(used >= a) & (used < b)] - a]
+                  for p, a, b in zip(parts, bounds[:-1], bounds[1:])]
+        pool[key] = np.concatenate(pieces)
+    return pool, [np.searchsorted(used, c).astype(np.int64) for c in contexts]

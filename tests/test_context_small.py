@@ -20,7 +20,7 @@ _WORDS = st.one_of(st.none(), st.sampled_from(["192.0.2.1", "192.0.2.2", "2001:d
 def test_codes_and_vocabularies_of_a_few_strings_are_the_arrow_ones(values, others, as_numpy):
     given_ = np.array(values, dtype=object) if as_numpy else values
     arrow = pa.array(values, pa.string())  # the Arrow path, whatever the size
-    assert CX._few_strings(given_) is not None and CX._few_strings(arrow) is None
+    assert CX.few_strings(given_) is not None and CX.few_strings(arrow) is None
     vocab = CX.vocabulary(given_, others)
     assert vocab.equals(CX.vocabulary(arrow, pa.array(others, pa.string())))
     assert CX.codes_in(given_, vocab).tolist() == CX.codes_in(arrow, vocab).tolist()

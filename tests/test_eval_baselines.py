@@ -120,6 +120,29 @@ def test_group_quantiles_match_numpy_and_pit_is_uniform():
     assert g.lookup(np.array([99, -1])).tolist() == [-1, -1]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_groups_one_sort_is_the_lexsort_s(seed):
+    """`Groups` sorts (key, RTT rank) packed in one uint64: the arrays of the lexsort of (key,
+    RTT) to the bit, with failures, NaN, unknown keys (-1), ties, keys too wide to pack beside
+    the ranks (coded first) and no success at all."""
+    from pingctl.eval.baselines import _by_group, _by_group_lexsort, rtt_ranks
+
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 7, 3000):
+        wide = seed % 2 == 1
+        keys = rng.integers(-1, 40, n) * (2**56 if wide else 1)
+        keys = np.where(keys < 0, -1, keys + (rng.integers(0, 3, n) if wide else 0))
+        rtt = np.round(rng.gamma(2.0, 10.0, n), seed % 3)
+        rtt[rng.random(n) < 0.2] = -1.0
+        rtt[rng.random(n) < 0.05] = np.nan
+        if seed == 4:
+            rtt[:] = -1.0
+        for ranked in (None, rtt_ranks(rtt)):
+            for got, want in zip(_by_group(keys, rtt, ranked), _by_group_lexsort(keys, rtt)):
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got, want)
+
+
 # ---------------------------------------------------------------- CRPS of the medians
 
 
@@ -367,3 +390,40 @@ def test_predictions_parquet_round_trip(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
     with pytest.raises(PingctlError, match="not a `pingctl eval` predictions file"):
         read_predictions(tmp_path / "other.parquet")
+
+
+def _assert_same_prediction(got, want, name):
+    for field in ("median", "level", "pit", "p_fail", "crps"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert (a is None) == (b is None), (name, field)
+        if a is not None:
+            np.testing.assert_array_equal(a, b, err_msg=f"{name} {field}")
+    assert (got.quantiles is None) == (want.quantiles is None)
+    for q in got.quantiles or {}:
+        np.testing.assert_array_equal(got.quantiles[q], want.quantiles[q], err_msg=f"{name} q{q}")
+    for k in want.info:
+        np.testing.assert_array_equal(got.info[k], want.info[k], err_msg=f"{name} {k}")
+
+
+def test_fit_baselines_shares_levels_and_predicts_as_each_baseline_fitted_alone(synth_split):
+    """`fit_baselines` fits each level once for every baseline on the train split (`SharedFits`),
+    from `load_split`'s coded columns: the predictions are those of each baseline fitted on its
+    own on plain object arrays, to the bit."""
+    from pingctl.eval.registry import default_baselines, fit_baselines
+    from pingctl.schema.arrow_strings import CodedStrings
+
+    _, train, test = synth_split
+    assert isinstance(train["src"], CodedStrings) and train["src"].coding is not None
+    fitted, fit_s = fit_baselines(train, seed=3, vivaldi_cycles=50)
+    plain = dict(train, src=np.array(train["src"], object), dst=np.array(train["dst"], object))
+    assert getattr(plain["src"], "coding", None) is None
+    alone = {name: b.fit(plain) for name, b in default_baselines(3, 50).items()}
+    assert set(fitted) == set(alone) == set(fit_s)
+    for name in fitted:
+        _assert_same_prediction(fitted[name].predict(test), alone[name].predict(test), name)
+    # shared, not merely equal: each level is fitted once
+    pair, prefix, glob = (fitted[n]._groups for n in ("pair_median", "prefix_median", "global_median"))
+    assert pair[1] is prefix[0] and pair[2] is prefix[1] is glob[0] is fitted["embedding"]._global._groups[0]
+    assert fitted["vivaldi"]._global._groups[0] is glob[0]
+    assert fitted["prefix16_median"]._groups[0] is not prefix[0]
+    assert alone["pair_median"]._groups[2] is not alone["global_median"]._groups[0]

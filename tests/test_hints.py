@@ -368,7 +368,10 @@ def test_a_damaged_pair_history_is_refused_at_load(tmp_path, damage):
     with np.load(tmp_path / "h.npz") as z:
         arrays = {k: z[k] for k in z.files}
     assert len(arrays["pair_a"]) > 3
-    make, says = HISTORY_DAMAGES[damage]
+    _refused_at_load(tmp_path, *HISTORY_DAMAGES[damage], arrays)
+
+
+def _refused_at_load(tmp_path, make, says, arrays):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(_npz(make(arrays)))
     with pytest.raises(PingctlError) as e:
@@ -557,3 +560,133 @@ def test_a_hinted_run_with_a_damaged_hints_file_exits_1_naming_it(hinted_run, ti
         assert str(kept.resolve()) in error["message"] and says in error["message"], (damage, error)
     kept.write_bytes(raw)  # the file as the run kept it answers again
     assert "hint_ms" in json.loads(_pingctl("sample", run, *asked).stdout)
+
+
+# ----------------------------------------------------------------- eval's embedding from the file
+
+
+def _split_dir(d: Path, seed: int = 0, files: int = 2) -> Path:
+    """A train split of `files` Parquet files (their address dictionaries differ)."""
+    import pyarrow.parquet as pq
+
+    from tests.conftest import make_table
+
+    d.mkdir(parents=True)
+    for i in range(files):
+        table = make_table(600, probes=12 + 3 * i, targets=5, seed=seed + i, v6_every=9)
+        pq.write_table(table, d / f"part-{i}.parquet")
+    return d
+
+
+@pytest.fixture(scope="module")
+def hinted_split(tmp_path_factory):
+    from pingctl.artifacts.table import load_split
+    from pingctl.eval.hints import fit_hints_split
+
+    d = tmp_path_factory.mktemp("hinted")
+    split = _split_dir(d / "train")
+    fit_hints_split(split, d / "h.npz", folds=2, seed=0, workers=1)
+    return d, load_split(split), Hints.load(d / "h.npz")
+
+
+def test_eval_takes_the_embedding_from_a_hints_file_of_its_own_train_split(hinted_split):
+    """The file's every-pair fit is `Embedding(seed).fit(train)`'s: eval reads it instead of
+    fitting again, and predicts what the fit predicts, to the bit (the same inputs, the same
+    arithmetic), new ends placed from the prompt included; `fit_info` names the file."""
+    from pingctl.eval.baselines import GlobalMedian, refit_prediction
+    from pingctl.eval.embedding import Embedding
+    from pingctl.eval.registry import fit_baselines
+
+    d, train, hints = hinted_split
+    assert int(hints.fit_seed) == 0 and int(hints.fit_rows) == len(train["rtt"])
+    fitted, _ = fit_baselines(train, seed=0, vivaldi_cycles=20, hints=hints)
+    got, want = fitted["embedding"], Embedding(seed=0).fit(train)
+    assert got.fit_info["from"] == "hints" and got.fit_info["hints"] == str(d / "h.npz")
+    assert {k: v for k, v in got.fit_info.items() if k not in ("from", "hints", "final_loss")} == {
+        k: v for k, v in want.fit_info.items() if k != "final_loss"}
+    assert got.vocab.equals(want.vocab)
+    for k in ("x", "h", "trained"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(want, k))
+    assert got.scale == want.scale
+    test = dict(train, src=np.append(train["src"][:50], ["10.9.9.9"]), dst=np.append(train["dst"][:50], ["8.8.0.8"]),
+                rtt=np.append(train["rtt"][:50], 30.0), ip_version=np.append(train["ip_version"][:50], 4),
+                event_time=np.append(train["event_time"][:50], 0))
+    np.testing.assert_array_equal(got.predict(test).median, want.predict(test).median)
+    assert np.isfinite(got.predict(test).median).all()
+    pool = {"src": np.array(["10.9.9.9"] * 3, object), "dst": np.array(["8.8.0.8", "8.8.1.8", "8.8.2.8"], object),
+            "rtt": np.array([20.0, 30.0, 40.0]), "event_time": np.arange(3, dtype=np.int64)}
+    fallback = GlobalMedian().fit(train).predict(test)
+    contexts = [np.zeros(0, np.int64)] * 50 + [np.arange(3)]
+    refit = [refit_prediction(e, pool, test, contexts, fallback).median for e in (got, want)]
+    np.testing.assert_array_equal(*refit)
+    assert np.isfinite(refit[0][-1])
+
+
+def _without(h: Hints, **change) -> Hints:
+    from dataclasses import replace
+
+    return replace(h, **change)
+
+
+def _refused(d: Path, hints: Hints, train: dict) -> dict:
+    """(not reused: its fit_info) for a file from elsewhere, the fit as without it."""
+    from pingctl.eval.embedding import Embedding
+    from pingctl.eval.hints import embedding_with_hints
+
+    got = embedding_with_hints(Embedding(seed=0), train, hints)
+    want = Embedding(seed=0).fit(train)
+    np.testing.assert_array_equal(got.x, want.x)
+    assert got.fit_info["from"] == "fit" and "not reused" in got.fit_info["hints"]
+    return got.fit_info
+
+
+def test_a_hints_file_fitted_on_anything_else_is_not_reused(hinted_split, tmp_path):
+    """Another seed, another split (of the same size and addresses but other RTTs, or fewer
+    rows), other settings, or a file written before files said what they were fitted on: eval
+    fits the embedding itself and says why."""
+    from pingctl.artifacts.table import load_split
+    from pingctl.eval.hints import fit_hints_split
+
+    d, train, hints = hinted_split
+    fit_hints_split(d / "train", tmp_path / "seed1.npz", folds=2, seed=1, workers=1)
+    assert "seed 1, this eval's is 0" in _refused(d, Hints.load(tmp_path / "seed1.npz"), train)["hints"]
+    other = _split_dir(tmp_path / "other", seed=7)
+    fit_hints_split(other, tmp_path / "other.npz", folds=2, workers=1)
+    assert len(load_split(other)["rtt"]) == len(train["rtt"])
+    assert "other pairs or other RTTs" in _refused(d, Hints.load(tmp_path / "other.npz"), train)["hints"]
+    one = _split_dir(tmp_path / "one", files=1)
+    fit_hints_split(one, tmp_path / "one.npz", folds=2, workers=1)
+    assert "fitted on 600 train rows, this train split has 1,200" in _refused(d, Hints.load(tmp_path / "one.npz"),
+                                                                               train)["hints"]
+    settings_ = hints.fit_settings.copy()
+    settings_[0] += 1
+    assert "other embedding settings" in _refused(d, _without(hints, fit_settings=settings_), train)["hints"]
+    keys = hints.keys.copy()
+    keys[[0, 1]] = keys[[1, 0]]
+    assert "other addresses" in _refused(d, _without(hints, keys=keys), train)["hints"]
+    # a file written before the provenance: it loads and answers as ever, and is not reused
+    old = tmp_path / "old.npz"
+    with np.load(d / "h.npz") as z:
+        np.savez(old, **{k: z[k] for k in z.files if not k.startswith("fit_")})
+    loaded = Hints.load(old)
+    assert loaded.fit_seed is None and loaded.answer("193.0.1.1", "8.8.1.8") == hints.answer("193.0.1.1", "8.8.1.8")
+    assert "written before" in _refused(d, loaded, train)["hints"]
+
+
+PROVENANCE_DAMAGES = {
+    "part of it": (lambda a: {k: v for k, v in a.items() if k != "fit_rows"},
+                   "holds fit_seed, fit_settings without fit_rows"),
+    "a negative row count": (lambda a: a | {"fit_rows": np.int64(-5)}, "array fit_rows is -5"),
+    "settings cut short": (lambda a: a | {"fit_settings": a["fit_settings"][:2]},
+                           "array fit_settings is float64 of shape (2,)"),
+    "a NaN setting": (lambda a: a | {"fit_settings": _set(a["fit_settings"], 1, np.nan)}, "finite settings"),
+    "a float seed": (lambda a: a | {"fit_seed": np.float64(0)}, "array fit_seed is float64"),
+}
+
+
+@pytest.mark.parametrize("damage", PROVENANCE_DAMAGES)
+def test_a_damaged_provenance_is_refused_at_load(hinted_split, tmp_path, damage):
+    d, _, _ = hinted_split
+    with np.load(d / "h.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    _refused_at_load(tmp_path, *PROVENANCE_DAMAGES[damage], arrays)

@@ -136,7 +136,7 @@ def test_the_fit_is_handed_int32_codes_never_python_strings(world, monkeypatch):
     one each per kept row."""
     import pingctl.artifacts.table as table
 
-    monkeypatch.setattr(table, "_strings", lambda col: pytest.fail("a split's addresses became Python strings"))
+    monkeypatch.setattr(table, "CodedStrings", lambda *a: pytest.fail("a split's addresses became Python strings"))
     codes = read_split_codes(world, keep=lambda a, b, r: r >= 0)
     assert codes.a.dtype == codes.b.dtype == np.int32 and codes.rtt.dtype == np.float64
     assert len(codes.a) == len(codes.rtt) == int((codes.rtt >= 0).sum()) < codes.rows

@@ -20,6 +20,7 @@ import numpy as np
 from pingctl.artifacts.table import _check_no_nulls, refuse_whole_shard_output, resolve_inputs
 from pingctl.atomic import inside_pingctl_output
 from pingctl.errors import PingctlError
+from pingctl.schema.arrow_strings import Vocabulary
 from pingctl.schema.duck import refuse_rejects
 from pingctl.schema.parquet import check_parquet_columns, read_table
 from pingctl.tokenizer.measurements import parse_addresses
@@ -45,41 +46,6 @@ class SplitCodes:
     rows: int
 
 
-class _Vocabulary:
-    """Distinct strings in the order first seen, grown batch by batch through each batch's
-    dictionary: Arrow hashes the dictionary's strings, never a row's."""
-
-    def __init__(self):
-        import pyarrow as pa
-
-        self.values = pa.array([], pa.string())
-
-    def codes(self, column) -> np.ndarray:
-        """int32 code of each row of a dictionary-encoded column (nulls refused before)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        dictionary = column.dictionary
-        if not pa.types.is_string(dictionary.type):
-            dictionary = dictionary.cast(pa.string())
-        lut = pc.index_in(dictionary, value_set=self.values)
-        if lut.null_count:
-            new = pc.unique(dictionary.filter(pc.is_null(lut)))
-            self.values = pa.concat_arrays([self.values, new])
-            lut = pc.index_in(dictionary, value_set=self.values)
-        lut = lut.to_numpy(zero_copy_only=False).astype(np.int32)
-        return lut[column.indices.to_numpy(zero_copy_only=False)]
-
-    def sorted(self) -> tuple[object, np.ndarray]:
-        """The vocabulary in string order and each first-seen code's place in it."""
-        import pyarrow.compute as pc
-
-        order = pc.sort_indices(self.values).to_numpy()
-        rank = np.empty(len(order), np.int32)
-        rank[order] = np.arange(len(order), dtype=np.int32)
-        return self.values.take(order), rank
-
-
 def read_split_codes(path, keep: Keep | None = None, split_hint: str = "train") -> SplitCodes:
     """The (source, destination, RTT) rows of the canonical Parquet at `path` (a split directory,
     a file or a glob) that `keep` keeps (all without it), as codes (`SplitCodes`)."""
@@ -88,7 +54,7 @@ def read_split_codes(path, keep: Keep | None = None, split_hint: str = "train") 
     check_parquet_columns(files)
     total = sum(_num_rows(f) for f in files)
     a, b, rtt = np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64)
-    vocab, kept, rows = _Vocabulary(), 0, 0
+    vocab, kept, rows = Vocabulary(), 0, 0
     for f in files:
         for batch in _batches(f):
             ca, cb = vocab.codes(batch.column(0)), vocab.codes(batch.column(1))

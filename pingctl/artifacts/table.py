@@ -16,6 +16,7 @@ import numpy as np
 from pingctl.artifacts.raw import JSON_SUFFIXES, SNIFF_BYTES, SUFFIX_CODECS, codec_of, starts_like_results
 from pingctl.atomic import MANIFEST, inside_pingctl_output, is_pingctl_output
 from pingctl.errors import PingctlError, UsageError
+from pingctl.schema.arrow_strings import CodedStrings, Vocabulary
 from pingctl.schema.columns import SEED_COLUMNS
 from pingctl.schema.duck import refuse_rejects
 from pingctl.schema.parquet import check_parquet_columns, read_table
@@ -238,7 +239,8 @@ def refuse_whole_shard_output(items, split: str = "train") -> None:
 def load_split(path, columns: list[str] | None = None, split_hint: str = "test") -> dict[str, np.ndarray]:
     """Canonical Parquet (a file, a directory such as `SHARDS/test`, or a glob) -> dict of arrays.
 
-    Keys: src, dst (NumPy object arrays of str; equal strings share one object), ip_version
+    Keys: src, dst (NumPy object arrays of str, read-only, `CodedStrings` that keep the files'
+    dictionary coding for `arrow_strings`; equal strings share one object), ip_version
     (int64), rtt (float64 ms, -1.0 = failed), event_time (int64 Unix seconds), msm_id, size,
     packet_error_count (int64), prb_id (int64, -1 where null or absent). `columns` picks
     canonical column names (src_addr/dst_addr for the addresses).
@@ -252,6 +254,8 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
     check_parquet_columns(files)
     wanted = list(columns or (*SEED_COLUMNS, "prb_id"))  # the arrays eval computes with (above)
     parts: dict[str, list[np.ndarray]] = {c: [] for c in wanted}
+    # every file's address dictionaries coded into one vocabulary: the columns keep that coding
+    addresses = Vocabulary()
     for f in files:
         have = set(pq.read_schema(f).names)
         cols = [c for c in wanted if c in have]
@@ -264,7 +268,7 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
                 continue
             col = t.column(c)
             if c in ("src_addr", "dst_addr"):
-                parts[c].append(_strings(col))
+                parts[c].append(_codes(col, addresses))
             elif c == "event_time":
                 try:
                     parts[c].append(event_seconds(col)[0])  # nulls were refused above
@@ -282,7 +286,9 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
     out = {}
     for c, chunks in parts.items():
         key = {"src_addr": "src", "dst_addr": "dst"}.get(c, c)
-        if chunks:
+        if chunks and key in ("src", "dst"):
+            out[key] = CodedStrings(addresses.values, np.concatenate(chunks))
+        elif chunks:
             out[key] = np.concatenate(chunks)
         else:
             out[key] = np.empty(0, dtype=object if key in ("src", "dst") else np.float64 if c == "rtt" else np.int64)
@@ -344,18 +350,17 @@ def _check_addresses(path, name: str, col) -> None:
                            f"the first in row {first}") from None
 
 
-def _strings(col) -> np.ndarray:
+def _codes(col, addresses: Vocabulary) -> np.ndarray:
+    """int32 codes of an address column (nulls refused before) in `addresses`."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     chunks = []
     for ch in col.chunks:
-        # read with read_dictionary: each distinct address becomes one Python string
+        # read with read_dictionary: each distinct address is hashed once per chunk, not per row
         enc = ch if pa.types.is_dictionary(ch.type) else pc.dictionary_encode(ch.cast(pa.string()))
-        uniq = np.array(enc.dictionary.to_pylist() + [None], dtype=object)
-        idx = enc.indices.fill_null(len(uniq) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
-        chunks.append(uniq[idx])
-    return np.concatenate(chunks) if chunks else np.empty(0, dtype=object)
+        chunks.append(addresses.codes(enc))
+    return np.concatenate(chunks) if chunks else np.empty(0, np.int32)
 
 
 def take(d: dict, index) -> dict:

@@ -16,8 +16,9 @@ Common interface:
 
 Everything is vectorized NumPy/Arrow: addresses are dictionary-encoded once and mapped to
 integer codes (`pyarrow.compute.index_in` against the training vocabulary); per-group medians,
-quantiles and PIT values come from one lexsort of (group, rtt). Python loops run only over
-*distinct* addresses (for prefixes) and over distinct sample sizes (for CRPS).
+quantiles and PIT values come from one sort of (group, RTT rank). Python loops run only over
+*distinct* addresses (for prefixes) and over distinct sample sizes (for CRPS). Baselines fitted
+on one train split share the levels they have in common (`SharedFits`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pingctl.eval import metrics as M
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 _ALIASES = {"src": ("src", "src_addr"), "dst": ("dst", "dst_addr")}
 _US_BITS = 37  # rtt in microseconds below 2**37 (~38 hours) inside the (group, rtt) search key
+SKETCH = 1024  # order statistics a group's CDF sketch keeps (`Groups`)
 
 
 # ---------------------------------------------------------------- the result
@@ -126,21 +128,14 @@ class Groups:
     """Per-key RTT statistics of the training packets: counts, failures, quantiles and a
     CDF sketch (at most `sketch` evenly spaced order statistics per key) for PIT values."""
 
-    def __init__(self, keys: np.ndarray, rtt: np.ndarray, quantiles=QUANTILES, sketch: int = 1024):
+    def __init__(self, keys: np.ndarray, rtt: np.ndarray, quantiles=QUANTILES, sketch: int = SKETCH,
+                 ranked: tuple[np.ndarray, np.ndarray] | None = None):
+        """`ranked`: `rtt_ranks(rtt)`, where several Groups of one `rtt` share it."""
         keys = np.asarray(keys, dtype=np.int64)
         rtt = np.asarray(rtt, dtype=np.float64)
-        valid = keys >= 0
-        keys, rtt = keys[valid], rtt[valid]
-        self.keys, inv = np.unique(keys, return_inverse=True)
-        inv = inv.astype(np.int64)
+        self.keys, self.n_total, self.n_failed, gs, vs = _by_group(keys, rtt, ranked)
         g = len(self.keys)
-        ok = rtt >= 0
-        self.n_total = np.bincount(inv, minlength=g).astype(np.int64)
-        self.n_failed = np.bincount(inv[~ok], minlength=g).astype(np.int64)
-        gi, v = inv[ok], rtt[ok]
-        order = np.lexsort((v, gi))
-        gs, vs = gi[order], v[order]
-        self.count = np.bincount(gs, minlength=g).astype(np.int64)
+        self.count = self.n_total - self.n_failed
         start = np.cumsum(self.count) - self.count
         self.q = {float(q): group_quantile(vs, start, self.count, q) for q in quantiles}
         # CDF sketch: keep all values of small groups, K evenly spaced order statistics of large ones.
@@ -197,11 +192,78 @@ class Groups:
         return M.crps_samples(x, self.sk_val, start, count)
 
 
+def rtt_ranks(rtt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct successful RTTs, sorted; each packet's place among them), what `Groups`
+    sorts by in place of the RTT itself."""
+    values = np.unique(rtt[rtt >= 0])
+    return values, np.searchsorted(values, rtt)
+
+
+def _by_group(keys: np.ndarray, rtt: np.ndarray, ranked=None):
+    """Of the packets with a key >= 0: the distinct keys (sorted), packets and failures per key,
+    and each successful packet's key index and RTT in (key, RTT) order, as a lexsort of (key,
+    RTT) orders them. Here one `np.sort` of a uint64 per packet, the key above the RTT's rank
+    (0 for a failure, so a key's failures come first): many times faster than the lexsort
+    (two stable argsorts and their gathers), which is kept where the two do not fit 63 bits."""
+    values, rank = ranked if ranked is not None else rtt_ranks(rtt)
+    valid = keys >= 0
+    kv, ok = keys[valid], rtt[valid] >= 0
+    vbits = len(values).bit_length()
+    distinct = None
+    if len(kv) and int(kv.max()).bit_length() + vbits > 63:
+        distinct, kv = np.unique(kv, return_inverse=True)
+        if (len(distinct) - 1).bit_length() + vbits > 63:
+            return _by_group_lexsort(keys, rtt)
+    if not len(kv):
+        none = np.zeros(0, np.int64)
+        return none, none, none, none, np.zeros(0, np.float64)
+    shift = np.uint64(vbits)
+    r = rank[valid].astype(np.uint64) + np.uint64(1)
+    r[~ok] = 0
+    key = kv.astype(np.uint64) << shift
+    key |= r
+    del r
+    key.sort()
+    group = key >> shift
+    first = np.empty(len(key), bool)
+    first[0] = True
+    np.not_equal(group[1:], group[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    found = group[starts].astype(np.int64)
+    del group, first
+    rk = key & np.uint64((1 << vbits) - 1)
+    del key
+    failed = rk == 0
+    n_total = np.diff(np.append(starts, len(rk)))
+    n_failed = np.add.reduceat(failed, starts, dtype=np.int64)
+    gs = np.repeat(np.arange(len(starts), dtype=np.int64), n_total - n_failed)
+    vs = values[(rk[~failed] - np.uint64(1)).astype(np.int64)]
+    return (found if distinct is None else distinct[found]), n_total, n_failed, gs, vs
+
+
+def _by_group_lexsort(keys: np.ndarray, rtt: np.ndarray):
+    valid = keys >= 0
+    keys, rtt = keys[valid], rtt[valid]
+    found, inv = np.unique(keys, return_inverse=True)
+    inv = inv.astype(np.int64)
+    g = len(found)
+    ok = rtt >= 0
+    n_total = np.bincount(inv, minlength=g).astype(np.int64)
+    n_failed = np.bincount(inv[~ok], minlength=g).astype(np.int64)
+    gi, v = inv[ok], rtt[ok]
+    order = np.lexsort((v, gi))
+    return found, n_total, n_failed, gi[order], v[order]
+
+
 def _us(v: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(np.asarray(v) * 1000.0), 0, (1 << _US_BITS) - 1).astype(np.int64)
 
 
 # ---------------------------------------------------------------- hierarchical medians
+
+
+def _transform(bits: tuple[int, int] | None):
+    return None if bits is None else (lambda a: prefix_of(a, *bits))
 
 
 class _Keyer:
@@ -210,23 +272,72 @@ class _Keyer:
     def __init__(self, level: str, prefix_bits: tuple[int, int] = (24, 48)):
         self.level = level
         self.vocab = None
-        v4, v6 = prefix_bits
-        self.transform = (lambda a: prefix_of(a, v4, v6)) if level == "prefix" else None
+        self.bits = tuple(prefix_bits) if level == "prefix" else None
+        self.transform = _transform(self.bits)
 
-    def fit(self, d: dict) -> np.ndarray:
+    def fit(self, d: dict, shared: "SharedFits | None" = None) -> np.ndarray:
         if self.level == "global":
             return _ipv(d)
-        self.vocab = vocabulary(column(d, "src"), column(d, "dst"), transform=self.transform)
-        return self.keys(d)
+        self.vocab, s, t = SharedFits.of(d, shared).codes(self.bits)
+        return self._join(s, t)
 
     def keys(self, d: dict) -> np.ndarray:
         if self.level == "global":
             return _ipv(d)
         tf = self.transform
-        s = codes_in(column(d, "src"), self.vocab, tf)
-        t = codes_in(column(d, "dst"), self.vocab, tf)
+        return self._join(codes_in(column(d, "src"), self.vocab, tf), codes_in(column(d, "dst"), self.vocab, tf))
+
+    def _join(self, s: np.ndarray, t: np.ndarray) -> np.ndarray:
         n = max(len(self.vocab), 1)
         return np.where((s >= 0) & (t >= 0), s * n + t, -1)
+
+
+class SharedFits:
+    """What baselines fitted on one train split compute alike, computed once for them all: each
+    level's keyer and `Groups` (a PairMedian's prefix and global levels are a PrefixMedian's and
+    a GlobalMedian's, the embedding's fallback is the GlobalMedian), the RTTs' ranks the Groups
+    sort by, and the address codes the pair level and the embedding both read. It holds its
+    train dict and answers for that dict only (`of`); what it hands out is read, never changed,
+    by the baselines sharing it."""
+
+    def __init__(self, train: dict):
+        self.train = train
+        self._codes: dict = {}
+        self._levels: dict = {}
+        self._rtt = self._ranked = None
+
+    @classmethod
+    def of(cls, train: dict, shared: "SharedFits | None") -> "SharedFits":
+        """`shared` where it was made for this very `train`, else a fresh one (nothing shared)."""
+        return shared if shared is not None and shared.train is train else cls(train)
+
+    def rtt(self) -> np.ndarray:
+        if self._rtt is None:
+            self._rtt = _rtt(self.train)
+        return self._rtt
+
+    def codes(self, bits: tuple[int, int] | None = None):
+        """(sorted vocabulary, source codes, destination codes) of the addresses, or of their
+        networks of `bits` = (IPv4 bits, IPv6 bits)."""
+        if bits in self._codes:
+            return self._codes[bits]
+        tf = _transform(bits)
+        src, dst = column(self.train, "src"), column(self.train, "dst")
+        vocab = vocabulary(src, dst, transform=tf)
+        got = (vocab, codes_in(src, vocab, tf), codes_in(dst, vocab, tf))
+        if bits is None:  # kept for the embedding; a prefix's are read once, by its level's keyer
+            self._codes[bits] = got
+        return got
+
+    def level(self, level: str, prefix_bits: tuple[int, int], sketch: int) -> tuple[_Keyer, "Groups"]:
+        """The fitted keyer of `level` and its `Groups` of the train packets."""
+        key = (level, tuple(prefix_bits) if level == "prefix" else None, int(sketch))
+        if key not in self._levels:
+            k = _Keyer(level, prefix_bits)
+            if self._ranked is None:
+                self._ranked = rtt_ranks(self.rtt())
+            self._levels[key] = (k, Groups(k.fit(self.train, self), self.rtt(), sketch=sketch, ranked=self._ranked))
+        return self._levels[key]
 
 
 class Hierarchical:
@@ -242,7 +353,7 @@ class Hierarchical:
     levels: tuple[str, ...] = ("global",)
     name = "hierarchical"
 
-    def __init__(self, min_count: int = 1, prior: float = 10.0, sketch: int = 1024, seed: int = 0,
+    def __init__(self, min_count: int = 1, prior: float = 10.0, sketch: int = SKETCH, seed: int = 0,
                  prefix_bits: tuple[int, int] = (24, 48)):
         self.min_count = min_count
         self.prefix_bits = tuple(prefix_bits)
@@ -252,14 +363,12 @@ class Hierarchical:
         self._keyers: list[_Keyer] = []
         self._groups: list[Groups] = []
 
-    def fit(self, train: dict) -> "Hierarchical":
-        rtt = _rtt(train)
-        self._keyers, self._groups = [], []
-        for level in self.levels:
-            k = _Keyer(level, self.prefix_bits)
-            keys = k.fit(train)
-            self._keyers.append(k)
-            self._groups.append(Groups(keys, rtt, sketch=self.sketch))
+    def fit(self, train: dict, shared: SharedFits | None = None) -> "Hierarchical":
+        """Fit on `train`; `shared` (made for this `train`) shares the levels another baseline
+        fitted on it."""
+        shared = SharedFits.of(train, shared)
+        fitted = [shared.level(level, self.prefix_bits, self.sketch) for level in self.levels]
+        self._keyers, self._groups = [k for k, _ in fitted], [g for _, g in fitted]
         return self
 
     def predict(self, test: dict, scores: bool = True) -> Prediction:
@@ -326,7 +435,7 @@ class Prefix16Median(Hierarchical):
     levels = ("prefix", "global")
     name = "prefix16_median"
 
-    def __init__(self, min_count: int = 1, prior: float = 10.0, sketch: int = 1024, seed: int = 0,
+    def __init__(self, min_count: int = 1, prior: float = 10.0, sketch: int = SKETCH, seed: int = 0,
                  prefix_bits: tuple[int, int] = (16, 32)):
         super().__init__(min_count, prior, sketch, seed, prefix_bits)
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pingctl.schema.arrow_strings import codes_in, vocabulary
+from pingctl.schema.arrow_strings import codes_in
 from pingctl.coords import DIMS, LR, MIN_RTT_MS, REFIT_STEPS, STEPS, fit_points, place_new
-from pingctl.eval.baselines import GlobalMedian, column, group_quantile, point_prediction
+from pingctl.eval.baselines import GlobalMedian, SharedFits, column, group_quantile, point_prediction
 from pingctl.eval.vivaldi import NewHosts
 
 _KEY_CHUNK = 1 << 22  # rows turned into sort keys at once: their temporaries stay ~100 MB
@@ -108,11 +108,13 @@ class Embedding:
         self.fit_info: dict = {}
         self._global = None
 
-    def fit(self, train: dict) -> "Embedding":
-        self._global = GlobalMedian().fit(train)
-        self.vocab = vocabulary(column(train, "src"), column(train, "dst"))
-        return self.fit_codes(codes_in(column(train, "src"), self.vocab), codes_in(column(train, "dst"), self.vocab),
-                              np.asarray(column(train, "rtt"), np.float64), len(self.vocab))
+    def fit(self, train: dict, shared: SharedFits | None = None) -> "Embedding":
+        """Fit on `train`; `shared` (made for this `train`) shares its codes and global median
+        with the other baselines fitted on it."""
+        shared = SharedFits.of(train, shared)
+        self._global = GlobalMedian().fit(train, shared)
+        self.vocab, src, dst = shared.codes()
+        return self.fit_codes(src, dst, shared.rtt(), len(self.vocab))
 
     def _y(self, med: np.ndarray) -> np.ndarray:
         return np.log(np.maximum(med, self.min_rtt_ms) / self.scale)
@@ -134,13 +136,30 @@ class Embedding:
         self.trained = np.zeros(n_nodes, bool)
         self.trained[pa], self.trained[pb] = True, True
         self.x, self.h, loss = fit_points(x, h, pa, pb, self._y(med), self.trained, self.steps, self.lr)
+        self.fit_info = self._info(pa, pb, med, n_nodes, loss)
+        return self
+
+    def use_fit(self, train: dict, shared: SharedFits | None, x, h, trained, scale: float, pairs,
+                source: dict) -> "Embedding":
+        """This baseline fitted on `train` as `fit` would, its points, heights, placed nodes and
+        scale computed elsewhere (`eval.hints.embedding_with_hints`, which proves they are
+        `fit`'s), in the codes of train's sorted vocabulary; `pairs`: the (a, b, median) the fit
+        was fitted on. `fit_info` is `fit`'s but for the final loss, which only the fit knew,
+        and says where the fit came from (`source`)."""
+        shared = SharedFits.of(train, shared)
+        self._global = GlobalMedian().fit(train, shared)
+        self.vocab = shared.codes()[0]
+        self.x, self.h, self.trained, self.scale = x, h, trained, float(scale)
+        self.fit_info = {**self._info(*pairs, len(self.vocab), None), **source}
+        return self
+
+    def _info(self, pa, pb, med, n_nodes: int, loss) -> dict:
         pred = self.distance(pa, pb)
         rel = np.abs(pred - med) / np.maximum(med, self.min_rtt_ms)
-        self.fit_info = {"nodes": int(n_nodes), "nodes_with_samples": int(self.trained.sum()), "pairs": int(len(med)),
-                         "dims": int(self.dims), "steps": int(self.steps), "lr": self.lr, "scale_ms": self.scale,
-                         "final_loss": loss, "train_median_rel_err": float(np.median(rel)) if len(rel) else None,
-                         "median_height_ms": float(np.median(self.h[self.trained]) * self.scale) if self.trained.any() else None}
-        return self
+        return {"nodes": int(n_nodes), "nodes_with_samples": int(self.trained.sum()), "pairs": int(len(med)),
+                "dims": int(self.dims), "steps": int(self.steps), "lr": self.lr, "scale_ms": self.scale,
+                "final_loss": loss, "train_median_rel_err": float(np.median(rel)) if len(rel) else None,
+                "median_height_ms": float(np.median(self.h[self.trained]) * self.scale) if self.trained.any() else None}
 
     def codes(self, addresses) -> np.ndarray:
         return codes_in(addresses, self.vocab)

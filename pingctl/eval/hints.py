@@ -6,7 +6,9 @@ the estimates eval's prompts carry.
 query's estimate is as good as a held-out pair's; then one on every pair, the eval baseline's own
 fit, which `sample` and the Python API read (`loader.hints.Hints.answer`). `prompt_hints` is the
 estimate an eval prompt carries: the `embedding` baseline fitted on `--train`, an end it never saw
-placed from the prompt (`embedding_refit`)."""
+placed from the prompt (`embedding_refit`). `embedding_with_hints` is that baseline read from the
+file where the file says it was fitted on the same train split with the same settings (its
+`PROVENANCE` and pairs), instead of fitted again."""
 
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ from pingctl.atomic import atomic_file
 from pingctl.errors import PingctlError
 from pingctl.processes import die_with_parent
 from pingctl.schema.arrow_strings import codes_in, vocabulary
-from pingctl.eval.baselines import column, refit_prediction
+from pingctl.eval.baselines import SKETCH, SharedFits, column, refit_prediction
 from pingctl.eval.embedding import Embedding, measured, measured_pair_medians
-from pingctl.loader.hints import KEY_BYTES, fold_of
+from pingctl.loader.hints import KEY_BYTES, Hints, fold_of
 from pingctl.tokenizer.measurements import parse_addresses
 
 FOLDS = 5
@@ -52,14 +54,10 @@ def fit_hints_split(split, out: Path | str, folds: int = FOLDS, seed: int = 0, p
 def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, workers) -> dict:
     """The hints file of the rows `measured` kept (`codes`, whose rows are dropped once their
     pairs' medians are taken: the fits need the pairs only)."""
-    import pyarrow as pa
-
     if folds < 2:
         raise ValueError(f"folds must be at least 2 (a pair's estimate comes from the folds without it), got {folds}")
     n, measurements = len(codes.vocab), codes.rows
-    addr, v6 = parse_addresses(pa.array(codes.vocab.to_pylist(), pa.string()), "train addresses")
-    keys = np.concatenate([addr, np.asarray(v6, np.uint8)[:, None]], axis=1)
-    assert keys.shape[1] == KEY_BYTES
+    keys = _address_keys(codes.vocab)
     pa_, pb_, med = measured_pair_medians(codes.a, codes.b, codes.rtt, n)
     codes.a = codes.b = codes.rtt = None
     # a pair's measurements all share its fold, so a fold's fit takes the medians of the pairs
@@ -73,7 +71,9 @@ def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, work
             np.savez(fh, keys=keys, x=np.stack([f["x"] for f in fits]), h=np.stack([f["h"] for f in fits]),
                      trained=np.stack([f["trained"] for f in fits]),
                      scale=np.asarray([f["scale"] for f in fits], np.float64),
-                     pair_a=pa_.astype(np.int32), pair_b=pb_.astype(np.int32), pair_median=med)
+                     pair_a=pa_.astype(np.int32), pair_b=pb_.astype(np.int32), pair_median=med,
+                     fit_seed=np.int64(seed), fit_rows=np.int64(measurements),
+                     fit_settings=_settings(Embedding(seed=seed)))
     info = [f["fit_info"] for f in fits[:folds]]
     err = np.concatenate([f["err"] for f in fits[:folds]]) if len(med) else None
     return {"path": str(out), "nodes": n, "folds": folds, "measurements": int(measurements),
@@ -82,6 +82,21 @@ def _fit_and_write(codes: SplitCodes, out, folds: int, seed: int, progress, work
             # what a hint is worth: each pair's estimate against its median RTT (NaN: an end unplaced)
             "estimate_median_rel_err": float(np.nanmedian(err)) if len(med) else None,
             "estimated_share": float(np.isfinite(err).mean()) if len(med) else None}
+
+
+def _address_keys(vocab) -> np.ndarray:
+    """The file's `keys` of a sorted string vocabulary: each address's bytes and family."""
+    import pyarrow as pa
+
+    addr, v6 = parse_addresses(pa.array(vocab.to_pylist(), pa.string()), "train addresses")
+    keys = np.concatenate([addr, np.asarray(v6, np.uint8)[:, None]], axis=1)
+    assert keys.shape[1] == KEY_BYTES
+    return keys
+
+
+def _settings(e: Embedding) -> np.ndarray:
+    """PROVENANCE's fit_settings of an embedding."""
+    return np.array([e.steps, e.lr, e.min_rtt_ms], np.float64)
 
 
 def _fits(pa_, pb_, med, n: int, pair_fold, folds: int, seed: int, progress, workers: int | None) -> list[dict]:
@@ -142,3 +157,53 @@ def prompt_hints(spec, fitted: dict):
     embedding, glob = fitted["embedding"], fitted["global_median"]
     return lambda pool, queries, contexts: refit_prediction(embedding, pool, queries, contexts,
                                                            glob.predict(queries)).info["raw_median"]
+
+
+def embedding_with_hints(e: Embedding, train: dict, hints: Hints, shared: SharedFits | None = None) -> Embedding:
+    """`e` (unfitted) fitted on `train`: taken from the every-pair fit of `hints` where that
+    provably is `e.fit(train)` (`_reusable`), else fitted; `fit_info` says which, and why not."""
+    shared = SharedFits.of(train, shared)
+    why = _reusable(e, hints, shared)
+    if why is None:
+        full = hints.folds
+        pairs = (np.asarray(hints.pair_a, np.int64), np.asarray(hints.pair_b, np.int64),
+                 np.asarray(hints.pair_median, np.float64))
+        # copies: the file's arrays are shared by every reader of the run's hints
+        return e.use_fit(train, shared, np.array(hints.x[full], np.float64), np.array(hints.h[full], np.float64),
+                         np.array(hints.trained[full], bool), float(hints.scale[full]), pairs,
+                         {"from": "hints", "hints": hints.path})
+    e.fit(train, shared)
+    e.fit_info.update({"from": "fit", "hints": f"{hints.path}: not reused, {why}"})
+    return e
+
+
+def _reusable(e: Embedding, hints: Hints, shared: SharedFits) -> str | None:
+    """None where the last fit of `hints` is what `e.fit` of the train split `shared` holds
+    would compute, else why not. The fit is a deterministic function of its seed, settings,
+    node codes and pairs' medians, so the file must hold the same: seed and settings, the same
+    addresses in the same (sorted) order, since a node's random start is drawn by its code,
+    and every measured pair with its median RTT to the bit; and the same number of rows read."""
+    if hints.fit_seed is None or hints.pair_a is None:
+        return "written before hints files recorded what they were fitted on"
+    if int(hints.fit_seed) != e.seed:
+        return f"fitted with seed {int(hints.fit_seed)}, this eval's is {e.seed}"
+    if hints.x.shape[2] != e.dims or not np.array_equal(hints.fit_settings, _settings(e)):
+        return "fitted with other embedding settings (dimensions, steps, learning rate or least RTT)"
+    rows = len(shared.rtt())
+    if int(hints.fit_rows) != rows:
+        return f"fitted on {int(hints.fit_rows):,} train rows, this train split has {rows:,}"
+    vocab = shared.codes()[0]
+    try:
+        keys = _address_keys(vocab) if len(vocab) == len(hints.keys) else None
+    except PingctlError:  # a train dict load_split did not check; no file keys its addresses
+        return "this train split holds strings that are no IP address"
+    if keys is None or not np.array_equal(keys, hints.keys):
+        return f"fitted on other addresses ({len(hints.keys):,}; this train split has {len(vocab):,})"
+    _, g = shared.level("pair", (24, 48), SKETCH)
+    n = max(len(vocab), 1)
+    measured_pair = (g.count > 0) & (g.keys // n != g.keys % n)
+    file_pairs = np.asarray(hints.pair_a, np.int64) * n + np.asarray(hints.pair_b, np.int64)
+    if not (np.array_equal(file_pairs, g.keys[measured_pair])
+            and np.array_equal(hints.pair_median, g.q[0.5][measured_pair])):
+        return "fitted on other pairs or other RTTs than this train split's"
+    return None

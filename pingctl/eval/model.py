@@ -35,7 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from pingctl.artifacts.table import take
-from pingctl.context import context_indices, context_pool
+from pingctl.context import pool_and_contexts
+from pingctl.histories import History
 from pingctl.eval import metrics as M
 from pingctl.infer import hints as H
 from pingctl.infer import queries as Q
@@ -67,21 +68,22 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
 
 
 def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
-            train: dict | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
+            train: dict | History | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
             calibration=None, context_dst: int | None = None, hints=None,
             progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
     `idx` of `test`; `progress(done, total)` after every `chunk` packets. With a
     `calibration` (pingctl/infer/calibration.py) also the same read from the recalibrated
     distributions, under "calibrated" (no extra model passes: only more refined reads).
-    `context_dst`: the destination side of the `both` policy (None: `context`). The prompts'
-    context measurements are returned under "contexts" (indices into "pool"). `hints(pool,
+    `context_dst`: the destination side of the `both` policy (None: `context`). `train`: the
+    split contexts are also drawn from, or its `History` (built once for several calls). The
+    prompts' context measurements are returned under "contexts" (indices into "pool": for the
+    `both` and `pair` policies only the rows some prompt holds, `context.pool_and_contexts`). `hints(pool,
     queries, contexts)`: each packet's RTT estimate (NaN: none), given in its prompt as a hint
     measurement (a run trained with `loader.hints_file`); returned under "hints"."""
     levels = (0.5, *QS)
     reads = levels if calibration is None else (*levels, *calibration.raw_level(np.array(levels)))
-    pool = context_pool(test, train, policy)
-    contexts = context_indices(pool, test, idx, context, policy, per_pair, context_dst)
+    pool, contexts = pool_and_contexts(test, idx, context, policy, per_pair, context_dst, train)
     est = None if hints is None else np.asarray(hints(pool, take(test, idx), contexts), np.float64)
     # a run trained with loader.relative_target answers a hinted prompt relative to its hint
     scales = None if est is None else H.scales(model.run, est)

@@ -34,8 +34,9 @@ from pingctl.eval.hints import prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import prediction_columns, summary_rows
 from pingctl.eval.registry import candidates, fit_baselines
-from pingctl.eval.report import add_model, add_prompt_baselines, baseline_table, compare, model_first
+from pingctl.eval.report import Seen, add_model, add_prompt_baselines, baseline_table, compare, model_first
 from pingctl.eval.run import check_options, check_out_dir, fit_calibration
+from pingctl.histories import Addresses, History
 from pingctl.infer import calibration as CAL
 from pingctl.infer.hints import run_hints
 from pingctl.infer.model import LoadedModel
@@ -49,6 +50,10 @@ from pingctl.synth.truth import load_truth
 # system can match: outside the time regime the candidates are the ones with that information.
 CHOSEN_ON_VAL = ("pair",)
 
+
+# what eval reads of train, the baselines' and the prompts' columns: a day's train split is 64M
+# rows, and each column left unread is 512 MB
+TRAIN_COLUMNS = ("src_addr", "dst_addr", "ip_version", "rtt", "event_time", "prb_id")
 
 MIN_VAL_HOSTS = 5  # held-out hosts (or pairs) below which a regime's recalibration map is flagged
 RECALIBRATIONS = ("pooled", "own")
@@ -221,11 +226,11 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         load_truth(truth)
     t0 = time.perf_counter()
     progress("loading the train split")
-    train = load_split(train_path, split_hint="train")
+    train = load_split(train_path, columns=list(TRAIN_COLUMNS), split_hint="train")
     if not len(train["rtt"]):
         raise PingctlError(f"{train_path}: no train rows (the baselines are fitted on them)")
     progress("fitting baselines on train")
-    fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles)
+    fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles, hints=run_hints(Path(run)))
     progress(f"loading the model from {run}")
     ev = _Regimes(LoadedModel.load(run, step, hardware), Path(run), train, fitted, specs, context, queries, seed,
                   str(truth) if truth else None, progress)
@@ -274,6 +279,16 @@ class _Regimes:
     progress: object
     loaded: dict = field(default_factory=dict)
     val_records: dict = field(default_factory=dict)  # (val path, policy) -> eval.combine.val_record
+    indexed: History | None = None
+    seen: Seen | None = None  # what train holds, for every regime's seen/unseen slices
+
+    def history(self) -> History:
+        """Train indexed for the context rules, once for every ask (at a day's size the index is
+        most of an ask's cost)."""
+        if self.indexed is None:
+            self.progress("indexing the train split for the prompts")
+            self.indexed = History.of(self.train, Addresses())
+        return self.indexed
 
     def val_split(self, path: Path) -> dict | None:
         if path not in self.loaded:
@@ -283,7 +298,7 @@ class _Regimes:
     def ask(self, split: dict, idx: np.ndarray, cal, what: str, spec: PromptSpec) -> dict:
         """The model's predictions of packets `idx` of `split` under prompts `spec`."""
         self.progress(f"model predictions ({what})", 0, len(idx))
-        pred = predict(self.model, split, idx, context=self.context, train=self.train, policy=spec.policy,
+        pred = predict(self.model, split, idx, context=self.context, train=self.history(), policy=spec.policy,
                        per_pair=spec.cap, calibration=cal, context_dst=spec.context_dst,
                        hints=prompt_hints(spec, self.fitted),
                        progress=lambda done, total: self.progress(f"model predictions ({what})", done, total))
@@ -359,8 +374,10 @@ class _Regimes:
         spec = self.specs[regime]
         idx = _sample(len(test["rtt"]), self.queries, self.seed)
         self.progress(f"{regime}: baselines")
+        if self.seen is None:
+            self.seen = Seen.of(self.train)
         report = baseline_table(self.train, take(test, idx), truth=self.truth, baselines=dict(self.fitted),
-                                fitted=True, seed=self.seed)
+                                fitted=True, seed=self.seed, seen=self.seen)
         t1 = time.perf_counter()
         pred = self.ask(test, idx, cal, regime, spec)
         add_model(report, pred, {"run": str(self.run), "steps": list(self.model.steps), **spec.describe(),

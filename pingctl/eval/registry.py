@@ -14,6 +14,7 @@ scored only beside the model (report.add_prompt_baselines): either a `PromptPred
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, runtime_checkable
@@ -22,9 +23,11 @@ import numpy as np
 
 from pingctl.artifacts.table import REGIMES
 from pingctl.eval.baselines import (GlobalMedian, PairMedian, Prediction, Prefix16Median, PrefixMedian,
-                                    PromptMedian)
+                                    PromptMedian, SharedFits)
 from pingctl.eval.embedding import Embedding
+from pingctl.eval.hints import embedding_with_hints
 from pingctl.eval.vivaldi import Vivaldi
+from pingctl.loader.hints import Hints
 from pingctl.prompt import Policy
 
 
@@ -99,14 +102,29 @@ def default_baselines(seed: int = 0, vivaldi_cycles: int = 1000) -> dict[str, Ba
     return {s.name: s.factory(seed, vivaldi_cycles) for s in REGISTRY.values() if not s.reads_prompt}
 
 
-def fit_baselines(train: dict, seed: int = 0, vivaldi_cycles: int = 1000) -> tuple[dict[str, Baseline], dict]:
-    """`default_baselines` fitted on `train`, and each one's fit time (s)."""
-    fitted, fit_s = {}, {}
+def fit_baselines(train: dict, seed: int = 0, vivaldi_cycles: int = 1000, hints: Hints | None = None
+                  ) -> tuple[dict[str, Baseline], dict]:
+    """`default_baselines` fitted on `train`, and each one's fit time (s; work they share is
+    counted where it is first done). `hints`: the run's hints file, whose every-pair fit is the
+    `embedding` baseline where it was fitted on this train split (`fit_one`)."""
+    fitted, fit_s, shared = {}, {}, SharedFits(train)
     for name, b in default_baselines(seed, vivaldi_cycles).items():
         t = time.perf_counter()
-        fitted[name] = b.fit(train)
+        fitted[name] = fit_one(b, train, shared, hints)
         fit_s[name] = round(time.perf_counter() - t, 3)
     return fitted, fit_s
+
+
+def fit_one(b: Baseline, train: dict, shared: SharedFits, hints: Hints | None = None) -> Baseline:
+    """`b.fit(train)`, sharing `shared` (made for `train`) where its `fit` takes it: the levels,
+    codes and global medians the baselines have in common are computed once. An `Embedding`
+    with `hints` is read from the file where the file was fitted on this train split
+    (`eval.hints.embedding_with_hints`). The same fits as each baseline fitted alone."""
+    if hints is not None and isinstance(b, Embedding):
+        return embedding_with_hints(b, train, hints, shared)
+    if "shared" in inspect.signature(b.fit).parameters:
+        return b.fit(train, shared=shared)
+    return b.fit(train)
 
 
 def prompt_baselines() -> list[Spec]:

@@ -15,6 +15,7 @@ serialisation ignores. Which baselines: `eval.registry`. Layout: docs/eval-refer
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,8 @@ import numpy as np
 from pingctl.schema.arrow_strings import codes_in, dict_encode, vocabulary
 from pingctl.errors import PingctlError
 from pingctl.eval import metrics as M
-from pingctl.eval.baselines import Prediction, column, refit_prediction
-from pingctl.eval.registry import default_baselines, prompt_baselines
+from pingctl.eval.baselines import Prediction, SharedFits, column, refit_prediction
+from pingctl.eval.registry import default_baselines, fit_one, prompt_baselines
 from pingctl.synth.truth import truth_median_ms
 
 
@@ -38,27 +39,46 @@ class Report(dict):
 # ---------------------------------------------------------------- slices
 
 
-def seen_masks(train: dict, test: dict) -> dict[str, np.ndarray]:
-    """seen/unseen pair ((src, dst) has a training packet) and probe (its prb_id — or, without
-    one, its source address — has a training packet) for each test packet."""
-    vocab = vocabulary(column(train, "src"), column(train, "dst"))
+@dataclass
+class Seen:
+    """What a train split holds, for the seen/unseen slices: its address vocabulary, its
+    (source, destination) pairs and sources as codes into it, its probes' prb_ids (sorted,
+    distinct). Taken once per split: at a day's size (64M rows) it is four sorts of every row."""
+
+    vocab: object
+    pairs: np.ndarray
+    sources: np.ndarray
+    probes: np.ndarray | None
+
+    @classmethod
+    def of(cls, train: dict) -> "Seen":
+        vocab = vocabulary(column(train, "src"), column(train, "dst"))
+        pairs, src = _pair_keys(train, vocab)
+        probes = None
+        if "prb_id" in train:
+            tr = np.asarray(train["prb_id"], np.int64)
+            probes = np.unique(tr[tr >= 0])
+        return cls(vocab, np.unique(pairs), np.unique(src), probes)
+
+    def masks(self, test: dict) -> dict[str, np.ndarray]:
+        """seen/unseen pair ((src, dst) has a training packet) and probe (its prb_id — or,
+        without one, its source address — has a training packet) for each test packet."""
+        test_pairs, test_src = _pair_keys(test, self.vocab)
+        seen_pair = (test_pairs >= 0) & np.isin(test_pairs, self.pairs)
+        seen_src = (test_src >= 0) & np.isin(test_src, self.sources)
+        if self.probes is not None and "prb_id" in test:
+            te = np.asarray(test["prb_id"], np.int64)
+            seen_probe = np.where(te >= 0, np.isin(te, self.probes), seen_src)
+        else:
+            seen_probe = seen_src
+        return {"seen_pair": seen_pair, "unseen_pair": ~seen_pair, "seen_probe": seen_probe,
+                "unseen_probe": ~seen_probe}
+
+
+def _pair_keys(d: dict, vocab) -> tuple[np.ndarray, np.ndarray]:
     n = max(len(vocab), 1)
-
-    def pair_keys(d):
-        s, t = codes_in(column(d, "src"), vocab), codes_in(column(d, "dst"), vocab)
-        return np.where((s >= 0) & (t >= 0), s * n + t, -1), s
-
-    train_pairs, train_src = pair_keys(train)
-    test_pairs, test_src = pair_keys(test)
-    seen_pair = (test_pairs >= 0) & np.isin(test_pairs, np.unique(train_pairs))
-    seen_src = (test_src >= 0) & np.isin(test_src, np.unique(train_src))
-    if "prb_id" in train and "prb_id" in test:
-        tr = np.asarray(train["prb_id"], np.int64)
-        te = np.asarray(test["prb_id"], np.int64)
-        seen_probe = np.where(te >= 0, np.isin(te, np.unique(tr[tr >= 0])), seen_src)
-    else:
-        seen_probe = seen_src
-    return {"seen_pair": seen_pair, "unseen_pair": ~seen_pair, "seen_probe": seen_probe, "unseen_probe": ~seen_probe}
+    s, t = codes_in(column(d, "src"), vocab), codes_in(column(d, "dst"), vocab)
+    return np.where((s >= 0) & (t >= 0), s * n + t, -1), s
 
 
 def pair_groups(test: dict) -> np.ndarray:
@@ -126,20 +146,22 @@ def baseline_table(
     extra_masks: dict | None = None,
     rtt_buckets=M.RTT_BUCKETS,
     fitted: bool = False,
+    seen: Seen | None = None,
 ) -> Report:
     """Fit every baseline on `train`, predict `test`, and score them overall and per slice.
 
     truth: per-test-packet true conditional medians (array), or a `pingctl synth` directory /
     `Truth` to compute them with `truth_median_ms`; adds the noise floor. `baselines` replaces
     the default set (name -> unfitted predictor; already fitted on `train` with `fitted=True`,
-    e.g. to score one fit on several test sets). `extra_masks` adds caller slices.
+    e.g. to score one fit on several test sets; `seen`: `Seen.of(train)`, taken once for them).
+    `extra_masks` adds caller slices.
     """
-    # Encode the address columns once; every predictor reuses the Arrow dictionaries.
-    train = dict(train, src=dict_encode(column(train, "src")), dst=dict_encode(column(train, "dst")))
+    if not fitted:  # encode the address columns once; every predictor's fit reuses the dictionaries
+        train = dict(train, src=dict_encode(column(train, "src")), dst=dict_encode(column(train, "dst")))
     test_enc = dict(test, src=dict_encode(column(test, "src")), dst=dict_encode(column(test, "dst")))
     actual = np.asarray(column(test, "rtt"), dtype=np.float64)
     ipv = np.asarray(column(test, "ip_version"), dtype=np.int64)
-    extra = seen_masks(train, test_enc)
+    extra = (seen or Seen.of(train)).masks(test_enc)
     extra.update(extra_masks or {})
     masks = M.standard_masks(ipv, actual, extra, rtt_buckets)
     train_rtt = np.asarray(column(train, "rtt"), dtype=np.float64)
@@ -157,10 +179,11 @@ def baseline_table(
     )
     report.ctx.update(actual=actual, ip_version=ipv, masks=masks, predictions={}, truth_median=None,
                       pair=pair_groups(test_enc), test=test)
+    shared = None if fitted else SharedFits(train)  # the levels the baselines have in common, fitted once
     for name, pred in (baselines or default_baselines(seed=seed, vivaldi_cycles=vivaldi_cycles)).items():
         t0 = time.perf_counter()
         if not fitted:
-            pred.fit(train)
+            fit_one(pred, train, shared)
         t1 = time.perf_counter()
         p: Prediction = pred.predict(test_enc)
         t2 = time.perf_counter()

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pingctl.schema.arrow_strings import codes_in, vocabulary
-from pingctl.eval.baselines import GlobalMedian, Groups, column, point_prediction
+from pingctl.schema.arrow_strings import codes_in
+from pingctl.eval.baselines import GlobalMedian, Groups, SharedFits, column, point_prediction
 
 ZERO_THRESHOLD = 1.0e-6  # serf: below this two positions coincide, an RTT is clamped up to it
 MAX_RTT_S = 10.0  # serf refuses observations outside [0, 10 s]
@@ -481,12 +481,13 @@ class Vivaldi:
         self.fit_info: dict = {}
         self._global = None
 
-    def fit(self, train: dict) -> "Vivaldi":
-        self._global = GlobalMedian().fit(train)
-        self.vocab = vocabulary(column(train, "src"), column(train, "dst"))
-        s = codes_in(column(train, "src"), self.vocab)
-        t = codes_in(column(train, "dst"), self.vocab)
-        return self.fit_codes(s, t, np.asarray(column(train, "rtt"), np.float64), len(self.vocab),
+    def fit(self, train: dict, shared: SharedFits | None = None) -> "Vivaldi":
+        """Run on `train`; `shared` (made for this `train`) shares its codes and global median
+        with the other baselines fitted on it."""
+        shared = SharedFits.of(train, shared)
+        self._global = GlobalMedian().fit(train, shared)
+        self.vocab, s, t = shared.codes()
+        return self.fit_codes(s, t, shared.rtt(), len(self.vocab),
                               np.asarray(train.get("event_time", np.zeros(len(s)))))
 
     def fit_codes(self, a, b, rtt_ms, n_nodes: int, order_key=None) -> "Vivaldi":

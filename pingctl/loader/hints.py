@@ -21,7 +21,12 @@ from the prompt's measurements as `embedding_refit` places it. Optionally (files
 2026-11-29) the pairs that fit was fitted on: `pair_a`, `pair_b` (pairs,) int32 node codes and
 `pair_median` (pairs,) float64 ms, each measured pair's median RTT over the training split,
 ordered by pair_a * nodes + pair_b: what `history` answers, the `time` regime's classical
-estimate of an answer (`infer.combine`).
+estimate of an answer (`infer.combine`). Optionally (files written since 2026-11-29, with the
+pairs) what the fits were fitted on (`PROVENANCE`): `fit_seed` () int64, the embeddings' seed;
+`fit_rows` () int64, the training split's rows read (every row, failed ones too); `fit_settings`
+(3,) float64, the embedding's steps, learning rate and least RTT (ms). With them, and with the
+pairs, eval knows the last fit for its own `embedding` baseline's on the same train split and
+takes it from the file instead of fitting it again (`eval.hints.embedding_with_hints`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ FIELDS = {"keys": ("u", 2, "uint8 (nodes, 17)"), "x": ("f", 3, "float (fits, nod
 # The training pairs' medians: all three or none (a file written before them answers no history)
 HISTORY = {"pair_a": ("i", 1, "int32 (pairs,)"), "pair_b": ("i", 1, "int32 (pairs,)"),
            "pair_median": ("f", 1, "float (pairs,)")}
+# What the fits were fitted on: all three or none (a file written before them is not reused by eval)
+PROVENANCE = {"fit_seed": ("i", 0, "int64 ()"), "fit_rows": ("i", 0, "int64 ()"),
+              "fit_settings": ("f", 1, "float64 (3,): steps, learning rate, least RTT ms")}
 # An archive cut short or overwritten fails in zipfile or zlib, a member that is no plain array
 # (pickled objects, a bad header) in NumPy's reader, an empty file with EOFError
 _UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -84,6 +92,10 @@ class Hints:
     pair_a: np.ndarray | None = None  # HISTORY (module docstring); None: the file holds none
     pair_b: np.ndarray | None = None
     pair_median: np.ndarray | None = None
+    fit_seed: np.ndarray | None = None  # PROVENANCE (module docstring); None: the file holds none
+    fit_rows: np.ndarray | None = None
+    fit_settings: np.ndarray | None = None
+    path: str | None = None  # the file it was read from (`load`)
 
     def __post_init__(self):
         self._code = {bytes(k): i for i, k in enumerate(np.asarray(self.keys, np.uint8))}
@@ -112,7 +124,7 @@ class Hints:
             raise PingctlError(f"{path}: no hints file there; write one with `pingctl hints SPLIT -o {path}`")
         got = _read(path)
         check_arrays(path, got)
-        return cls(**got, share=share)
+        return cls(**got, share=share, path=str(path))
 
     def codes(self, addr: np.ndarray, v6: np.ndarray) -> np.ndarray:
         """Node code of each address of an address table (-1: not in the fit)."""
@@ -259,12 +271,14 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             held = ", ".join(z.files[:10]) + (", ..." if len(z.files) > 10 else "")
             raise PingctlError(f"{path}: not a hints file (no array {', '.join(missing)}; it holds "
                                f"{held or 'none'}); {_again(path)}")
-        got = {}
-        held = [k for k in HISTORY if k in z.files]
-        if held and len(held) != len(HISTORY):
-            raise PingctlError(f"{path}: not a hints file (it holds {', '.join(held)} without "
-                               f"{', '.join(k for k in HISTORY if k not in held)}); {_again(path)}")
-        for k in [*FIELDS, *held]:
+        got, optional = {}, []
+        for group in (HISTORY, PROVENANCE):
+            held = [k for k in group if k in z.files]
+            if held and len(held) != len(group):
+                raise PingctlError(f"{path}: not a hints file (it holds {', '.join(held)} without "
+                                   f"{', '.join(k for k in group if k not in held)}); {_again(path)}")
+            optional += held
+        for k in [*FIELDS, *optional]:
             try:
                 got[k] = z[k]
             except _UNREADABLE as e:
@@ -315,6 +329,8 @@ def check_arrays(path: Path | str, a: dict[str, np.ndarray]) -> None:
     _check_unique(bad, keys)
     if "pair_a" in a:
         _check_history(bad, a, n)
+    if "fit_seed" in a:
+        _check_provenance(bad, a)
 
 
 def _check_history(bad, a: dict[str, np.ndarray], n: int) -> None:
@@ -343,6 +359,20 @@ def _check_history(bad, a: dict[str, np.ndarray], n: int) -> None:
     if off.any():
         i = int(np.argmax(off))
         raise bad("pair_median", f"holds {float(med[i])!r} at {i}, where a median RTT is between 0 and {MAX_RTT_MS:,.0f} ms")
+
+
+def _check_provenance(bad, a: dict[str, np.ndarray]) -> None:
+    """What the fits were fitted on as `fit_hints` writes it: a seed and a row count of at least
+    0, three finite settings."""
+    for name, (kind, ndim, want) in PROVENANCE.items():
+        arr = a[name]
+        if arr.dtype.kind != kind or arr.ndim != ndim or (ndim and arr.shape != (3,)):
+            raise bad(name, f"is {arr.dtype} of shape {arr.shape}, where a hints file has {want}")
+    for name in ("fit_seed", "fit_rows"):
+        if int(a[name]) < 0:
+            raise bad(name, f"is {int(a[name])}, where a hints file has a count or seed of at least 0")
+    if not np.isfinite(a["fit_settings"]).all():
+        raise bad("fit_settings", f"holds {a['fit_settings'].tolist()}, where a hints file has finite settings")
 
 
 def _check_reach(bad, x: np.ndarray, h: np.ndarray, trained: np.ndarray, scale: np.ndarray) -> None:

@@ -1,0 +1,109 @@
+"""Tables indexed for the context rules (pingctl.context): each row's source, destination and
+probe key as integer codes, and per side of a prompt (the probe's history, the destination's,
+the pair's) the rows in (key, time) order.
+
+Eval asks several sets of packets against one train split; at a day's size (64M rows) building
+that order is most of an ask's cost, so a train split's `History` is built once and its sides
+on first use, and each ask indexes only its own (small) test split. The codes of every table
+asked together come from one `Addresses`, which only grows: a code once given never changes,
+so an index built on train stays valid as test splits bring new hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pingctl.schema.arrow_strings import Vocabulary, dict_encode, few_strings
+
+SIDES = ("probe", "dst", "pair")
+
+
+class Addresses:
+    """One code space for the addresses of several tables: codes in the order first seen."""
+
+    def __init__(self):
+        self.vocabulary: Vocabulary | None = None  # made on first use of the Arrow path
+        self.index: dict[str, int] | None = {}  # the same as a dict while only few were coded
+
+    def __len__(self) -> int:
+        return len(self.index) if self.index is not None else len(self.vocabulary.values)
+
+    def codes(self, column) -> np.ndarray:
+        """The code of each value of `column` (strings, no nulls; new ones are added): int32, or
+        int64 for a few."""
+        if self.index is not None and (few := few_strings(column)) is not None:
+            # a service request's few rows: a dict beats building Arrow arrays
+            return np.array([self.index.setdefault(v, len(self.index)) for v in few], np.int64)
+        if self.vocabulary is None:
+            import pyarrow as pa
+
+            self.vocabulary = Vocabulary()
+            self.vocabulary.values = pa.array(list(self.index), pa.string())
+            self.index = None
+        return self.vocabulary.codes(dict_encode(column))
+
+
+@dataclass
+class Side:
+    """One side's rows in (key, time) order: `order` (row of each place), the distinct `keys`
+    with each one's first place (`starts`, and the end), `times` and `other` (the row's other
+    end: a probe's destination, a destination's source; None for the pair) in that order."""
+
+    order: np.ndarray
+    keys: np.ndarray
+    starts: np.ndarray
+    times: np.ndarray
+    other: np.ndarray | None
+
+    def span(self, key: int) -> tuple[int, int]:
+        """The places holding `key` ((0, 0) where none do)."""
+        k = int(np.searchsorted(self.keys, key))
+        if k == len(self.keys) or self.keys[k] != key:
+            return 0, 0
+        return int(self.starts[k]), int(self.starts[k + 1])
+
+
+@dataclass
+class History:
+    """A table (a split's dict of arrays, `pingctl.artifacts.table.load_split`) with its rows'
+    codes in `addresses`: `src`, `dst` int32 address codes (a day's 64M rows: 256 MB each), `probe`
+    the int64 probe key (the prb_id, else -1 - the source's code), `time` int64 seconds.
+    `side(name)` is built on first use."""
+
+    table: dict
+    addresses: Addresses
+    src: np.ndarray
+    dst: np.ndarray
+    probe: np.ndarray
+    time: np.ndarray
+    sides: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, table: dict, addresses: Addresses) -> "History":
+        src = addresses.codes(table["src"]).astype(np.int32, copy=False)
+        dst = addresses.codes(table["dst"]).astype(np.int32, copy=False)
+        prb = np.asarray(table["prb_id"], np.int64)
+        return cls(table, addresses, src, dst, np.where(prb >= 0, prb, -1 - src.astype(np.int64)),
+                   np.asarray(table["event_time"], np.int64))
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    def pair_key(self, rows=slice(None)) -> np.ndarray:
+        """(source, destination) as one int64."""
+        return (self.src[rows].astype(np.int64) << 32) | self.dst[rows]
+
+    def side(self, name: str) -> Side:
+        if name not in self.sides:
+            key = {"probe": lambda: self.probe, "dst": lambda: self.dst, "pair": self.pair_key}[name]()
+            # stable: rows of one key and time keep their table order, as one sort of the
+            # concatenated tables would
+            order = np.lexsort((self.time, key))
+            order = order.astype(np.int32) if len(order) < 2**31 else order
+            sk = key[order]
+            first = np.flatnonzero(np.concatenate([[True], sk[1:] != sk[:-1]])) if len(sk) else np.zeros(0, np.int64)
+            other = None if name == "pair" else (self.dst if name == "probe" else self.src)[order]
+            self.sides[name] = Side(order, sk[first], np.append(first, len(sk)), self.time[order], other)
+        return self.sides[name]
