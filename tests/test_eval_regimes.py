@@ -123,18 +123,24 @@ def test_eval_regimes_table_matches_its_predictions(own_run, regimes_split, tmp_
     assert "PIT KS, raw → recalibrated" in shown.output
 
 
-def test_fair_prompts_per_regime_and_val_sets_per_regime(own_run, regimes_split, tmp_path):
+def test_fair_prompts_per_regime_and_val_sets_per_regime(own_run, regimes_split, tmp_path, monkeypatch):
     """The default policy of --regimes (fair): the time regime's prompts hold the pair's own
     earlier packets, the held-out regimes' never the pair; the time regime is recalibrated on
     val/, the held-out regimes on their own val sets together; no val set shares a packet with
-    any test set."""
+    any test set. Train is indexed for the prompts once, each asked split once."""
     from pingctl.artifacts.table import REGIME_VALS, regime_test_dirs, regime_val_dirs
     from pingctl.artifacts.table import load_split
+    from pingctl.histories import History
 
+    indexed = []
+    of = History.of.__func__
+    monkeypatch.setattr(History, "of", classmethod(lambda cls, t, a: indexed.append(len(t["rtt"])) or of(cls, t, a)))
     out = tmp_path / "fair"
     r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "40",
                             "--context", "4", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
+    # train once; then the four val sets (time's val/ and the held-out ones) and four test sets
+    assert indexed.count(len(load_split(regimes_split / "train")["rtt"])) == 1 and len(indexed) == 9, indexed
     rep = json.loads(r.stdout)
     assert rep["prompt"]["context_policy"] == "fair"
     for row in rep["table"]:
