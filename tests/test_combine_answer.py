@@ -210,3 +210,21 @@ def test_pairs_file_and_export_carry_the_answer(setup, pair, tmp_path):
     a = _ask(Model.load(ex), pair, ctx)
     assert a.answered_by["predictor"] == "combined"
     assert a.quantile(0.5) == _ask(Model.load(run), pair, ctx).quantile(0.5)
+
+
+@pytest.mark.parametrize("asked, matches", [(("both", True, 1, 16, True), True), (("both", True, 1, 8, True), False),
+                                            (("probe", True, 1, 16, False), False)])
+def test_a_per_regime_prompt_as_eval_regimes_records_it_is_the_one_answers_compare(asked, matches):
+    """`eval --regimes` records each regime's prompt under meta["prompts"] (its `PromptSpec.describe`);
+    an answer asked with that prompt shape matches it, another shape is named as the reason the
+    model answers."""
+    from pingctl.infer.predictor import prompt_keys, prompt_mismatch
+    from pingctl.prompt import Policy, PromptSpec
+
+    spec = PromptSpec(Policy.BOTH, context=16, context_dst=16, cap=1, hint=True)
+    fit = CB.RegimeFit("embedding", 0.0, 0.2, 100, {"model": 5.0, "classical": 4.0, "combined": 3.0})
+    comb = CB.Combination({"pair": fit}, {"prompts": {"pair": spec.describe()}}, path="c.json")
+    why = prompt_mismatch(comb, "pair", prompt_keys(*asked))
+    assert (why is None) == matches, why
+    if not matches:
+        assert "c.json was fitted with" in why and "pair regime" in why

@@ -219,9 +219,9 @@ def _ms(v) -> str:
 
 def prompt_mismatch(comb: CB.Combination, regime: str, prompt: dict) -> str | None:
     """Why the regime's fit was made for another prompt shape than `prompt` (None if not): its
-    prompt keys are the regime's own (`per_regime`, as `eval --regimes` records them) or the
-    file's."""
-    fitted = (comb.meta.get("per_regime") or {}).get(regime) or comb.meta
+    prompt keys are the regime's own (`Combination.prompt_of`: as `eval --regimes` records them)
+    or the file's."""
+    fitted = comb.prompt_of(regime)
     for k in (k for k in CB.PROMPT_KEYS if k in prompt):
         if fitted.get(k) != prompt[k]:
             return (f"{comb.path} was fitted with {k} {fitted.get(k)!r} in the {regime} regime, this prompt has "
