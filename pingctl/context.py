@@ -199,7 +199,8 @@ def part_contexts(parts: list[History], queries: History, idx: np.ndarray, polic
         for name, qkeys, exclude, k in sides:
             if k <= 0:
                 continue
-            spans = [(p.side(name), *p.side(name).span(int(qkeys[i])), int(off)) for p, off in zip(parts, offsets)]
+            spans = [(side, *side.span(int(qkeys[i])), int(off))
+                     for side, off in zip((p.side(name) for p in parts), offsets)]
             r, tt = (_last_before(spans, t, k) if exclude is None
                      else _recent_others_parts(spans, t, int(exclude[i]), k, per_pair))
             rows.append(r)

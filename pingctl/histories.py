@@ -17,8 +17,6 @@ import numpy as np
 
 from pingctl.schema.arrow_strings import Vocabulary, dict_encode, few_strings
 
-SIDES = ("probe", "dst", "pair")
-
 
 class Addresses:
     """One code space for the addresses of several tables: codes in the order first seen."""
