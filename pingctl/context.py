@@ -216,16 +216,17 @@ def _suffixes(spans: list, t_query: int, width: int):
     row is left out)."""
     cut = []
     for side, lo, hi, off in spans:
-        end = lo + int(np.searchsorted(side.times[lo:hi], t_query, side="left"))
+        end = side.before(lo, hi, t_query)
         cut.append((side, max(lo, end - width), end, off, lo))
     rows = np.concatenate([side.order[a:b].astype(np.int64) + off for side, a, b, off, _ in cut])
-    times = np.concatenate([side.times[a:b] for side, a, b, _, _ in cut])
-    other = (None if cut[0][0].other is None
-             else np.concatenate([side.other[a:b] for side, a, b, _, _ in cut]))
+    times = np.concatenate([side.times(a, b) for side, a, b, _, _ in cut])
+    other = (None if cut[0][0].other_of is None
+             else np.concatenate([side.other(a, b) for side, a, b, _, _ in cut]))
+    # counted before the merge keeps `width` of them: rows it drops are left out too
+    whole = all(a == lo for _, a, _, _, lo in cut) and len(rows) <= width
     if len(cut) > 1:  # one table's span is in order already
         o = np.argsort(times, kind="stable")[-width:]
         rows, times, other = rows[o], times[o], None if other is None else other[o]
-    whole = all(a == lo for _, a, _, _, lo in cut) and len(rows) <= width
     return rows, times, other, whole
 
 

@@ -11,6 +11,7 @@ so an index built on train stays valid as test splits bring new hosts.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,17 +44,31 @@ class Addresses:
         return self.vocabulary.codes(dict_encode(column))
 
 
+class _TimeAt:
+    """The times of a side's places, read one at a time (what `bisect` asks of a sequence)."""
+
+    __slots__ = ("order", "time")
+
+    def __init__(self, order: np.ndarray, time: np.ndarray):
+        self.order, self.time = order, time
+
+    def __getitem__(self, place: int) -> int:
+        return int(self.time[self.order[place]])
+
+
 @dataclass
 class Side:
     """One side's rows in (key, time) order: `order` (row of each place), the distinct `keys`
-    with each one's first place (`starts`, and the end), `times` and `other` (the row's other
-    end: a probe's destination, a destination's source; None for the pair) in that order."""
+    with each one's first place (`starts`, and the end). A place's time and other end (a
+    probe's destination, a destination's source; None for the pair) are read through `order`
+    from the table's own arrays (`time`, `other_of`), not kept in place order: at a day's size
+    each such copy is 256-512 MB a side, and a prompt reads a few dozen places."""
 
     order: np.ndarray
     keys: np.ndarray
     starts: np.ndarray
-    times: np.ndarray
-    other: np.ndarray | None
+    time: np.ndarray
+    other_of: np.ndarray | None
 
     def span(self, key: int) -> tuple[int, int]:
         """The places holding `key` ((0, 0) where none do)."""
@@ -62,19 +77,29 @@ class Side:
             return 0, 0
         return int(self.starts[k]), int(self.starts[k + 1])
 
+    def before(self, lo: int, hi: int, t: int) -> int:
+        """The first place of `lo`..`hi` (one key's span, in time order) at or after time `t`."""
+        return bisect.bisect_left(_TimeAt(self.order, self.time), t, lo, hi)
+
+    def times(self, a: int, b: int) -> np.ndarray:
+        return self.time[self.order[a:b]]
+
+    def other(self, a: int, b: int) -> np.ndarray | None:
+        return None if self.other_of is None else self.other_of[self.order[a:b]]
+
 
 @dataclass
 class History:
     """A table (a split's dict of arrays, `pingctl.artifacts.table.load_split`) with its rows'
-    codes in `addresses`: `src`, `dst` int32 address codes (a day's 64M rows: 256 MB each), `probe`
-    the int64 probe key (the prb_id, else -1 - the source's code), `time` int64 seconds.
+    codes in `addresses`: `src`, `dst` int32 address codes (a day's 64M rows: 256 MB each) and
+    `time` int64 seconds (the table's own array where it is one). `probe` (the int64 probe key:
+    the prb_id, else -1 - the source's code) and `pair_key` are computed when asked, not kept.
     `side(name)` is built on first use."""
 
     table: dict
     addresses: Addresses
     src: np.ndarray
     dst: np.ndarray
-    probe: np.ndarray
     time: np.ndarray
     sides: dict = field(default_factory=dict)
 
@@ -82,12 +107,15 @@ class History:
     def of(cls, table: dict, addresses: Addresses) -> "History":
         src = addresses.codes(table["src"]).astype(np.int32, copy=False)
         dst = addresses.codes(table["dst"]).astype(np.int32, copy=False)
-        prb = np.asarray(table["prb_id"], np.int64)
-        return cls(table, addresses, src, dst, np.where(prb >= 0, prb, -1 - src.astype(np.int64)),
-                   np.asarray(table["event_time"], np.int64))
+        return cls(table, addresses, src, dst, np.asarray(table["event_time"], np.int64))
 
     def __len__(self) -> int:
         return len(self.time)
+
+    @property
+    def probe(self) -> np.ndarray:
+        prb = np.asarray(self.table["prb_id"], np.int64)
+        return np.where(prb >= 0, prb, -1 - self.src.astype(np.int64))
 
     def pair_key(self, rows=slice(None)) -> np.ndarray:
         """(source, destination) as one int64."""
@@ -101,7 +129,8 @@ class History:
             order = np.lexsort((self.time, key))
             order = order.astype(np.int32) if len(order) < 2**31 else order
             sk = key[order]
+            del key
             first = np.flatnonzero(np.concatenate([[True], sk[1:] != sk[:-1]])) if len(sk) else np.zeros(0, np.int64)
-            other = None if name == "pair" else (self.dst if name == "probe" else self.src)[order]
-            self.sides[name] = Side(order, sk[first], np.append(first, len(sk)), self.time[order], other)
+            other = None if name == "pair" else (self.dst if name == "probe" else self.src)
+            self.sides[name] = Side(order, sk[first], np.append(first, len(sk)), self.time, other)
         return self.sides[name]

@@ -18,6 +18,7 @@ from pingctl.eval.baselines import (
     Groups,
     PairMedian,
     PrefixMedian,
+    SharedFits,
     prefix_of,
 )
 
@@ -427,3 +428,75 @@ def test_fit_baselines_shares_levels_and_predicts_as_each_baseline_fitted_alone(
     assert fitted["vivaldi"]._global._groups[0] is glob[0]
     assert fitted["prefix16_median"]._groups[0] is not prefix[0]
     assert alone["pair_median"]._groups[2] is not alone["global_median"]._groups[0]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_groups_made_a_block_at_a_time_are_the_row_formula(seed, monkeypatch):
+    """`Groups` builds its quantiles and CDF sketch from the packed sort a block at a time and
+    enumerates the sketch's kept ranks per group: the same arrays, to the bit, as the formula
+    over every successful packet (kept where rank = floor(ceil(rank (k-1)/(c-1)) (c-1)/(k-1)))."""
+    from pingctl.eval import baselines as B
+
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(B, "_BLOCK", int(rng.choice([3, 7, 1 << 22])))
+    n, k = 4000, int(rng.choice([2, 3, 17, 101]))
+    keys = rng.integers(-1, int(rng.integers(1, 30)), n)
+    rtt = np.round(rng.gamma(2.0, 10.0, n), seed % 3)
+    rtt[rng.random(n) < 0.2] = -1.0
+    g = B.Groups(keys, rtt, quantiles=(0.25, 0.5), sketch=k)
+    found, _, _, gs, vs = B._by_group_lexsort(keys, rtt)
+    count = np.bincount(gs, minlength=len(found))
+    start = np.cumsum(count) - count
+    for q in (0.25, 0.5):
+        np.testing.assert_array_equal(g.q[q], B.group_quantile(vs, start, count, q))
+    c, rank = count[gs], np.arange(len(vs)) - start[gs]
+    j = np.ceil(rank * (k - 1) / np.maximum(c - 1, 1))
+    keep = (c <= k) | (np.floor(j * (c - 1) / (k - 1)) == rank)
+    np.testing.assert_array_equal(g.sk_val, vs[keep])
+    np.testing.assert_array_equal(g.sk_count, np.bincount(gs[keep], minlength=len(found)))
+    # the PIT counts a group's sketch values below and at x in microseconds: as a search of the
+    # sketch packed with its groups
+    packed = (gs[keep] << B._US_BITS) | B._us(vs[keep])
+    gidx = rng.integers(-1, len(found), 500)
+    x = np.round(rng.gamma(2.0, 12.0, 500), 3)
+    x[:5] = [-1.0, np.nan, 0.0, 1e9, vs[0] if len(vs) else 1.0]
+    ok = (gidx >= 0) & np.isfinite(x) & (x >= 0)
+    key = (gidx[ok] << B._US_BITS) | B._us(x[ok])
+    less = np.searchsorted(packed, key, side="left") - g.sk_start[gidx[ok]]
+    leq = np.searchsorted(packed, key, side="right") - g.sk_start[gidx[ok]]
+    u = np.random.default_rng(1).random(int(ok.sum()))
+    want = np.full(500, np.nan)
+    want[ok] = (less + u * (leq - less + 1)) / (g.sk_count[gidx[ok]] + 1)
+    np.testing.assert_array_equal(g.pit(gidx, x, np.random.default_rng(1)), want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seen_slices_by_marking_are_those_by_membership(seed, monkeypatch):
+    """`Seen` finds train's distinct pairs, sources and probes by marking them (or by a sort
+    where the codes are too many to mark), from the baselines' shared codes or its own: each
+    test packet's seen/unseen pair and probe as read off train directly."""
+    from pingctl.eval import report as R
+
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(R, "_BLOCK", 5)
+    if seed % 2:
+        monkeypatch.setattr(R, "_BITMAP", 4)  # the sorted path
+    hosts = [f"10.0.{i // 200}.{i % 200}" for i in range(12)] + ["2001:db8::1", "2001:db8::2"]
+
+    def table(n, hosts_):
+        src, dst = rng.choice(hosts_, n), rng.choice(hosts_, n)
+        prb = rng.integers(-1, 6, n)
+        return {"src": np.array(src, object), "dst": np.array(dst, object), "prb_id": prb,
+                "ip_version": np.array([6 if ":" in s else 4 for s in src]), "rtt": rng.uniform(1, 50, n),
+                "event_time": np.arange(n, dtype=np.int64)}
+
+    train, test = table(60, hosts[:10]), table(80, hosts)
+    pairs = set(zip(train["src"], train["dst"]))
+    probes = {p for p in train["prb_id"] if p >= 0}
+    sources = set(train["src"])
+    want_pair = np.array([(s, d) in pairs for s, d in zip(test["src"], test["dst"])])
+    want_probe = np.array([p in probes if p >= 0 else s in sources for s, p in zip(test["src"], test["prb_id"])])
+    for seen in (R.Seen.of(train), R.Seen.of(train, SharedFits(train))):
+        m = seen.masks(test)
+        assert (m["seen_pair"] == want_pair).all() and (m["unseen_pair"] == ~want_pair).all()
+        assert (m["seen_probe"] == want_probe).all()

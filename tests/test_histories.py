@@ -4,7 +4,7 @@ the concatenation), row for row, and the pool they come with holds exactly their
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pingctl.context import context_indices, context_pool, pool_and_contexts
@@ -29,6 +29,9 @@ def _measurements(pool, ctxs):
 @given(st.integers(0, 2**31), st.integers(0, 20), st.integers(0, 20), st.integers(0, 3),
        st.sampled_from(["both", "pair"]), st.integers(20, 400), st.sampled_from([0.0, 0.5, 1.0]))
 @settings(max_examples=80, deadline=None)
+# both tables' spans whole yet more than the window between them: the merge drops the oldest,
+# so the history is not whole and the window grows
+@example(804324, 0, 10, 2, "both", 20, 0.0)
 def test_train_indexed_once_gives_the_contexts_of_the_concatenated_pool(seed, k_src, k_dst, per_pair, policy,
                                                                          times, prb_share):
     rng = np.random.default_rng(seed)

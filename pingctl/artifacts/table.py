@@ -284,7 +284,8 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
         refuse_rejects(foreign, "eval scores canonical rows only: pass the table through `pingctl shard` "
                        "(which sets rejected rows aside in rejects.jsonl) and evaluate its splits")
     out = {}
-    for c, chunks in parts.items():
+    for c in list(parts):
+        chunks = parts.pop(c)  # each column's pieces freed as soon as it is whole
         key = {"src_addr": "src", "dst_addr": "dst"}.get(c, c)
         if chunks and key in ("src", "dst"):
             out[key] = CodedStrings(addresses.values, np.concatenate(chunks))
@@ -292,14 +293,23 @@ def load_split(path, columns: list[str] | None = None, split_hint: str = "test")
             out[key] = np.concatenate(chunks)
         else:
             out[key] = np.empty(0, dtype=object if key in ("src", "dst") else np.float64 if c == "rtt" else np.int64)
+    chunks = t = col = None  # the last column's pieces, the last file's table
+    # Arrow's allocator keeps the freed tables' pages for reuse: at a day's 64M rows that is
+    # 1.8 GB the process holds beside the 3.6 GB of arrays, until something asks them back
+    pa.default_memory_pool().release_unused()
     return out
+
+
+def has_split(path: Path) -> bool:
+    """Whether `path` is a directory holding Parquet (a split `load_split_if_any` reads)."""
+    path = Path(path)
+    return path.is_dir() and any(path.glob("*.parquet"))
 
 
 def load_split_if_any(path: Path) -> dict[str, np.ndarray] | None:
     """`load_split` of a split directory that may be absent (an optional val set): None where
     `path` is not a directory holding Parquet."""
-    path = Path(path)
-    return load_split(path) if (path.is_dir() and any(path.glob("*.parquet"))) else None
+    return load_split(path) if has_split(path) else None
 
 
 def _check_no_nulls(path, t) -> None:

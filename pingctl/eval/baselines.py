@@ -34,7 +34,8 @@ from pingctl.eval import metrics as M
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 _ALIASES = {"src": ("src", "src_addr"), "dst": ("dst", "dst_addr")}
-_US_BITS = 37  # rtt in microseconds below 2**37 (~38 hours) inside the (group, rtt) search key
+_BLOCK = 1 << 22  # rows (or sketch places) a block of `Groups`' work reads at once
+_US_BITS = 37  # the PIT compares RTTs in whole microseconds, clipped below 2**37 (~38 hours)
 SKETCH = 1024  # order statistics a group's CDF sketch keeps (`Groups`)
 
 
@@ -133,22 +134,45 @@ class Groups:
         """`ranked`: `rtt_ranks(rtt)`, where several Groups of one `rtt` share it."""
         keys = np.asarray(keys, dtype=np.int64)
         rtt = np.asarray(rtt, dtype=np.float64)
-        self.keys, self.n_total, self.n_failed, gs, vs = _by_group(keys, rtt, ranked)
-        g = len(self.keys)
+        self.keys, self.n_total, self.n_failed, first, values = _sorted_groups(keys, rtt, ranked)
         self.count = self.n_total - self.n_failed
-        start = np.cumsum(self.count) - self.count
-        self.q = {float(q): group_quantile(vs, start, self.count, q) for q in quantiles}
-        # CDF sketch: keep all values of small groups, K evenly spaced order statistics of large ones.
-        c = self.count[gs]
-        rank = np.arange(len(vs)) - start[gs]
-        k = max(int(sketch), 2)
+        self.q = {float(q): group_quantile(values, first, self.count, q) for q in quantiles}
+        self._sketch(values, first, max(int(sketch), 2))
+
+    def _sketch(self, values, first: np.ndarray, k: int) -> None:
+        """The CDF sketch: all values of a group of at most `k`, else its `k` evenly spaced order
+        statistics (ranks floor(j (c - 1) / (k - 1))). Made a block of groups at a time, the
+        kept places counted first: a day's pair level keeps nearly every packet (1 GB), and
+        row-sized temporaries beside it would be several times that."""
+        g = len(self.count)
+        m = np.minimum(self.count, k)  # candidate places per group
+        ends = np.cumsum(m)
+        cuts = np.unique(np.concatenate([[0], np.searchsorted(ends, np.arange(1, 1 + ends[-1] // _BLOCK) * _BLOCK)
+                                         if g else [], [g]])).astype(np.int64)
+        blocks = list(zip(cuts[:-1], cuts[1:]))
+        self.sk_count = np.zeros(g, np.int64)
+        for a, b in blocks:
+            gi, _ = self._kept(a, b, m, k)
+            self.sk_count[a:b] = np.bincount(gi - a, minlength=b - a)
+        self.sk_start = np.cumsum(self.sk_count) - self.sk_count
+        n = int(self.sk_count.sum())
+        self.sk_val = np.empty(n, np.float64)
+        for a, b in blocks:
+            gi, rank = self._kept(a, b, m, k)
+            self.sk_val[int(self.sk_start[a]):int(self.sk_start[a]) + len(gi)] = values[first[gi] + rank]
+
+    def _kept(self, a: int, b: int, m: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(group, rank among its successes) of the sketch's values of groups a..b-1, in order.
+        A kept rank r is floor(j (c - 1) / (k - 1)) for j = ceil(r (k - 1) / (c - 1)), so the
+        candidates are those floors for j = 0..k-1, each checked by that same arithmetic."""
+        mb = m[a:b]
+        gi = np.repeat(np.arange(a, b, dtype=np.int64), mb)
+        w = np.arange(len(gi), dtype=np.int64) - np.repeat(np.cumsum(mb) - mb, mb)
+        c = self.count[gi]
+        rank = np.where(c <= k, w, np.floor(w.astype(np.float64) * (c - 1) / (k - 1)).astype(np.int64))
         j = np.ceil(rank * (k - 1) / np.maximum(c - 1, 1))
         keep = (c <= k) | (np.floor(j * (c - 1) / (k - 1)) == rank)
-        sk_g, sk_v = gs[keep], vs[keep]
-        self.sk_count = np.bincount(sk_g, minlength=g).astype(np.int64)
-        self.sk_start = np.cumsum(self.sk_count) - self.sk_count
-        self.sk_key = (sk_g << _US_BITS) | _us(sk_v)
-        self.sk_val = sk_v
+        return gi[keep], rank[keep]
 
     def lookup(self, keys: np.ndarray, min_count: int = 1) -> np.ndarray:
         """Group index per key, -1 where unknown or with fewer than `min_count` successes."""
@@ -175,13 +199,27 @@ class Groups:
         if not ok.any():
             return out
         g = gidx[ok]
-        key = (g << _US_BITS) | _us(x[ok])
-        less = np.searchsorted(self.sk_key, key, side="left") - self.sk_start[g]
-        leq = np.searchsorted(self.sk_key, key, side="right") - self.sk_start[g]
+        ux = _us(x[ok])
+        less, leq = self._below(g, ux, strict=True), self._below(g, ux, strict=False)
         u = rng.random(len(g))
         out[ok] = (less + u * (leq - less + 1)) / (self.sk_count[g] + 1)
         return out
 
+
+    def _below(self, g: np.ndarray, ux: np.ndarray, strict: bool) -> np.ndarray:
+        """How many of each group's sketch values are below (`strict`) or at most `ux`, both in
+        whole microseconds (`_us`): a binary search inside each group's sorted span, all groups
+        at once (a sketch sorted by value is sorted by its microseconds)."""
+        lo = self.sk_start[g].copy()
+        hi = lo + self.sk_count[g]
+        start = lo.copy()
+        while (open_ := lo < hi).any():
+            mid = (lo + hi) // 2
+            v = _us(self.sk_val[np.where(open_, mid, 0)])
+            right = open_ & ((v < ux) if strict else (v <= ux))
+            lo = np.where(right, mid + 1, lo)
+            hi = np.where(open_ & ~right, mid, hi)
+        return lo - start
 
     def crps(self, gidx: np.ndarray, x: np.ndarray) -> np.ndarray:
         """CRPS (ms) of x under each group's empirical distribution (its sketch); NaN for
@@ -196,49 +234,82 @@ def rtt_ranks(rtt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct successful RTTs, sorted; each packet's place among them), what `Groups`
     sorts by in place of the RTT itself."""
     values = np.unique(rtt[rtt >= 0])
-    return values, np.searchsorted(values, rtt)
+    rank = np.searchsorted(values, rtt)
+    # held beside the train split while its levels are fitted: half the size where it fits
+    return values, rank.astype(np.int32) if len(values) < 2**31 - 1 else rank
 
 
-def _by_group(keys: np.ndarray, rtt: np.ndarray, ranked=None):
+class _PackedValues:
+    """The successful RTT at each place of a sorted array of (key, RTT rank + 1) packed in one
+    uint64: read where asked, so no row-sized array of values is made."""
+
+    def __init__(self, packed: np.ndarray, values: np.ndarray, bits: int):
+        self.packed, self.values, self.mask = packed, values, np.uint64((1 << bits) - 1)
+
+    def __getitem__(self, places) -> np.ndarray:
+        return self.values[(self.packed[places] & self.mask).astype(np.int64) - 1]
+
+
+def _sorted_groups(keys: np.ndarray, rtt: np.ndarray, ranked=None):
     """Of the packets with a key >= 0: the distinct keys (sorted), packets and failures per key,
-    and each successful packet's key index and RTT in (key, RTT) order, as a lexsort of (key,
-    RTT) orders them. Here one `np.sort` of a uint64 per packet, the key above the RTT's rank
-    (0 for a failure, so a key's failures come first): many times faster than the lexsort
-    (two stable argsorts and their gathers), which is kept where the two do not fit 63 bits."""
+    each key's first place holding a success, and `values`, whose places first..first + count - 1
+    hold the key's successful RTTs in order (as a lexsort of (key, RTT) orders them). Here one
+    `np.sort` of a uint64 per packet, the key above the RTT's rank (0 for a failure, so a
+    key's failures come first): many times faster than the lexsort (two stable argsorts and
+    their gathers), which is kept where the two do not fit 63 bits. The packed array is filled
+    and read a block at a time: at a day's 64M rows each row-sized temporary is 512 MB."""
     values, rank = ranked if ranked is not None else rtt_ranks(rtt)
     valid = keys >= 0
-    kv, ok = keys[valid], rtt[valid] >= 0
-    vbits = len(values).bit_length()
+    every = bool(valid.all())
+    kv = keys if every else keys[valid]
+    vbits = max(len(values).bit_length(), 1)  # a bit even with no success: a key's first success is found by it
     distinct = None
     if len(kv) and int(kv.max()).bit_length() + vbits > 63:
         distinct, kv = np.unique(kv, return_inverse=True)
         if (len(distinct) - 1).bit_length() + vbits > 63:
-            return _by_group_lexsort(keys, rtt)
+            found, n_total, n_failed, _, vs = _by_group_lexsort(keys, rtt)
+            count = n_total - n_failed
+            return found, n_total, n_failed, np.cumsum(count) - count, vs
     if not len(kv):
         none = np.zeros(0, np.int64)
         return none, none, none, none, np.zeros(0, np.float64)
     shift = np.uint64(vbits)
-    r = rank[valid].astype(np.uint64) + np.uint64(1)
-    r[~ok] = 0
-    key = kv.astype(np.uint64) << shift
-    key |= r
-    del r
-    key.sort()
-    group = key >> shift
-    first = np.empty(len(key), bool)
-    first[0] = True
-    np.not_equal(group[1:], group[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    found = group[starts].astype(np.int64)
-    del group, first
-    rk = key & np.uint64((1 << vbits) - 1)
-    del key
-    failed = rk == 0
-    n_total = np.diff(np.append(starts, len(rk)))
-    n_failed = np.add.reduceat(failed, starts, dtype=np.int64)
-    gs = np.repeat(np.arange(len(starts), dtype=np.int64), n_total - n_failed)
-    vs = values[(rk[~failed] - np.uint64(1)).astype(np.int64)]
-    return (found if distinct is None else distinct[found]), n_total, n_failed, gs, vs
+    rank_v, rtt_v = (rank, rtt) if every else (rank[valid], rtt[valid])
+    packed = np.empty(len(kv), np.uint64)
+    for a in range(0, len(kv), _BLOCK):
+        r = rank_v[a:a + _BLOCK].astype(np.uint64)
+        r += np.uint64(1)
+        r[~(rtt_v[a:a + _BLOCK] >= 0)] = 0
+        p = kv[a:a + _BLOCK].astype(np.uint64)
+        p <<= shift
+        p |= r
+        packed[a:a + _BLOCK] = p
+    del rank_v, rtt_v, r, p
+    packed.sort()
+    starts, prev = [], None
+    for a in range(0, len(packed), _BLOCK):
+        g = packed[a:a + _BLOCK] >> shift
+        first = np.empty(len(g), bool)
+        first[0] = prev is None or g[0] != prev
+        np.not_equal(g[1:], g[:-1], out=first[1:])
+        starts.append(np.flatnonzero(first) + a)
+        prev = g[-1]
+    starts = np.concatenate(starts)
+    found = (packed[starts] >> shift).astype(np.int64)
+    n_total = np.diff(np.append(starts, len(packed)))
+    first_ok = np.searchsorted(packed, (found.astype(np.uint64) << shift) | np.uint64(1)).astype(np.int64)
+    return ((found if distinct is None else distinct[found]), n_total, first_ok - starts, first_ok,
+            _PackedValues(packed, values, vbits))
+
+
+def _by_group(keys: np.ndarray, rtt: np.ndarray, ranked=None):
+    """`_sorted_groups` with each successful packet's key index and RTT spelled out in (key, RTT)
+    order: the lexsort's arrays (`_by_group_lexsort`)."""
+    found, n_total, n_failed, first, values = _sorted_groups(keys, rtt, ranked)
+    count = n_total - n_failed
+    gs = np.repeat(np.arange(len(found), dtype=np.int64), count)
+    places = np.arange(len(gs), dtype=np.int64) - (np.cumsum(count) - count)[gs] + first[gs]
+    return found, n_total, n_failed, gs, values[places]
 
 
 def _by_group_lexsort(keys: np.ndarray, rtt: np.ndarray):

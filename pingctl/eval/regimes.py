@@ -25,7 +25,7 @@ import numpy as np
 
 from pingctl.artifacts.eval_output import REGIMES_MODE, report_path, write_predictions
 from pingctl.artifacts.run import run_config
-from pingctl.artifacts.table import REGIMES, load_split, load_split_if_any, regime_test_dirs, regime_val_dirs, take
+from pingctl.artifacts.table import REGIMES, has_split, load_split, load_split_if_any, regime_test_dirs, regime_val_dirs, take
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
 from pingctl.eval import combine as CMB, metrics as M
@@ -34,6 +34,7 @@ from pingctl.eval.hints import prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import prediction_columns, summary_rows
 from pingctl.eval.registry import candidates, fit_baselines
+from pingctl.eval.baselines import SharedFits
 from pingctl.eval.report import Seen, add_model, add_prompt_baselines, baseline_table, compare, model_first
 from pingctl.eval.run import check_options, check_out_dir, fit_calibration
 from pingctl.histories import Addresses, History
@@ -230,15 +231,20 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     if not len(train["rtt"]):
         raise PingctlError(f"{train_path}: no train rows (the baselines are fitted on them)")
     progress("fitting baselines on train")
-    fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles, hints=run_hints(Path(run)))
+    shared = SharedFits(train)
+    fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles, hints=run_hints(Path(run)), shared=shared)
+    seen = Seen.of(train, shared)
+    del shared  # its row-sized codes and ranks: what the fits and the slices needed of them is kept
     progress(f"loading the model from {run}")
     ev = _Regimes(LoadedModel.load(run, step, hardware), Path(run), train, fitted, specs, context, queries, seed,
-                  str(truth) if truth else None, progress)
+                  str(truth) if truth else None, progress, seen=seen)
     out.mkdir(parents=True, exist_ok=True)
     calibrations, maps = ev.recalibrate(val_dirs, recalibration, out)
     choice = choose_on_val(fitted, {r: ev.val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)
     described = {r: s.describe() for r, s in specs.items()}
     fits, combination = CMB.fit_and_write(ev.val_records, val_dirs, described, choice, out, run, ev.model.steps, seed)
+    has_val = {p: ev.has_split(p) for p in (val_path, *val_dirs.values())}
+    ev.loaded.clear()  # what the val sets gave is kept (maps, choice, weights): at a day's size they are 15M rows
     table, regimes, columns = ev.ask_regimes(tests, maps, calibrations, choice, fits)
     prompt = {"context_policy": policy, "context_measurements": context, "per_regime": described}
     if not is_fair(policy):
@@ -247,8 +253,8 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         "mode": REGIMES_MODE, "table": table, "regimes": regimes, "choice": choice, "calibration": calibrations["time"],
         "calibrations": calibrations, "combination": combination,
         "inputs": {"run": str(run), "splits": str(split_dir), "train": str(train_path),
-                   "val": str(val_path) if ev.val_split(val_path) is not None else None,
-                   "vals": {r: str(p) for r, p in val_dirs.items() if ev.val_split(p) is not None},
+                   "val": str(val_path) if has_val[val_path] else None,
+                   "vals": {r: str(p) for r, p in val_dirs.items() if has_val[p]},
                    "truth": str(truth) if truth else None},
         "prompt": prompt, "queries": queries, "seed": seed, "fit_s": fit_s,
         "baselines_info": {n: getattr(b, "fit_info", None) for n, b in fitted.items() if getattr(b, "fit_info", None)},
@@ -289,6 +295,10 @@ class _Regimes:
             self.progress("indexing the train split for the prompts")
             self.indexed = History.of(self.train, Addresses())
         return self.indexed
+
+    def has_split(self, path: Path) -> bool:
+        """Whether `val_split(path)` is a split, without reading one not read yet."""
+        return self.loaded[path] is not None if path in self.loaded else has_split(path)
 
     def val_split(self, path: Path) -> dict | None:
         if path not in self.loaded:
@@ -374,8 +384,6 @@ class _Regimes:
         spec = self.specs[regime]
         idx = _sample(len(test["rtt"]), self.queries, self.seed)
         self.progress(f"{regime}: baselines")
-        if self.seen is None:
-            self.seen = Seen.of(self.train)
         report = baseline_table(self.train, take(test, idx), truth=self.truth, baselines=dict(self.fitted),
                                 fitted=True, seed=self.seed, seen=self.seen)
         t1 = time.perf_counter()

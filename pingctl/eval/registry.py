@@ -102,12 +102,13 @@ def default_baselines(seed: int = 0, vivaldi_cycles: int = 1000) -> dict[str, Ba
     return {s.name: s.factory(seed, vivaldi_cycles) for s in REGISTRY.values() if not s.reads_prompt}
 
 
-def fit_baselines(train: dict, seed: int = 0, vivaldi_cycles: int = 1000, hints: Hints | None = None
-                  ) -> tuple[dict[str, Baseline], dict]:
+def fit_baselines(train: dict, seed: int = 0, vivaldi_cycles: int = 1000, hints: Hints | None = None,
+                  shared: SharedFits | None = None) -> tuple[dict[str, Baseline], dict]:
     """`default_baselines` fitted on `train`, and each one's fit time (s; work they share is
     counted where it is first done). `hints`: the run's hints file, whose every-pair fit is the
-    `embedding` baseline where it was fitted on this train split (`fit_one`)."""
-    fitted, fit_s, shared = {}, {}, SharedFits(train)
+    `embedding` baseline where it was fitted on this train split (`fit_one`). `shared`: what
+    they share, where the caller reads it after (`SharedFits.of`)."""
+    fitted, fit_s, shared = {}, {}, SharedFits.of(train, shared)
     for name, b in default_baselines(seed, vivaldi_cycles).items():
         t = time.perf_counter()
         fitted[name] = fit_one(b, train, shared, hints)

@@ -51,14 +51,14 @@ class Seen:
     probes: np.ndarray | None
 
     @classmethod
-    def of(cls, train: dict) -> "Seen":
-        vocab = vocabulary(column(train, "src"), column(train, "dst"))
-        pairs, src = _pair_keys(train, vocab)
+    def of(cls, train: dict, shared: SharedFits | None = None) -> "Seen":
+        """`shared` (made for this `train`) lends its address codes, so they are not made again."""
+        vocab, s, t = SharedFits.of(train, shared).codes()
+        n = max(len(vocab), 1)
         probes = None
         if "prb_id" in train:
-            tr = np.asarray(train["prb_id"], np.int64)
-            probes = np.unique(tr[tr >= 0])
-        return cls(vocab, np.unique(pairs), np.unique(src), probes)
+            probes = _distinct(np.asarray(train["prb_id"], np.int64))
+        return cls(vocab, _distinct_pairs(s, t, n), _distinct(s), probes)
 
     def masks(self, test: dict) -> dict[str, np.ndarray]:
         """seen/unseen pair ((src, dst) has a training packet) and probe (its prb_id — or,
@@ -73,6 +73,31 @@ class Seen:
             seen_probe = seen_src
         return {"seen_pair": seen_pair, "unseen_pair": ~seen_pair, "seen_probe": seen_probe,
                 "unseen_probe": ~seen_probe}
+
+
+_BITMAP = 1 << 28  # distinct values below this are found by marking them, not by sorting 64M rows
+_BLOCK = 1 << 22
+
+
+def _distinct(v: np.ndarray) -> np.ndarray:
+    """The sorted distinct values >= 0 of `v`."""
+    v = v[v >= 0] if len(v) and v.min() < 0 else v
+    if not len(v) or int(v.max()) >= _BITMAP:
+        return np.unique(v)
+    return np.flatnonzero(np.bincount(v, minlength=int(v.max()) + 1))
+
+
+def _distinct_pairs(s: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:
+    """The sorted distinct s * n + t of the rows with both codes >= 0, a block of rows at a time."""
+    if n * n > _BITMAP:
+        ok = (s >= 0) & (t >= 0)
+        return np.unique(s[ok].astype(np.int64) * n + t[ok])
+    marked = np.zeros(n * n, bool)
+    for a in range(0, len(s), _BLOCK):
+        sb, tb = s[a:a + _BLOCK].astype(np.int64), t[a:a + _BLOCK]
+        ok = (sb >= 0) & (tb >= 0)
+        marked[sb[ok] * n + tb[ok]] = True
+    return np.flatnonzero(marked)
 
 
 def _pair_keys(d: dict, vocab) -> tuple[np.ndarray, np.ndarray]:

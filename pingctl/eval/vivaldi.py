@@ -410,21 +410,37 @@ def edges(a, b, rtt_ms, order_key=None, samples: str = "packets") -> _Edges:
     directions: a pair's RTT is a sample for both ends, as serf's nodes ping each other).
     `samples`: "packets" (every RTT, in `order_key` order, through the latency filter) or
     "median" (one RTT per pair: its median)."""
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    r = np.asarray(rtt_ms, np.float64) / 1000.0
-    ok = (a >= 0) & (b >= 0) & (a != b) & np.isfinite(r) & (r >= 0)
-    over = ok & (r > MAX_RTT_S)
-    ok &= ~over
-    a, b, r = a[ok], b[ok], r[ok]
+    # One int64 key per (lower, higher) code, ordered as the two: at a day's 64M rows every
+    # row-sized array is 512 MB, so each is made once and dropped as soon as it is read.
+    a, b = np.asarray(a), np.asarray(b)
+    r_ms = np.asarray(rtt_ms, np.float64)
+    ok = (a >= 0) & (b >= 0) & (a != b) & np.isfinite(r_ms) & (r_ms >= 0)
+    n = int(max(a.max(initial=0), b.max(initial=0))) + 1
+    key = np.minimum(a, b).astype(np.int64)
+    key *= n
+    key += np.maximum(a, b)
+    key = key[ok]
+    r = r_ms[ok] / 1000.0
+    over = r > MAX_RTT_S
+    n_over = int(over.sum())
     t = np.zeros(len(r)) if order_key is None else np.asarray(order_key)[ok]
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
-    order = np.lexsort((t, hi, lo))
-    lo, hi, r = lo[order], hi[order], r[order]
+    del ok
+    if n_over:
+        keep = ~over
+        key, r, t = key[keep], r[keep], t[keep]
+        del keep
+    del over
+    order = np.lexsort((t, key))
+    del t
+    key, r = key[order], r[order]
+    del order
     first = np.ones(len(r), bool)
-    first[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    first[1:] = key[1:] != key[:-1]
     start = np.flatnonzero(first)
+    del first
     cnt = np.diff(np.append(start, len(r)))
-    pa, pb = lo[start], hi[start]
+    pa, pb = key[start] // n, key[start] % n
+    del key
     med = Groups(np.repeat(np.arange(len(start)), cnt), r, quantiles=(0.5,), sketch=2).q[0.5]
     if samples == "median":
         r, start, cnt = med, np.arange(len(start)), np.ones(len(start), np.int64)
@@ -432,7 +448,7 @@ def edges(a, b, rtt_ms, order_key=None, samples: str = "packets") -> _Edges:
         raise ValueError("samples must be 'packets' or 'median'")
     return _Edges(np.concatenate([pa, pb]), np.concatenate([pb, pa]), np.concatenate([start, start]),
                   np.concatenate([cnt, cnt]), r, np.concatenate([med, med]),
-                  {"pairs": int(len(pa)), "observations": int(len(r)), "refused_over_10s": int(over.sum())})
+                  {"pairs": int(len(pa)), "observations": int(len(r)), "refused_over_10s": n_over})
 
 
 def run_cycles(swarm: Swarm, e: _Edges, cycles: int, rng: np.random.Generator, channel0: int = 0) -> int:
