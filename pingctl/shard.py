@@ -18,8 +18,9 @@ an md5 of key+seed), so row shares follow group sizes; the summary reports both.
 
 Everything is computed in a DuckDB database under the output's temp directory, with
 `memory_limit` in force, so inputs far larger than memory spill instead of failing. The input
-is read and checked a fixed number of times whatever its size, each shard is sorted alone as it
-is written, and every check of the regimes reads one aggregate per pair, not the rows.
+is read and checked a fixed number of times whatever its size, its rows are sorted once and
+streamed to their shards' files, and every check of the regimes reads one aggregate per pair, not
+the rows.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ from pingctl.atomic import MANIFEST, atomic_dir, check_replaceable, write_json
 from pingctl.benchutil import run_measured
 from pingctl.config import ShardConfig
 from pingctl.errors import ConfigError, PingctlError
-from pingctl.schema.columns import COLUMNS
+from pingctl.schema.columns import COLUMNS, arrow_schema
 from pingctl.schema.duck import all_rejected, canonical_query, connect, one
-from pingctl.schema.parquet import write_canonical
 
 Progress = Callable[[str, int, int], None]
+
+# The most shard files `_write_splits` writes at once (each holds up to a row group of rows in memory)
+_OPEN_SHARDS = 64
 
 _PROBE_KEY = "COALESCE('prb:' || prb_id::VARCHAR, 'src:' || src_addr)"
 _GROUP_KEY = {
@@ -75,8 +78,8 @@ def _noop(_step: str, _done: int, _total: int) -> None:
 
 
 def _assign_splits(con, cfg: ShardConfig) -> dict:
-    """Create `labelled_rows` (canonical columns, split, row hash) and the view `assigned` (its
-    rows in a split). Returns cut details."""
+    """Create the view `labelled` (valid rows and their split), the table `split_groups` and the
+    view `assigned` (`labelled`'s rows in a split). Returns cut details, rows and shards."""
     val_f, test_f = cfg.val_fraction, cfg.test_fraction
     if val_f + test_f >= 1.0:  # the config model refuses it; a library caller may pass a model_construct
         raise ConfigError(f"val_fraction + test_fraction must be < 1 (got {val_f} + {test_f})")
@@ -127,20 +130,11 @@ def _assign_splits(con, cfg: ShardConfig) -> dict:
         con.execute(
             f"CREATE TEMP VIEW labelled AS SELECT *, {split_sql} AS split FROM {source} WHERE reject_reason IS NULL"
         )
-    cols = ", ".join(COLUMNS)
-    # `labelled` reads and checks every input row (and joins the regimes' pair classes) each
-    # time it is read: read it once. Unsorted and in memory (spilling past `memory_limit`): each
-    # shard is sorted as it is written, so a sort of the whole table, and writing it into the
-    # database file, would only be paid twice.
-    # Shard by a content hash: similar sizes, and the same row always lands in the same shard.
-    # Hashed once here, where the row is read anyway; a split's shard count is known only after.
-    con.execute(f"""CREATE TEMP TABLE labelled_rows AS SELECT {cols}, split,
-                    hash(src_addr, dst_addr, event_time, rtt, {int(cfg.seed)}) AS row_hash FROM labelled""")
-    counts = dict(con.execute("SELECT split, count(*) FROM labelled_rows GROUP BY split").fetchall())
+    counts = _split_groups(con, by_pair=cfg.strategy == "regimes", source="labelled")
     details["dropped"] = {k[len("drop:"):]: v for k, v in sorted(counts.items()) if k.startswith("drop:")}
     shards = {s: max(1, math.ceil(counts.get(s, 0) / cfg.rows_per_shard)) for s in splits}
-    # a row's shard is row_hash % its split's shards (`_write_splits`)
-    con.execute(f"CREATE TEMP VIEW assigned AS SELECT {cols}, split FROM labelled_rows WHERE split NOT LIKE 'drop:%'")
+    # a row's shard is a content hash modulo its split's shards (`_write_splits`)
+    con.execute("CREATE TEMP VIEW assigned AS SELECT * FROM labelled WHERE split NOT LIKE 'drop:%'")
     details["rows"] = {s: counts.get(s, 0) for s in splits}
     details["shards"] = shards
     return details
@@ -230,12 +224,13 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
     r = cfg.regimes
     val_f, time_f = cfg.val_fraction, r.time
     details = _hold_out_groups(con, r, int(cfg.seed))
+    join = _pair_join(con)
     val_start = test_start = None
     if val_f > 0 or time_f > 0:
         val_start, test_start = one(
             con,
-            "SELECT quantile_disc(c.event_time, ?), quantile_disc(c.event_time, ?) FROM canonical c "
-            "JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL "
+            f"SELECT quantile_disc(c.event_time, ?), quantile_disc(c.event_time, ?) FROM canonical c "
+            f"JOIN rg_pairs p ON {join} WHERE c.reject_reason IS NULL "
             "AND p.cls IN ('time', 'pair', 'val_pair')",
             [1.0 - time_f - val_f, 1.0 - time_f],
         )
@@ -250,25 +245,38 @@ def _label_regimes(con, cfg: ShardConfig) -> dict:
           f"CASE WHEN {in_train} THEN 'test_time' ELSE 'drop:pair_not_in_train' END "] if time_f > 0 else [])
         + ([f"WHEN c.event_time >= {_ts(val_start)} THEN 'val' "] if val_f > 0 else [])
     ) or "WHEN false THEN NULL "
+    # _pair: the pair's rank in (src_addr, dst_addr) order, so a sort by it is a sort by the two texts
     con.execute(
         f"""CREATE TEMP VIEW labelled AS
-        SELECT c.*, CASE WHEN p.cls = 'time' THEN (CASE {by_time} ELSE 'train' END)
-                         WHEN p.cls LIKE 'drop:%' OR p.cls LIKE 'val_%' THEN p.cls ELSE 'test_' || p.cls END AS split
-        FROM canonical c JOIN rg_pairs p USING (src_addr, dst_addr) WHERE c.reject_reason IS NULL"""
+        SELECT c.*, p.pair_rank AS _pair,
+               CASE WHEN p.cls = 'time' THEN (CASE {by_time} ELSE 'train' END)
+                    WHEN p.cls LIKE 'drop:%' OR p.cls LIKE 'val_%' THEN p.cls ELSE 'test_' || p.cls END AS split
+        FROM canonical c JOIN rg_pairs p ON {join} WHERE c.reject_reason IS NULL"""
     )
     details.update({"val_start": val_start, "test_time_start": test_start,
                     "fractions": {"val": val_f, **r.model_dump()}})
     return details
 
 
+def _pair_join(con) -> str:
+    """How a row finds its pair in `rg_pairs`: by the pair's hash, one integer, where no two pairs
+    share one (every row's pair is there, so none can match another's); else by the two texts,
+    which cost a read of the rows several times more."""
+    shared = one(con, "SELECT count(*) - count(DISTINCT pair_hash) FROM rg_pairs")[0]
+    if shared:
+        return "p.src_addr = c.src_addr AND p.dst_addr = c.dst_addr"
+    return "p.pair_hash = hash(c.src_addr, c.dst_addr)"
+
+
 def _hold_out_groups(con, r, seed: int) -> dict:
-    """Steps 1 and 2 of `_label_regimes`: create `rg_pairs(src_addr, dst_addr, n, first, cls)`,
-    each pair classed by the held-out sources, destinations and pairs (test and val) it
+    """Steps 1 and 2 of `_label_regimes`: create `rg_pairs(src_addr, dst_addr, n, first, pair_rank,
+    pair_hash, cls)`, each pair classed by the held-out sources, destinations and pairs (test and val) it
     belongs to, or 'time'. Returns the group counts."""
+    # from `checked_groups` (grouped by probe id, not by the probe key: no text made per row)
     con.execute(
-        f"""CREATE TABLE rg_triples AS SELECT {_PROBE_KEY} AS pk, src_addr, dst_addr, count(*) AS n,
-                   min(event_time) AS first
-            FROM canonical WHERE reject_reason IS NULL GROUP BY ALL"""
+        f"""CREATE TABLE rg_triples AS SELECT {_PROBE_KEY} AS pk, src_addr, dst_addr, sum(n)::BIGINT AS n,
+                   min(first) AS first
+            FROM checked_groups WHERE reject_reason IS NULL GROUP BY ALL"""
     )
     details: dict = {"sources": _source_components(con)}
     details["sources"].update(_held_out(con, "rg_held_src", "SELECT DISTINCT comp AS k FROM rg_src", "probe",
@@ -280,6 +288,8 @@ def _hold_out_groups(con, r, seed: int) -> dict:
     con.execute(
         """CREATE TABLE rg_pairs AS
         SELECT p.src_addr, p.dst_addr, p.n, p.first,
+               dense_rank() OVER (ORDER BY p.src_addr, p.dst_addr) AS pair_rank,
+               hash(p.src_addr, p.dst_addr) AS pair_hash,
                CASE WHEN (hs.k IS NOT NULL OR vs.k IS NOT NULL) AND (hd.k IS NOT NULL OR vd.k IS NOT NULL)
                          THEN 'drop:probe_and_target'
                     WHEN hs.k IS NOT NULL THEN 'probe' WHEN vs.k IS NOT NULL THEN 'val_probe'
@@ -427,14 +437,27 @@ def _verify(con, strategy: str) -> dict:
     return checks
 
 
-def _split_groups(con) -> None:
-    """Create `split_groups`: one row per (split, probe key, pair) of the rows as assigned, with
-    its rows, IPv6 rows, failed rows and time span. Every check and statistic of the splits is
-    about these groups, so the rows are read for them once, not once per check."""
-    con.execute(f"""CREATE TEMP TABLE split_groups AS SELECT split, {_PROBE_KEY} AS pk, src_addr, dst_addr,
-                    count(*) AS n, count(*) FILTER (WHERE ip_version = 6) AS v6,
-                    count(*) FILTER (WHERE rtt = -1.0) AS failed, min(event_time) AS lo, max(event_time) AS hi
-                    FROM assigned GROUP BY ALL""")
+def _split_groups(con, by_pair: bool = False, source: str = "assigned") -> dict[str, int]:
+    """Create `split_groups`: one row per (split, probe key, pair) of the rows of `source` (with
+    their split), with its rows, IPv6 rows, failed rows and time span. Every check and statistic
+    of the splits is about these groups, so the rows are read for them once, not once per check.
+    Returns the rows of each split, a drop reason's ('drop:REASON') included; its groups are left
+    out of the table. `by_pair`: `source` has the pair rank `_pair` (regimes), so the rows are
+    grouped by two integers and the texts joined to the groups, not to the rows."""
+    stats = ("count(*) AS n, count(*) FILTER (WHERE ip_version = 6) AS v6, count(*) FILTER (WHERE rtt = -1.0) "
+             "AS failed, min(event_time) AS lo, max(event_time) AS hi")
+    if by_pair:
+        con.execute(f"""CREATE TEMP TABLE split_groups AS
+                        WITH g AS (SELECT split, prb_id, _pair, {stats} FROM {source} GROUP BY ALL)
+                        SELECT g.split, COALESCE('prb:' || g.prb_id::VARCHAR, 'src:' || p.src_addr) AS pk,
+                               p.src_addr, p.dst_addr, g.n, g.v6, g.failed, g.lo, g.hi
+                        FROM g JOIN rg_pairs p ON p.pair_rank = g._pair""")
+    else:
+        con.execute(f"""CREATE TEMP TABLE split_groups AS SELECT split, {_PROBE_KEY} AS pk, src_addr, dst_addr,
+                        {stats} FROM {source} GROUP BY ALL""")
+    counts = dict(con.execute("SELECT split, sum(n)::BIGINT FROM split_groups GROUP BY split").fetchall())
+    con.execute("DELETE FROM split_groups WHERE split LIKE 'drop:%'")
+    return counts
 
 
 def _split_stats(con, splits: tuple[str, ...]) -> list[dict]:
@@ -469,13 +492,14 @@ def shard(
         work.mkdir()
         con = connect(cfg.memory_limit, cfg.threads, temp_dir=work / "spill", database=work / "shard.duckdb")
         progress("validate", 0, total_steps)
-        read, rejected, by_reason = _validate(con, files, tmp / "rejects.jsonl")
+        regimes = cfg.strategy == "regimes"
+        read, rejected, by_reason = _validate(con, files, tmp / "rejects.jsonl", groups=regimes)
         progress("assign splits", 1, total_steps)
         details = _assign_splits(con, cfg)
         progress("verify", 2, total_steps)
-        _split_groups(con)
         checks = _verify(con, cfg.strategy)
-        files_out, written = _write_splits(con, tmp, splits_of(cfg.strategy), details["shards"], progress)
+        files_out, written = _write_splits(con, tmp, splits_of(cfg.strategy), details["shards"], int(cfg.seed),
+                                           regimes, progress)
         stats = _split_stats(con, splits_of(cfg.strategy))
         con.close()
         dropped = details["dropped"]
@@ -513,11 +537,19 @@ def shard(
     return result
 
 
-def _validate(con, files: list[Path], rejects_path: Path) -> tuple[int, int, dict]:
+def _validate(con, files: list[Path], rejects_path: Path, groups: bool = False) -> tuple[int, int, dict]:
     """Check the inputs (the view `canonical`) and write their rejected rows to `rejects_path`.
-    Returns (rows read, rows rejected, rejected by reason); raises when no row is valid."""
+    Returns (rows read, rows rejected, rejected by reason); raises when no row is valid.
+    `groups`: also create `checked_groups` (rows and first time per reject reason, probe id and
+    pair), from the same read of the input: the regimes' labels start from it."""
     canonical_query(con, files)
-    counts = con.execute("SELECT reject_reason, count(*) FROM canonical GROUP BY 1 ORDER BY 1").fetchall()
+    if groups:
+        con.execute("""CREATE TEMP TABLE checked_groups AS SELECT reject_reason, prb_id, src_addr, dst_addr,
+                       count(*) AS n, min(event_time) AS first FROM canonical GROUP BY ALL""")
+        counts = con.execute("SELECT reject_reason, sum(n)::BIGINT FROM checked_groups "
+                             "GROUP BY 1 ORDER BY 1").fetchall()
+    else:
+        counts = con.execute("SELECT reject_reason, count(*) FROM canonical GROUP BY 1 ORDER BY 1").fetchall()
     by_reason = {reason: n for reason, n in counts if reason is not None}
     read, rejected = sum(n for _, n in counts), sum(by_reason.values())
     if read and not rejected:
@@ -539,31 +571,71 @@ def _validate(con, files: list[Path], rejects_path: Path) -> tuple[int, int, dic
     return read, rejected, by_reason
 
 
-def _write_splits(con, tmp: Path, splits: tuple[str, ...], shards: dict[str, int],
-                  progress: Progress) -> tuple[dict[str, list[str]], int]:
-    """Write the rows of `labelled_rows` as `tmp/SPLIT/part-NNNNN.parquet`, one file per shard. Returns
-    each split's files (relative to `tmp`) and the rows written."""
-    written = 0
+def _shard_numbers(tmp: Path, splits: tuple[str, ...], shards: dict[str, int], seed: int):
+    """Each shard's file (relative to `tmp`) by split, their paths by shard number (all splits'
+    shards numbered in order), and SQL for a row's shard number."""
     files_out: dict[str, list[str]] = {}
-    n_files = sum(shards.values())
-    done = 0
+    paths: list[Path] = []
+    whens = []
+    for split in splits:
+        files_out[split] = [f"{split}/part-{k:05d}.parquet" for k in range(shards[split])]
+        # a split's only shard needs no hash modulo per row to find its rows
+        k = f" + hash(src_addr, dst_addr, event_time, rtt, {int(seed)}) % {shards[split]}" if shards[split] > 1 else ""
+        whens.append(f"WHEN '{split}' THEN {len(paths)}{k}")
+        paths.extend(tmp / f for f in files_out[split])
+    return files_out, paths, f"(CASE split {' '.join(whens)} END)::INTEGER"
+
+
+def _write_splits(con, tmp: Path, splits: tuple[str, ...], shards: dict[str, int], seed: int, by_pair: bool,
+                  progress: Progress) -> tuple[dict[str, list[str]], int]:
+    """Write the rows of `assigned` as `tmp/SPLIT/part-NNNNN.parquet`, one file per shard, each
+    ordered by event_time, src_addr, dst_addr, rtt (`by_pair`: the pair rank `_pair` in place of
+    the addresses, which sorts as they do). Returns each split's files (relative to `tmp`) and the
+    rows written.
+
+    One sort of every row, its output sent to each row's shard as it comes: a query per shard
+    would read every row again for each shard. A sort that starts with the time keeps the
+    input's (usually time-ordered) runs and is cheapest; it has every shard's file open at once,
+    each holding up to a row group in memory, so past `_OPEN_SHARDS` the rows are sorted by shard
+    first and the files written one at a time."""
+    import numpy as np
+
+    from pingctl.schema.parquet import ROW_GROUP_ROWS, PartWriters, to_canonical
+
+    files_out, paths, part_sql = _shard_numbers(tmp, splits, shards, seed)
     for split in splits:
         (tmp / split).mkdir()
-        files_out[split] = []
-        for k in range(shards[split]):
-            path = tmp / split / f"part-{k:05d}.parquet"
-            # a split's only shard needs no hash modulo per row to find its rows
-            which = f" AND row_hash % {shards[split]} = {k}" if shards[split] > 1 else ""
-            reader = con.sql(
-                f"SELECT {', '.join(COLUMNS)} FROM labelled_rows WHERE split = '{split}'{which} "
-                "ORDER BY event_time, src_addr, dst_addr, rtt"
-            ).to_arrow_reader(batch_size=262_144)
-            n = write_canonical(reader, path)
-            reader.close()  # DuckDB 2 keeps the result open on the connection until closed
-            written += n
-            files_out[split].append(f"{split}/{path.name}")
-            done += 1
-            progress(f"write {split} shard {k}", 3 * n_files + done, 4 * n_files)
+    by_shard = len(paths) > _OPEN_SHARDS
+    order = ("_part, " if by_shard else "") + "event_time, " + ("_pair" if by_pair else "src_addr, dst_addr") + ", rtt"
+    total = max(1, int(one(con, "SELECT COALESCE(sum(n), 0) FROM split_groups")[0]))
+    progress("sort shards", 3 * total, 4 * total)
+    in_splits = ", ".join(f"'{s}'" for s in splits)
+    reader = con.sql(f"SELECT {', '.join(COLUMNS)}, {part_sql} AS _part FROM labelled WHERE split IN ({in_splits}) "
+                     f"ORDER BY {order}").to_arrow_reader(batch_size=262_144)
+    writers = PartWriters(paths, ROW_GROUP_ROWS, arrow_schema())
+    done = 0
+    try:
+        for batch in reader:
+            part = batch.column("_part").to_numpy()
+            table = to_canonical(batch)
+            if by_shard:  # shards before this batch's first are complete
+                for p in [p for p in writers.open if p < part[0]]:
+                    writers.close(p)
+            # stable: each shard's rows keep the sort's order (16-bit keys sort several times faster)
+            idx = np.argsort(part.astype(np.uint16) if len(paths) <= 1 << 16 else part, kind="stable")
+            cuts = np.flatnonzero(np.diff(part[idx])) + 1
+            for lo, hi in zip([0, *cuts], [*cuts, len(idx)]):
+                # a copy of the shard's rows: a slice would keep the whole batch in memory until its shard's
+                # row group is full
+                writers.write(int(part[idx[lo]]), table if hi - lo == len(idx) else table.take(idx[lo:hi]))
+            done += len(idx)
+            progress("write shards", 3 * total + done, 4 * total)
+        written = writers.finish()
+    except BaseException:
+        writers.abort()
+        raise
+    finally:
+        reader.close()  # DuckDB 2 keeps the result open on the connection until closed
     return files_out, written
 
 

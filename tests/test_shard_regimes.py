@@ -235,6 +235,27 @@ def test_spills_under_a_small_memory_limit(world, tmp_path):
     assert res["checks"]["disjoint"] and res["rows_written"] + res["rows_dropped"] == res["rows_read"]
 
 
+def test_shards_are_the_same_whichever_way_they_are_written(world, tmp_path, monkeypatch):
+    # one sort streamed to every shard at once, or sorted by shard first (too many shards to hold
+    # open), and pairs found by hash or by text: the same rows in each file, in the same order
+    import pingctl.shard as shard_module
+
+    cfg = ShardConfig(strategy="regimes", regimes=BIG, rows_per_shard=5000)
+    res = shard([world], tmp_path / "a", cfg)
+    assert len(res["files"]["train"]) > 1
+    monkeypatch.setattr(shard_module, "_OPEN_SHARDS", 0)
+    shard([world], tmp_path / "b", cfg)
+    monkeypatch.setattr(shard_module, "_pair_join", lambda con: "p.src_addr = c.src_addr AND p.dst_addr = c.dst_addr")
+    shard([world], tmp_path / "c", cfg)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
+    assert len(files) == sum(len(v) for v in res["files"].values())
+    key = ["event_time", "src_addr", "dst_addr", "rtt"]
+    for f in files:
+        a = pq.read_table(tmp_path / "a" / f)
+        assert a.equals(pq.read_table(tmp_path / "b" / f)) and a.equals(pq.read_table(tmp_path / "c" / f)), f
+        assert a.equals(a.sort_by([(k, "ascending") for k in key])), f  # each file sorted by time, then pair
+
+
 def test_target_strategy_holds_out_destinations(world, tmp_path):
     out = tmp_path / "o"
     res = shard([world], out, ShardConfig(strategy="target", val_fraction=0.1, test_fraction=0.2))

@@ -97,6 +97,87 @@ class PartWriter:
                 pass
 
 
+class PartWriters:
+    """`PartWriter`s for many files at once, fed by the caller's thread and written by `threads`
+    others, each file always by the same one (its row groups keep their order). Parquet's
+    encoding and compression release the GIL, so files are written beside each other and beside
+    the caller's reading. Each thread's queue holds at most `queued` tables (memory)."""
+
+    def __init__(self, paths: list[Path], rows: int, schema, threads: int = 2, queued: int = 4):
+        import queue
+        import threading
+
+        self.paths, self.rows, self.schema = list(paths), rows, schema
+        self.open: dict[int, PartWriter] = {}
+        self.made: list[PartWriter] = []
+        self.closing: set[int] = set()
+        self.written: dict[int, int] = {}
+        self.failed: list[BaseException] = []
+        self.queues = [queue.Queue(maxsize=queued) for _ in range(max(1, threads))]
+        self.threads = [threading.Thread(target=self._work, args=(q,), daemon=True) for q in self.queues]
+        for t in self.threads:
+            t.start()
+
+    def _work(self, q) -> None:
+        while (task := q.get()) is not None:
+            if not self.failed:  # after a failure, only drain
+                try:
+                    task()
+                except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+                    self.failed.append(e)
+
+    def _queue(self, i: int, task) -> None:
+        if self.failed:
+            raise self.failed[0]
+        self.queues[i % len(self.queues)].put(task)
+
+    def _writer(self, i: int) -> PartWriter:
+        w = self.open.get(i)
+        if w is None:
+            w = self.open[i] = PartWriter(self.paths[i], self.rows, schema=self.schema)
+            self.made.append(w)
+        return w
+
+    def write(self, i: int, table) -> None:
+        """Append `table` to file `i`."""
+        w = self._writer(i)
+        self._queue(i, lambda: w.write(table))
+
+    def close(self, i: int) -> None:
+        """Close file `i` (no more rows for it); one that got none is written empty."""
+        w = self._writer(i)
+        del self.open[i]
+        self.closing.add(i)
+
+        def done() -> None:
+            w.close()
+            self.written[i] = w.written
+
+        self._queue(i, done)
+
+    def finish(self) -> int:
+        """Close every file and wait for the threads; returns the rows written."""
+        for i in range(len(self.paths)):
+            if i not in self.closing:
+                self.close(i)
+        self._stop()
+        if self.failed:
+            raise self.failed[0]
+        return sum(self.written.values())
+
+    def abort(self) -> None:
+        self.failed.append(PingctlError("aborted"))
+        self._stop()
+        for w in self.made:
+            w.abort()
+
+    def _stop(self) -> None:
+        for q in self.queues:
+            q.put(None)
+        for t in self.threads:
+            t.join()
+
+
 def write_canonical(batches: Iterable, path: Path, row_group_rows: int = ROW_GROUP_ROWS) -> int:
     """Stream batches into one Parquet file in whole row groups; returns rows written. Caller
     handles atomicity."""
