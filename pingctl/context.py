@@ -252,11 +252,10 @@ def gather(parts: list[History], contexts: list[np.ndarray]) -> tuple[dict, list
     """The rows `contexts` hold (indices into `parts` taken as one), as one table in that
     order, and the contexts as indices into it."""
     used = np.unique(np.concatenate([np.asarray(c, np.int64) for c in contexts] + [np.zeros(0, np.int64)]))
-    keys = [k for k in parts[0].table if all(k in p.table for p in parts)]
+    keys = ["src", "dst"] + [k for k in parts[0].table if k not in ("src", "dst") and all(k in p.table for p in parts)]
     bounds = np.cumsum([0] + [len(p) for p in parts])
     pool = {}
     for key in keys:
-        pieces = [np.asarray(p.table[key])[used[(used >= a) & (used < b)] - a]
-                  for p, a, b in zip(parts, bounds[:-1], bounds[1:])]
+        pieces = [p.column(key, used[(used >= a) & (used < b)] - a) for p, a, b in zip(parts, bounds[:-1], bounds[1:])]
         pool[key] = np.concatenate(pieces)
     return pool, [np.searchsorted(used, c).astype(np.int64) for c in contexts]

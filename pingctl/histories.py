@@ -43,6 +43,15 @@ class Addresses:
             self.index = None
         return self.vocabulary.codes(dict_encode(column))
 
+    def strings(self, codes) -> np.ndarray:
+        """The address of each code (an object array of str)."""
+        codes = np.asarray(codes, np.int64)
+        if self.index is not None:
+            return np.array(list(self.index), object)[codes] if len(codes) else np.empty(0, object)
+        import pyarrow as pa
+
+        return self.vocabulary.values.take(pa.array(codes)).to_numpy(zero_copy_only=False)
+
 
 class _TimeAt:
     """The times of a side's places, read one at a time (what `bisect` asks of a sequence)."""
@@ -116,6 +125,18 @@ class History:
     def probe(self) -> np.ndarray:
         prb = np.asarray(self.table["prb_id"], np.int64)
         return np.where(prb >= 0, prb, -1 - self.src.astype(np.int64))
+
+    def column(self, key: str, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` of the table's column `key`, the addresses read from their codes."""
+        if key in ("src", "dst"):
+            return self.addresses.strings(getattr(self, key)[rows])
+        return np.asarray(self.table[key])[rows]
+
+    def forget_strings(self) -> "History":
+        """Drop the table's address columns, their codes standing in for them (`column`): a
+        day's train split holds 1.5 GB in them (an object array and its coding each)."""
+        self.table = {k: v for k, v in self.table.items() if k not in ("src", "dst")}
+        return self
 
     def pair_key(self, rows=slice(None)) -> np.ndarray:
         """(source, destination) as one int64."""

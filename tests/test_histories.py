@@ -42,8 +42,11 @@ def test_train_indexed_once_gives_the_contexts_of_the_concatenated_pool(seed, k_
     pool = context_pool(test, train, policy)
     want = _measurements(pool, context_indices(pool, test, idx, k_src, policy, per_pair, k_dst))
     history = History.of(train, Addresses())
-    for _ in range(2):  # the index is reused: a second ask sees the same
-        got_pool, got = pool_and_contexts(test, idx, k_src, policy, per_pair, k_dst, train=history)
+    # the same without train's address strings: its index's codes stand in for them
+    slim = History.of(train, Addresses()).forget_strings()
+    assert "src" not in slim.table and "src" in train
+    for h in (history, history, slim):  # the index is reused: a second ask sees the same
+        got_pool, got = pool_and_contexts(test, idx, k_src, policy, per_pair, k_dst, train=h)
         assert _measurements(got_pool, got) == want
         used = np.unique(np.concatenate(got + [np.zeros(0, np.int64)]))
         assert len(got_pool["rtt"]) == len(used) and (used == np.arange(len(used))).all()

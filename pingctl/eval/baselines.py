@@ -360,7 +360,7 @@ class _Keyer:
 
     def _join(self, s: np.ndarray, t: np.ndarray) -> np.ndarray:
         n = max(len(self.vocab), 1)
-        return np.where((s >= 0) & (t >= 0), s * n + t, -1)
+        return np.where((s >= 0) & (t >= 0), s.astype(np.int64) * n + t, -1)
 
 
 class SharedFits:
@@ -395,7 +395,9 @@ class SharedFits:
         tf = _transform(bits)
         src, dst = column(self.train, "src"), column(self.train, "dst")
         vocab = vocabulary(src, dst, transform=tf)
-        got = (vocab, codes_in(src, vocab, tf), codes_in(dst, vocab, tf))
+        # int32 where they fit: held beside train while every level is fitted (a day: 0.5 GB, not 1)
+        small = np.int32 if len(vocab) < 2**31 - 1 else np.int64
+        got = (vocab, codes_in(src, vocab, tf).astype(small, copy=False), codes_in(dst, vocab, tf).astype(small, copy=False))
         if bits is None:  # kept for the embedding; a prefix's are read once, by its level's keyer
             self._codes[bits] = got
         return got

@@ -29,19 +29,19 @@ from pingctl.artifacts.table import REGIMES, has_split, load_split, load_split_i
 from pingctl.atomic import write_json
 from pingctl.errors import PingctlError, UsageError
 from pingctl.eval import combine as CMB, metrics as M
+from pingctl.eval.baselines import SharedFits
 from pingctl.eval.combine import COMBINED
 from pingctl.eval.hints import prompt_hints
 from pingctl.eval.model import predict
 from pingctl.eval.presentation import prediction_columns, summary_rows
 from pingctl.eval.registry import candidates, fit_baselines
-from pingctl.eval.baselines import SharedFits
 from pingctl.eval.report import Seen, add_model, add_prompt_baselines, baseline_table, compare, model_first
 from pingctl.eval.run import check_options, check_out_dir, fit_calibration
 from pingctl.histories import Addresses, History
 from pingctl.infer import calibration as CAL
 from pingctl.infer.hints import run_hints
 from pingctl.infer.model import LoadedModel
-from pingctl.prompt import PromptSpec, is_fair, regime_policies
+from pingctl.prompt import Policy, PromptSpec, is_fair, regime_policies
 from pingctl.synth.truth import load_truth
 
 # The classical predictor each regime is judged against is fixed before any test packet is
@@ -235,9 +235,16 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     fitted, fit_s = fit_baselines(train, seed, vivaldi_cycles, hints=run_hints(Path(run)), shared=shared)
     seen = Seen.of(train, shared)
     del shared  # its row-sized codes and ranks: what the fits and the slices needed of them is kept
+    indexed = None
+    if all(s.policy in (Policy.BOTH, Policy.PAIR) for s in specs.values()):
+        # these prompts read train only through its index, which holds the addresses as codes:
+        # the strings go (a day's train: 1.5 GB of its 3.6)
+        progress("indexing the train split for the prompts")
+        indexed = History.of(train, Addresses()).forget_strings()
+        train = indexed.table
     progress(f"loading the model from {run}")
     ev = _Regimes(LoadedModel.load(run, step, hardware), Path(run), train, fitted, specs, context, queries, seed,
-                  str(truth) if truth else None, progress, seen=seen)
+                  str(truth) if truth else None, progress, seen=seen, indexed=indexed)
     out.mkdir(parents=True, exist_ok=True)
     calibrations, maps = ev.recalibrate(val_dirs, recalibration, out)
     choice = choose_on_val(fitted, {r: ev.val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)

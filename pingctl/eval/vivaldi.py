@@ -432,7 +432,8 @@ def edges(a, b, rtt_ms, order_key=None, samples: str = "packets") -> _Edges:
     del over
     order = np.lexsort((t, key))
     del t
-    key, r = key[order], r[order]
+    key = key[order]
+    r = r[order]
     del order
     first = np.ones(len(r), bool)
     first[1:] = key[1:] != key[:-1]
@@ -484,6 +485,7 @@ class Vivaldi:
 
     name = "vivaldi"
     levels = ("vivaldi", "global")
+    fit_first = True  # its channels sort every row: `registry.fit_baselines` fits it before the levels
 
     def __init__(self, config: Config | None = None, cycles: int = 1000, samples: str = "packets", seed: int = 0,
                  refit_cycles: int = 300):
