@@ -271,3 +271,15 @@ def test_a_map_says_what_its_val_sets_hold_out_and_flags_few():
     info = {"fitted": "m.json", "fitted_on": "val"}
     describe_val(info, {"time": wide})  # the time regime holds nothing out
     assert "held_out" not in info and "warning" not in info
+
+
+@pytest.mark.parametrize("n", [0, 3, 500, 2_000])
+def test_a_val_sample_sampled_again_is_itself(n):
+    """`_Regimes` keeps of a val set, once asked, only its seeded sample: `choose_on_val` samples
+    what it is given with the same queries and seed, and must get the same packets."""
+    from pingctl.eval.regimes import _sample
+
+    for seed in (0, 7):
+        idx = _sample(n, 500, seed)
+        again = _sample(len(idx), 500, seed)
+        assert (idx[again] == idx).all() and len(idx) == min(n, 500)

@@ -330,7 +330,9 @@ class _Regimes:
         calibrations: dict = {}
         maps: dict = {}
         policies = {r: s.policy for r, s in self.specs.items()}
-        for group in map_groups(val_dirs, self.specs, recalibration):
+        groups = map_groups(val_dirs, self.specs, recalibration)
+        last = {val_dirs[r]: i for i, group in enumerate(groups) for r in group}
+        for i, group in enumerate(groups):
             asked: dict = {}  # (val path, policy) -> the first regime of the group asked that way
             for r in group:
                 asked.setdefault((val_dirs[r], self.specs[r].policy), r)
@@ -350,7 +352,16 @@ class _Regimes:
                 cal = CAL.load(Path(info["fitted"])) if info.get("fitted") else None
             for r in group:
                 calibrations[r], maps[r] = info, cal
+            for path in [p for p, j in last.items() if j == i]:
+                self._keep_sample(path)
         return calibrations, maps
+
+    def _keep_sample(self, path: Path) -> None:
+        """Hold of val split `path`, once its last group is fitted, only the packets later read
+        of it: the seeded sample `choose_on_val` takes, which is that sample again (`_sample` of
+        at most `queries` packets is all of them). A day's val sets are 15M rows."""
+        if (val := self.loaded.get(path)) is not None:
+            self.loaded[path] = take(val, _sample(len(val["rtt"]), self.queries, self.seed))
 
     def _fit_map(self, group: list[str], present: dict, pits: dict, out: Path, first: bool) -> dict:
         """The map of one group of regimes, fitted on the PITs of its val packets."""
