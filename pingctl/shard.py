@@ -130,7 +130,7 @@ def _assign_splits(con, cfg: ShardConfig) -> dict:
         con.execute(
             f"CREATE TEMP VIEW labelled AS SELECT *, {split_sql} AS split FROM {source} WHERE reject_reason IS NULL"
         )
-    counts = _split_groups(con, by_pair=cfg.strategy == "regimes", source="labelled")
+    counts = _split_groups(con, "labelled", by_pair=cfg.strategy == "regimes")
     details["dropped"] = {k[len("drop:"):]: v for k, v in sorted(counts.items()) if k.startswith("drop:")}
     shards = {s: max(1, math.ceil(counts.get(s, 0) / cfg.rows_per_shard)) for s in splits}
     # a row's shard is a content hash modulo its split's shards (`_write_splits`)
@@ -437,7 +437,7 @@ def _verify(con, strategy: str) -> dict:
     return checks
 
 
-def _split_groups(con, by_pair: bool = False, source: str = "assigned") -> dict[str, int]:
+def _split_groups(con, source: str, by_pair: bool = False) -> dict[str, int]:
     """Create `split_groups`: one row per (split, probe key, pair) of the rows of `source` (with
     their split), with its rows, IPv6 rows, failed rows and time span. Every check and statistic
     of the splits is about these groups, so the rows are read for them once, not once per check.

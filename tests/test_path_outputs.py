@@ -153,7 +153,7 @@ def test_the_regimes_checks_read_per_pair_spans_and_still_find_a_packet_in_two_s
         ('train', 1, '10.0.0.1', '10.0.0.9', {t.format(train_last)}, 4, 5.0),
         ('test_time', 1, '10.0.0.1', '10.0.0.9', {t.format(3)}, 4, 6.0),
         ('test_pair', 1, '10.0.0.1', '10.0.0.8', {t.format(5)}, 4, -1.0)""")
-    shard_mod._split_groups(con)
+    shard_mod._split_groups(con, "assigned")
     checks = shard_mod._verify_regimes(con)
     assert checks["packets_in_several_splits"] == several
     assert checks["time_rows_not_after_train"] == not_after

@@ -147,9 +147,9 @@ class Groups:
         g = len(self.count)
         m = np.minimum(self.count, k)  # candidate places per group
         ends = np.cumsum(m)
-        cuts = np.unique(np.concatenate([[0], np.searchsorted(ends, np.arange(1, 1 + ends[-1] // _BLOCK) * _BLOCK)
-                                         if g else [], [g]])).astype(np.int64)
-        blocks = list(zip(cuts[:-1], cuts[1:]))
+        # groups a..b-1 of a block hold about _BLOCK candidates (a group is never split)
+        cuts = [0, *np.searchsorted(ends, np.arange(_BLOCK, int(ends[-1]) if g else 0, _BLOCK)).tolist(), g]
+        blocks = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
         self.sk_count = np.zeros(g, np.int64)
         for a, b in blocks:
             gi, _ = self._kept(a, b, m, k)
@@ -205,21 +205,19 @@ class Groups:
         out[ok] = (less + u * (leq - less + 1)) / (self.sk_count[g] + 1)
         return out
 
-
     def _below(self, g: np.ndarray, ux: np.ndarray, strict: bool) -> np.ndarray:
         """How many of each group's sketch values are below (`strict`) or at most `ux`, both in
         whole microseconds (`_us`): a binary search inside each group's sorted span, all groups
         at once (a sketch sorted by value is sorted by its microseconds)."""
-        lo = self.sk_start[g].copy()
+        lo = self.sk_start[g]
         hi = lo + self.sk_count[g]
-        start = lo.copy()
         while (open_ := lo < hi).any():
             mid = (lo + hi) // 2
             v = _us(self.sk_val[np.where(open_, mid, 0)])
             right = open_ & ((v < ux) if strict else (v <= ux))
             lo = np.where(right, mid + 1, lo)
             hi = np.where(open_ & ~right, mid, hi)
-        return lo - start
+        return lo - self.sk_start[g]
 
     def crps(self, gidx: np.ndarray, x: np.ndarray) -> np.ndarray:
         """CRPS (ms) of x under each group's empirical distribution (its sketch); NaN for
