@@ -24,6 +24,13 @@ class ConfigError(UsageError):
     kind = "config"
 
 
+class Interrupted(PingctlError):
+    """Ctrl-C where the command has more to say than that it stopped (what it kept, how to go on)."""
+
+    exit_code = 130
+    kind = "interrupted"
+
+
 def duckdb_interrupted(e: BaseException) -> bool:
     """Ctrl-C inside a DuckDB query surfaces as DuckDB's own error, not KeyboardInterrupt: a
     RuntimeError('Query interrupted') when the binding sees the signal, else InterruptException."""

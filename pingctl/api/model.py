@@ -25,6 +25,7 @@ import numpy as np
 
 from pingctl.artifacts import eval_output as EO
 from pingctl.artifacts import sample_output as SO
+from pingctl.artifacts import score_output as SCO
 from pingctl.artifacts.hub import hub_name, resolve_model_path
 from pingctl.artifacts.run import checkpoint_items, parse_steps, read_summary, run_config
 from pingctl.artifacts.table import resolve_inputs
@@ -36,6 +37,7 @@ from pingctl.infer import predictor as PR
 from pingctl.infer import queries as Q
 from pingctl.infer import questions as QS
 from pingctl.infer import score as S
+from pingctl.infer import score_parts as SP
 from pingctl.infer.model import LoadedModel, check_engine, untimed_run
 from pingctl.infer.plots import distribution_figure, save_figure
 from pingctl.infer.runtime import check_hardware
@@ -513,14 +515,36 @@ class Model:
         preceding measurements in the table (`context_policy` "stream", the default as for
         `pingctl score`: each probe's rows as one teacher-forced stream; or "probe", "cold", "none"). Rows
         build-rows would reject are set aside; the counts are in the schema metadata
-        (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most). Each row is
-        read from the answer to its question (`answer`, as `rtt`'s; columns answered_by and regime)."""
+        (`pingctl.infer.score.score_meta`). At most `limit` rows (1,000,000 at most; `score_to`
+        scores a table of any size into a directory). Each row is read from the answer to its
+        question (`answer`, as `rtt`'s; columns answered_by and regime)."""
         predictor = self.predictor.asking(answer)
         if not isinstance(table, S.ScoreInput):  # else read and checked before the load (`read_scores`)
             S.check_options(context, context_policy, limit)
             table = S.read_input(table, limit)
         return S.score_rows(self.loaded, table, context=context, context_policy=context_policy,
                             per_pair=context_per_pair, progress=progress, predictor=predictor)
+
+    @A.argument_names
+    def score_to(self, table, out: Path | str, context: int = S.CONTEXT, context_policy: str = S.STREAM,
+                 limit: int | None = None, context_per_pair: int | None = None, progress=None,
+                 answer: str | None = None, bucket_rows: int = SP.BUCKET_ROWS) -> dict:
+        """`score` of a table of any size (a Parquet path, directory or glob) into the directory
+        `out`, a bucket of about `bucket_rows` rows of whole probes at a time, as `pingctl score
+        TABLE -o DIR` writes it (docs/score.md, "A table of any size"): one Parquet part per bucket
+        with a `row` column (the row's place in the table), then manifest.json. A call after an
+        interrupted one with the same arguments resumes it. Policies "stream", "probe", "cold",
+        "none". Returns the manifest: the counts, the settings and `data_files`, the parts."""
+        predictor = self.predictor.asking(answer)
+        if not isinstance(table, SP.Partition):  # else read into buckets before the load (`partition_scores`)
+            SP.check_options(context, context_policy, limit, bucket_rows)
+            if not SCO.is_directory(Path(out)):
+                raise UsageError(f"out {out}: a directory name (no .parquet, .csv or .json suffix); "
+                                 "Model.score returns the scores of a table as one")
+            SCO.check_out(Path(out), resolve_inputs([table]) if isinstance(table, (str, Path)) else [])
+            table = SP.partition(table, out, limit=limit, bucket_rows=bucket_rows)
+        return SP.score_parts(self.loaded, table, context=context, context_policy=context_policy,
+                              per_pair=context_per_pair, progress=progress, predictor=predictor)
 
     def answer(self, question: QS.Question, context: Measurements | None = None, read: dict | None = None,
                run: Path | str | None = None, answer: str | None = None) -> QS.Answer:

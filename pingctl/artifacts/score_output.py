@@ -5,14 +5,23 @@ canonical table (extra columns are allowed), so `pingctl inspect` and every read
 take it as one; `read` tells it apart by its metadata. `-o FILE.csv` writes the same rows as
 CSV, and `-o FILE.json` as JSON rows under "scores" beside the metadata, both in the form of
 every CSV pingctl writes (pingctl.schema.spreadsheet: `event_time_utc` in ISO 8601,
-`rtt_ms`, `size_bytes`); a CSV has no place for the metadata, which `--json` prints."""
+`rtt_ms`, `size_bytes`); a CSV has no place for the metadata, which `--json` prints.
+
+`-o DIR` (no suffix) is a table of any size scored a bucket of probes at a time
+(pingctl.infer.score_parts): one Parquet part per bucket (`part-00000.parquet`, ...), each
+written atomically, with a `row` column (the row's place in the input), and last manifest.json:
+the counts and settings as a file's metadata holds them, and `data_files`, the parts, so every
+reader of tables reads the directory as one table. Without manifest.json the directory is
+unfinished: its `.staging/` holds what a rerun resumes from."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from pingctl.atomic import MANIFEST, atomic_file, inside_pingctl_output, is_pingctl_output, unwritable_reason
+from pingctl import __version__
+from pingctl.atomic import MANIFEST, atomic_file, inside_pingctl_output, is_pingctl_output, unwritable_reason, write_json
 from pingctl.errors import PingctlError, UsageError
 from pingctl.schema.parquet import WRITE_OPTIONS
 from pingctl.schema.spreadsheet import json_rows, json_text, write_csv
@@ -21,19 +30,32 @@ KIND = "scores"
 SCORE_COLUMNS = ("nll", "pit", "tail_p", "p_fail")
 SUFFIX = ".parquet"
 SUFFIXES = (SUFFIX, ".csv", ".json")
+STAGING = ".staging"  # an unfinished directory output's buckets and settings: what a rerun resumes from
+PART = "part-{:05d}.parquet"
+
+
+def is_directory(out: Path) -> bool:
+    """Whether `-o out` names a directory of parts: a name without a suffix, or a directory
+    that exists and is not named like a score file (`runs/day.scores/`)."""
+    out = Path(out)
+    return out.suffix not in SUFFIXES and (out.suffix == "" or out.is_dir())
 
 
 def check_out(out: Path, inputs: list[Path] = (), within: dict[str, Path] | None = None) -> None:
-    """Refuse, before any work, an output that is not a .parquet, .csv or .json file name (usage
-    error), one that cannot be created, one that is an input of the same command (it would
-    be replaced by its own scores), or one inside what the command reads (`within`: label ->
-    the table or model directory given) or inside a pingctl output (a split): the next read of
-    that directory would take the scores for its measurements."""
+    """Refuse, before any work, an output that cannot be created, one that is an input of the
+    same command (it would be replaced by its own scores), or one inside what the command reads
+    (`within`: label -> the table or model directory given) or inside a pingctl output (a
+    split): the next read of that directory would take the scores for its measurements. A
+    name without a .parquet, .csv or .json suffix is a directory of parts (`check_directory`)."""
     out = Path(out)
-    if out.suffix not in SUFFIXES:
+    if out.suffix not in SUFFIXES and not is_directory(out):
         raise UsageError(f"-o {out}: scores are written as Parquet, CSV or JSON; give a file name ending in "
-                         f"{', '.join(SUFFIXES[:-1])} or {SUFFIXES[-1]}")
+                         f"{', '.join(SUFFIXES[:-1])} or {SUFFIXES[-1]}, or a directory name (no suffix) for a "
+                         "table of any size")
     _check_outside(out, within or {})
+    if is_directory(out):
+        check_directory(out, inputs)
+        return
     if out.is_dir():
         raise PingctlError(f"-o {out} is a directory; give a file name")
     if reason := unwritable_reason(out):
@@ -76,10 +98,12 @@ def write_scores(table, out: Path) -> None:
 
 def read_meta(path: Path) -> dict | None:
     """The `pingctl` metadata of a score output, or None if `path` is not one (cheap: the
-    footer only)."""
+    footer only); of a directory of parts, its manifest.json once it is finished."""
     import pyarrow.parquet as pq
 
     path = Path(path)
+    if path.is_dir():
+        return _directory_meta(path)
     if not path.is_file() or path.suffix != SUFFIX:
         return None
     try:
@@ -92,5 +116,86 @@ def read_meta(path: Path) -> dict | None:
     return meta
 
 
+def _directory_meta(d: Path) -> dict | None:
+    try:
+        meta = json.loads((d / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = meta.get("data_files") if isinstance(meta, dict) else None
+    if meta.get("kind") != KIND or not isinstance(files, list) or not all((d / str(f)).is_file() for f in files):
+        return None
+    return meta
+
+
 def is_score_output(path: Path) -> bool:
     return read_meta(path) is not None
+
+
+# ----------------------------------------------------------------- a directory of parts
+
+
+def check_directory(out: Path, inputs: list[Path] = ()) -> None:
+    """`-o DIR`: refuse a file, a directory that holds the table, and a non-empty directory
+    that is not a score output, finished or not (its contents would be mixed with the parts)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out} is a file; scores go to a file ending in {', '.join(SUFFIXES)}, or to a directory: "
+                         "give a directory name")
+    if reason := unwritable_reason(out / PART.format(0)):
+        raise PingctlError(f"-o {out}: cannot be written ({reason})")
+    where = out.resolve()
+    if any(where == f.resolve() or where in f.resolve().parents for f in map(Path, inputs)):
+        raise UsageError(f"-o {out} holds the table being scored; write the scores to another directory")
+    if out.is_dir() and not is_score_directory(out):
+        raise UsageError(f"-o {out} is a directory that holds other files than scores (no score manifest.json, "
+                         f"no unfinished score's {STAGING}/); choose a new or empty directory")
+
+
+def is_score_directory(d: Path) -> bool:
+    """Empty, a finished score output, or an unfinished one: part files and hidden entries only."""
+    d = Path(d)
+    if read_meta(d) is not None:
+        return True
+    return all(e.name.startswith(".") or (e.name.startswith("part-") and e.suffix == SUFFIX) for e in d.iterdir())
+
+
+def part_path(out: Path, index: int) -> Path:
+    return Path(out) / PART.format(index)
+
+
+def part_meta(path: Path) -> dict | None:
+    """The `pingctl` metadata of a part already written (None: no such part, or unreadable)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = json.loads((pq.read_schema(path).metadata or {}).get(b"pingctl", b"{}"))
+    except Exception:  # noqa: BLE001 - a part that cannot be read is one to write again
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def start_over(out: Path) -> None:
+    """Remove a score directory's manifest.json first (never a finished-looking mix), then its parts."""
+    out = Path(out)
+    (out / MANIFEST).unlink(missing_ok=True)
+    if out.is_dir():
+        for f in out.glob("part-*" + SUFFIX):
+            f.unlink()
+
+
+def finish_directory(out: Path, meta: dict, parts: int) -> dict:
+    """Write manifest.json (last: the directory is finished once it is there) and remove
+    `.staging/`; returns the manifest."""
+    files = [PART.format(i) for i in range(parts)]
+    manifest = {**meta, "kind": KIND, "pingctl_version": __version__, "parts": parts, "data_files": files}
+    write_json(Path(out) / MANIFEST, manifest)
+    shutil.rmtree(Path(out) / STAGING, ignore_errors=True)
+    return manifest
+
+
+def part_files(out: Path) -> list[Path]:
+    """A finished score directory's parts, in order."""
+    meta = read_meta(out)
+    if meta is None or not Path(out).is_dir():
+        raise PingctlError(f"{out}: not a finished score output (no score manifest.json listing its parts)")
+    return [Path(out) / f for f in meta["data_files"]]

@@ -15,13 +15,16 @@ from pingctl.cli.common import (AnswerOpt, CombinationOpt, EngineOpt, HardwareOp
 # tests/test_score.py checks that the two agree)
 MAX_ROWS = 1_000_000
 MAX_CONTEXT = 10_000
+BUCKET_ROWS = 500_000  # pingctl.infer.score_parts's
 TOP = 10  # flagged rows printed with --threshold; -o and --json hold them all
 
 
 def score(
     run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model, or its Hugging Face Hub repo id (owner/name).")],
     table: Annotated[Path, typer.Argument(help="Canonical Parquet: a file, a directory or a glob.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go (.parquet, .csv or .json).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where the scored rows go: a .parquet, .csv or .json file, "
+                                                           "or a directory (no suffix) for a table of any size, "
+                                                           "written a bucket of probes at a time and resumable.")],
     threshold: Annotated[float | None, typer.Option(
         min=0.0, max=1.0, help="Flag rows whose tail probability is below P, and print the "
                                f"{TOP} most surprising.")] = None,
@@ -36,7 +39,11 @@ def score(
              "the destination's rows from other sources, --context of each (a model trained with "
              "loader.triangulation_share) (docs/score.md).")] = "stream",
     limit: Annotated[int | None, typer.Option(
-        min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it).")] = None,
+        min=1, max=MAX_ROWS, help=f"Score the first N rows (a table of more than {MAX_ROWS:,} rows needs it, or "
+                                  "a directory -o).")] = None,
+    bucket_rows: Annotated[int, typer.Option(
+        min=1, max=MAX_ROWS, help="With a directory -o: valid rows per bucket (and part), on average; a probe's rows "
+                                  "are never split.")] = BUCKET_ROWS,
     answer: AnswerOpt = None,
     combination: CombinationOpt = None,
     step: StepOpt = None,
@@ -51,6 +58,11 @@ def score(
 
     The prompts eval asks (slower, one prompt per row): pingctl score runs/demo/train day.parquet -o scores.csv --context-policy probe
 
+    A table of any size, into a directory of Parquet parts (one per bucket of probes; `row` is each row's place in
+    TABLE), resumed by the same command after an interruption:
+
+    Example: pingctl score runs/demo/train day/ -o day-scores
+
     Rows build-rows would reject are set aside and counted by reason (read = scored + rejected).
     Columns written: the canonical ones, then nll (nats), pit, tail_p, p_fail, context_measurements
     (docs/score.md).
@@ -59,37 +71,40 @@ def score(
     from pingctl.api import checks as C
     from pingctl.artifacts import score_output as SO
     from pingctl.artifacts.run import parse_steps, run_config
-    from pingctl.schema.duck import rejected_lines
 
     C.check_hardware(hardware)
     C.check_engine(engine)
-    C.check_score_options(context, context_policy, limit)
+    bucketed = SO.is_directory(out)
+    if bucketed:
+        C.check_bucketed(context, context_policy, limit, bucket_rows)
+    else:
+        C.check_score_options(context, context_policy, limit)
     C.check_answer(answer)
     steps = parse_steps(step)
     SO.check_out(out, _inputs(table), within={"TABLE": table, "RUN": run})
     run = model_dir(run, revision)  # a Hub repo id: its snapshot
     run_config(run)  # a bad run directory is named before the table is read
     C.check_combination(run, answer, combination)
-    got = C.read_scores(table, limit)
-    if got.rejected and not as_json:
-        say(f"{table}: set aside {got.rows_rejected:,} of {got.rows_read:,} rows, which build-rows would reject:",
-            err=True, label="warning: ")
-        for line in rejected_lines(got.rejected):
-            say(line, err=True)
+    got = _read(table, out if bucketed else None, limit, bucket_rows, as_json)
     with err_console.status(f"loading {run} ..."):
         model = Model.load(run, steps, hardware, calibration=False, engine=engine, answer=answer,
                            combination=combination)
     t0 = _time.perf_counter()
-    with progress(transient=True) as bar:
-        # the bar (and its time remaining) moves from the first chunk of rows on
-        task = bar.add_task("scoring", total=got.table.num_rows)
-        scored = model.score(got, context=context, context_policy=context_policy,
-                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if bucketed:
+        meta, scored_now = _score_parts(model, got, out, context, context_policy)
+        result = {**meta, **C.parts_summary(out, threshold)}
+    else:
+        with progress(transient=True) as bar:
+            # the bar (and its time remaining) moves from the first chunk of rows on
+            task = bar.add_task("scoring", total=got.table.num_rows)
+            scored = model.score(got, context=context, context_policy=context_policy,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+        SO.write_scores(scored, out)
+        scored_now = scored.num_rows
+        result = {**C.score_meta(scored), **C.score_summary(scored, threshold)}
     elapsed = _time.perf_counter() - t0
-    SO.write_scores(scored, out)
-    result = {**C.score_meta(scored), **C.score_summary(scored, threshold), "out": str(out), "seconds": round(elapsed, 3),
-              "rows_per_s": round(scored.num_rows / elapsed, 1) if elapsed > 0 else None, "device": model.device,
-              "engine": model.loaded.engine}
+    result.update(out=str(out), seconds=round(elapsed, 3), device=model.device, engine=model.loaded.engine,
+                  rows_per_s=round(scored_now / elapsed, 1) if elapsed > 0 and scored_now else None)
     if as_json:
         emit(result, True)
         return
@@ -97,6 +112,48 @@ def score(
     if threshold is not None:
         tables.append(_top_table(result, threshold))
     emit(result, False, tables)
+
+
+def _read(table: Path, directory: Path | None, limit: int | None, bucket_rows: int, as_json: bool):
+    """TABLE read and checked before the model loads: into a directory's buckets, or whole."""
+    from pingctl.api import checks as C
+    from pingctl.schema.duck import rejected_lines
+
+    if directory is not None:
+        with err_console.status(f"reading {table} into buckets of probes under {directory} ..."):
+            got = C.partition_scores(table, directory, limit=limit, bucket_rows=bucket_rows)
+    else:
+        got = C.read_scores(table, limit)
+    if got.rejected and not as_json:
+        say(f"{table}: set aside {got.rows_rejected:,} of {got.rows_read:,} rows, which build-rows would reject:",
+            err=True, label="warning: ")
+        for line in rejected_lines(got.rejected):
+            say(line, err=True)
+    return got
+
+
+def _score_parts(model, got, out: Path, context: int, context_policy: str) -> tuple[dict, int]:
+    """The buckets scored into `out`, one bar over all rows (parts written by an earlier run
+    counted from the start, not as speed); (the manifest without its file list, rows scored now)."""
+    from pingctl.errors import Interrupted
+
+    with progress(transient=True) as bar:
+        task = bar.add_task("scoring", total=got.rows_valid)
+        started = []
+
+        def moved(done: int, total: int) -> None:
+            if not started:  # the rows of resumed parts: where the bar starts, not how fast it moves
+                started.append(done)
+                bar.reset(task, total=total, completed=done)
+            else:
+                bar.update(task, completed=done, total=total)
+
+        try:
+            meta = model.score_to(got, out, context=context, context_policy=context_policy, progress=moved)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{out} keeps the parts written so far; the same command resumes from them") from None
+    meta.pop("data_files", None)
+    return meta, meta["rows_scored"] - meta["rows_resumed"]
 
 
 def _inputs(table: Path) -> list[Path]:
@@ -120,6 +177,9 @@ def _summary_rows(r: dict) -> list[tuple]:
         rows.append(("answered by", f"{n:,} rows: {why}"))
     if r.get("threshold") is not None:
         rows.append((f"flagged (tail_p < {r['threshold']:g})", r["flagged"]))
+    if r.get("parts") is not None:
+        resumed = f" ({r['parts_resumed']:,} written before, resumed)" if r.get("parts_resumed") else ""
+        rows.append(("parts (buckets of probes)", f"{r['parts']:,}{resumed}"))
     return rows + [("device", f"{r['device']} ({r['engine']} engine)"), ("seconds", r["seconds"]),
                    ("rows/s", r["rows_per_s"]), ("scores", r["out"])]
 

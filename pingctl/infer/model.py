@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +104,9 @@ class LoadedModel:
     device: str  # the platform the forward passes run on (cpu, gpu, tpu)
     max_per_pair: int = 0  # the run's loader.max_per_pair: how its training contexts were shaped
     timestamps: bool = True  # whether its training contexts carried timestamps (loader.mode_weights)
+    # each sequence run at a shape of its own (`shape_stable`): its numbers then do not depend on
+    # the sequences it is batched with
+    stable_shapes: bool = False
     _kv: object = None  # the engine's key-value cache once built; False when it cannot be
 
     @classmethod
@@ -149,6 +152,16 @@ class LoadedModel:
     def label(self) -> str:
         return steps_label(self.steps)
 
+    def shape_stable(self) -> LoadedModel:
+        """This model, running every sequence at [batch, the length bucket of its own length]
+        and second bytes as whole sequences. A compiled forward pass sums in an order chosen
+        per shape (measured on the light engine: a row's log-probabilities moved by ~3e-6
+        between batch shapes 8 and 32, and between lengths 32 and 256), so batching by the
+        longest neighbour makes a sequence's numbers depend on its neighbours; at one shape per
+        sequence they do not, and `pingctl score` gives a row the same scores whichever rows
+        share its table or bucket. The cost: partly filled batches, one per length bucket a call."""
+        return replace(self, stable_shapes=True)
+
     def weights(self) -> dict[str, np.ndarray]:
         """The parameters by name, as `pingctl export` writes them."""
         return self.net.weights()
@@ -167,12 +180,7 @@ class LoadedModel:
         """Log-probabilities of the next token, [len(seq), vocab] per sequence (or only at
         the positions in `at`). Each sequence is one segment starting at position 0."""
         out: list[np.ndarray | None] = [None] * len(sequences)
-        order = np.argsort([len(s) for s in sequences], kind="stable")
-        for i in range(0, len(order), self.batch):
-            idx = order[i : i + self.batch]
-            length = self._bucket(max(len(sequences[j]) for j in idx))
-            # a short last batch runs at a small batch shape instead of padding to a full one
-            nb = next(b for b in (*SMALL_BATCHES, self.batch) if len(idx) <= b or b == self.batch)
+        for idx, length, nb in self._batches([len(s) for s in sequences]):
             tok = np.zeros((nb, length), np.int32)
             seg = np.zeros((nb, length), np.int32)
             for r, j in enumerate(idx):
@@ -186,6 +194,21 @@ class LoadedModel:
                 rows = lp[r, :n]
                 out[j] = rows[np.asarray(at[j])] if at is not None else rows.copy()
         return out  # type: ignore[return-value]
+
+    def _batches(self, lengths: list[int]):
+        """(sequence indices, padded length, batch shape) per forward pass, shortest first."""
+        order = np.argsort(lengths, kind="stable")
+        if self.stable_shapes:
+            buckets = np.array([self._bucket(n) for n in np.asarray(lengths, np.int64)[order]], np.int64)
+            for group in np.split(order, np.flatnonzero(np.diff(buckets)) + 1):
+                for i in range(0, len(group), self.batch):
+                    yield group[i : i + self.batch], self._bucket(lengths[group[0]]), self.batch
+            return
+        for i in range(0, len(order), self.batch):
+            idx = order[i : i + self.batch]
+            # a short last batch runs at a small batch shape instead of padding to a full one
+            yield (idx, self._bucket(max(lengths[j] for j in idx)),
+                   next(b for b in (*SMALL_BATCHES, self.batch) if len(idx) <= b or b == self.batch))
 
     def next_log_probs(self, prefixes: list[np.ndarray]) -> np.ndarray:
         """[n, vocab]: log P(next token | prefix) for each prefix."""
@@ -201,7 +224,8 @@ class LoadedModel:
         sequences are run: the same numbers to float32 rounding."""
         byte0 = get_vocab(self.scheme).byte_offset
         kv = None
-        if self.net.has_kv_cache and self.net.kv_worth_it(firsts, sum(len(c) for c in candidates)):
+        if (not self.stable_shapes and self.net.has_kv_cache
+                and self.net.kv_worth_it(firsts, sum(len(c) for c in candidates))):
             kv = self._kv_engine(sum(len(f) * len(c) for f, c in zip(firsts, candidates)), byte0)
         if kv is not None:
             try:

@@ -77,7 +77,8 @@ from pingctl.tokenizer.rtt_codec import decode_rtt, possible_first_bytes, token_
 # Each scored row is one prompt through the model (a teacher-forced pass plus a few
 # second-byte passes where its RTT is read) and a row of per-packet arrays: 1,000,000 rows are
 # hours on a GPU and more on a 2-core CPU, as eval's --queries bound. A table larger than that
-# is scored in parts (`limit` takes its first rows). The context bound is eval's: a prompt
+# is scored into a directory, a bucket of probes at a time (`score_parts`), or `limit` takes
+# its first rows. The context bound is eval's: a prompt
 # holds at most seq_len tokens and a measurement takes >= 12 of them.
 MAX_ROWS = 1_000_000
 MAX_CONTEXT = 10_000
@@ -238,11 +239,12 @@ def read_input(table, limit: int | None = None) -> ScoreInput:
     if not isinstance(table, (str, Path)):
         raise UsageError(f"table: expected a path or a pyarrow.Table, got {type(table).__name__}")
     files = resolve_inputs([table])
-    _check_size(_parquet_rows(files), limit, str(table))
+    _check_size(parquet_rows(files), limit, str(table))
     return _checked([str(table)], files, limit)
 
 
-def _parquet_rows(files: list[Path]) -> int:
+def parquet_rows(files: list[Path]) -> int:
+    """The rows of Parquet files by their footers (no data read); a damaged file is named."""
     import pyarrow.parquet as pq
 
     n = 0
@@ -256,19 +258,26 @@ def _parquet_rows(files: list[Path]) -> int:
 
 def _check_size(rows: int, limit: int | None, what: str) -> None:
     if limit is None and rows > MAX_ROWS:
-        raise UsageError(f"{what} has {rows:,} rows, beyond the bound of {MAX_ROWS:,} one score takes: "
-                         "score it in parts (limit / --limit takes the first rows)")
+        raise UsageError(f"{what} has {rows:,} rows, beyond the bound of {MAX_ROWS:,} one table of scores holds: "
+                         "give -o a directory (no .parquet/.csv/.json suffix; `Model.score_to` in Python) to score "
+                         "it in buckets of probes, whatever its size (docs/score.md, \"A table of any size\"), or "
+                         "take its first rows (--limit / limit)")
 
 
 def _checked(label: list[str], files: list[Path], limit: int | None) -> ScoreInput:
     valid, rejected, read = canonical_head(files, limit)
     what = ", ".join(label)
+    check_some_valid(what, read, valid.num_rows, rejected, limit)
+    return ScoreInput(valid, read, rejected, what)
+
+
+def check_some_valid(what: str, read: int, valid: int, rejected: dict, limit: int | None) -> None:
+    """No row, or no valid row, to score is an error (`PingctlError`) naming each reason."""
     if not read:
         raise PingctlError(f"{what}: the input has no rows")
-    if not valid.num_rows:
+    if not valid:
         first = "" if limit is None else "the first "
         raise PingctlError(f"{what}: no valid rows among {first}{read:,}\n" + "\n".join(rejected_lines(rejected)))
-    return ScoreInput(valid, read, rejected, what)
 
 
 def _arrays(table) -> dict[str, np.ndarray]:
@@ -329,6 +338,9 @@ def score_rows(model, got: ScoreInput, *, context: int = CONTEXT, context_policy
     if model.scheme != "compact":
         raise PingctlError(f"scoring needs a model trained with the compact scheme (this one: {model.scheme})")
     progress = progress or (lambda done, total: None)
+    # a row's scores must not depend on the rows it is batched with: the same in a bucket of
+    # probes (`score_parts`) as in the whole table
+    model = model.shape_stable() if hasattr(model, "shape_stable") else model
     rows = _arrays(got.table)
     spec = PromptSpec.for_model(model.run, policy=context_policy, context=context, per_pair=per_pair,
                                hints=False, allowed=SCORE_POLICIES)
@@ -563,8 +575,6 @@ def summary(scored, threshold: float | None = None, top: int = 10) -> dict:
     median, how many rows fall below tail probabilities 0.01 and 0.001, and with a `threshold`
     the rows flagged below it and the `top` most surprising of them (lowest tail_p, then highest
     NLL), each with its pair, time (Unix seconds), RTT and scores."""
-    import pyarrow.compute as pc
-
     nll = scored.column("nll").to_numpy()
     tail = scored.column("tail_p").to_numpy()
     n = len(nll)
@@ -577,11 +587,22 @@ def summary(scored, threshold: float | None = None, top: int = 10) -> dict:
         return out
     flagged = np.flatnonzero(tail < threshold)
     order = flagged[np.lexsort((-nll[flagged], tail[flagged]))][:top]
-    rows = scored.take(order).select(["event_time", "src_addr", "dst_addr", "rtt", "p_fail", "pit", "tail_p", "nll"])
+    return out | {"flagged": int(len(flagged)), "top": top_rows(scored.take(order))}
+
+
+TOP_COLUMNS = ("event_time", "src_addr", "dst_addr", "rtt", "p_fail", "pit", "tail_p", "nll")
+
+
+def top_rows(scored) -> list[dict]:
+    """Scored rows as `summary` lists its most surprising: pair, time (Unix seconds), RTT and
+    scores, a failure's PIT None."""
+    import pyarrow.compute as pc
+
+    rows = scored.select(list(TOP_COLUMNS))
     times = event_seconds(pc.fill_null(rows.column("event_time"), 0).combine_chunks())[0]
     listed = rows.drop_columns(["event_time"]).to_pylist()
     for r, t in zip(listed, times):
         r["time"] = int(t)
         if r["pit"] is not None and not math.isfinite(r["pit"]):
             r["pit"] = None
-    return out | {"flagged": int(len(flagged)), "top": listed}
+    return listed

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 from pingctl.errors import PingctlError, duckdb_interrupted, duckdb_out_of_memory
 from pingctl.schema.addresses import address_map
@@ -262,27 +263,41 @@ def canonical_head(files: list[Path], limit: int | None, memory_limit: str = "4G
     import pyarrow as pa
 
     con = connect(memory_limit)
-    con.execute("SET preserve_insertion_order=true")  # "first rows" in file order
     tables, rejected, read = [], {}, 0
-    check_parquet_columns(files)  # a missing column is named as such, not as an unreadable page
     try:
-        for f in files:
-            left = None if limit is None else limit - read
-            verify_head(f, left, list(SEED_COLUMNS))
-            canonical_query(con, [f], view="_checked", head=left)
-            # materialised once: the valid rows and the reject counts are both read from it
-            con.execute("CREATE OR REPLACE TEMP TABLE canonical AS SELECT * FROM _checked")
-            read += one(con, "SELECT count(*) FROM canonical")[0]
+        for _, rows in checked_files(con, files, limit, rejected):
+            read += rows
             # prb_id too (null where a file has none): a question's probe is found through it
             tables.append(con.sql(f"SELECT {', '.join(COLUMNS)} FROM canonical WHERE reject_reason IS NULL "
                                   "ORDER BY _row").to_arrow_table())
-            for reason, e in reject_counts(con).items():  # an earlier file's first row stays first
-                rejected.setdefault(reason, {**e, "rows": 0})["rows"] += e["rows"]
-            if limit is not None and read >= limit:
-                break
     finally:
         con.close()
     return pa.concat_tables(tables), rejected, read
+
+
+def checked_files(con, files: list[Path], limit: int | None, rejected: dict) -> Iterator[tuple[int, int]]:
+    """`canonical_head`'s reading, one file at a time: for each file, table `canonical` holds
+    its first rows (up to `limit` in all; None: every row) as `canonical_query` checks them,
+    their reject counts are added to `rejected` (`reject_counts`; an earlier file's first row
+    stays first), and (rows of the files before it, its rows) is yielded, so that the first +
+    `_row` is a row's place among all the rows read. One reading for the rows a command shows
+    and the table `pingctl score` scores in buckets, so both set aside the same rows."""
+    con.execute("SET preserve_insertion_order=true")  # "first rows" in file order
+    check_parquet_columns(files)  # a missing column is named as such, not as an unreadable page
+    read = 0
+    for f in files:
+        left = None if limit is None else limit - read
+        verify_head(f, left, list(SEED_COLUMNS))
+        canonical_query(con, [f], view="_checked", head=left)
+        # materialised once: the valid rows and the reject counts are both read from it
+        con.execute("CREATE OR REPLACE TEMP TABLE canonical AS SELECT * FROM _checked")
+        rows = one(con, "SELECT count(*) FROM canonical")[0]
+        for reason, e in reject_counts(con).items():
+            rejected.setdefault(reason, {**e, "rows": 0})["rows"] += e["rows"]
+        yield read, rows
+        read += rows
+        if limit is not None and read >= limit:
+            break
 
 
 def valid_head(files: list[Path], limit: int | None, label: str):
