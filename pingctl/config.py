@@ -387,6 +387,9 @@ class EvalConfig(Section):
     recalibration: Literal["pooled", "own"] = Field(
         "pooled", description="eval --regimes: the held-out regimes' recalibration map, fitted on their val sets "
         "together (pooled) or one per regime on its own (own)")
+    weights: Literal["pooled", "own"] = Field(
+        "own", description="eval --regimes: the combined answer's weight for the held-out regimes, vouched for by "
+        "their val sets together (pooled) or each regime's by its own (own)")
 
 
 class Config(Section):

@@ -189,6 +189,54 @@ def test_each_regime_counts_its_own_units():
     assert fits["target"][1].weight == 0.0 and fits["target"][1].crps_val["units"] == 2
 
 
+def _held_out_records(n: int = 80):
+    """Three held-out regimes' val records where the model is right and the estimate 2.5x off:
+    40 pairs, 40 sources and 2 destinations."""
+    dists, hint, actual = _val(1.0, 2.5, n=n)
+    rec = _record(dists, actual, hint=hint)
+    rec["units"] = {"pair": np.arange(n) // 2, "src": np.arange(n) // 2, "dst": np.arange(n) % 2}
+    return {r: rec for r in ("pair", "probe", "target")}, {r: {"best": "embedding"} for r in ("pair", "probe", "target")}
+
+
+def test_held_out_regimes_vouch_together_where_one_cannot_alone():
+    """Each regime alone: new destinations (2 in val) cannot vouch for the model; together the
+    three regimes' units (40 pairs + 40 sources + 2 destinations) do, one weight and spread
+    multiple for all, each regime's units counted apart."""
+    records, choice = _held_out_records()
+    alone = CMB.fit_val(records, choice)
+    assert alone["target"][1].weight == 0.0 and alone["pair"][1].weight >= 0.9
+    together = CMB.fit_val(records, choice, together=("pair", "probe", "target"))
+    weights = {r: f.weight for r, (_, f) in together.items()}
+    assert set(weights.values()) == {weights["pair"]} and weights["pair"] >= 0.9
+    ev = together["target"][1].crps_val
+    assert ev["units"] == 82 and ev["unit"] == "dst" and ev["vouched_with"] == ["pair", "probe", "target"]
+    assert ev["gain_low"] > 0
+
+
+def test_a_pooled_weight_is_taken_only_where_the_pool_holds_it():
+    """Where the estimate is right and the model 2.5x off in every regime, the weight fitted
+    together stays 0, as each regime's alone."""
+    dists, hint, actual = _val(2.5, 1.0, n=80)
+    rec = _record(dists, actual, hint=hint)
+    rec["units"] = {"pair": np.arange(80) // 2, "src": np.arange(80) // 2, "dst": np.arange(80) % 8}
+    records = {r: rec for r in ("pair", "probe", "target")}
+    choice = {r: {"best": "embedding"} for r in records}
+    together = CMB.fit_val(records, choice, together=tuple(records))
+    assert all(f.weight == 0.0 for _, f in together.values())
+
+
+def test_weight_group_pools_the_held_out_regimes_asked_alike():
+    vals = {"time": "val", "pair": "val_pair", "probe": "val_probe", "target": "val_target"}
+    both = {"context_policy": "both", "context": 16}
+    prompts = {"time": {"context_policy": "pair"}, "pair": both, "probe": both, "target": both}
+    assert CMB.weight_group(vals, prompts, "pooled") == ("pair", "probe", "target")
+    assert CMB.weight_group(vals, prompts, "own") == ()
+    assert CMB.weight_group({r: "val" for r in vals}, prompts, "pooled") == ()  # no val sets of their own
+    assert CMB.weight_group(vals, {**prompts, "probe": {"context_policy": "cold"}}, "pooled") == ()
+    with pytest.raises(ValueError):
+        CMB.weight_group(vals, prompts, "mean")
+
+
 def test_pool_rel_errs_read_the_pools_median():
     """The bisection's median is the pooled distribution's own (`RttDistribution.quantile`), at
     every spread and weight; a packet without an estimate has the model's."""

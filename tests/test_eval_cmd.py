@@ -37,6 +37,8 @@ def test_eval_reports_model_and_every_baseline(tiny_run, time_split, synth_rows,
     assert v["verdict"] == ("better" if v["ci_high"] < 0 else "worse" if v["ci_low"] > 0 else "tie")
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["queries"] == 12
+    # the model's passes were kept while it ran, for a rerun after an interruption; gone once it finished
+    assert on_disk["resumed"] == {"asks": 0, "packets": 0} and not (tmp_path / ".resume").exists()
     # 12 packets are too few to fit a recalibration: none written, and the report says why
     assert rep["calibration"]["fitted"] is None and "at least 30" in rep["calibration"]["reason"]
     assert not (tmp_path / "calibration.json").exists()

@@ -197,9 +197,16 @@ def test_own_recalibration_fits_one_map_per_held_out_regime(own_run, regimes_spl
 
     out = tmp_path / "own"
     r = runner.invoke(app, ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "40",
-                            "--context", "4", "--recalibration", "own", "-o", str(out), "--json"])
+                            "--context", "4", "--recalibration", "own", "--weights", "pooled", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
+    # --weights pooled: the held-out regimes' weight vouched for by their val sets together
+    comb = json.loads((out / "combination.json").read_text())
+    assert comb["weight_fitted_together"] == ["pair", "probe", "target"] and comb["weights"] == "pooled"
+    held = {r: rep["combination"]["regimes"][r] for r in ("pair", "probe", "target")}
+    assert len({h["weight"] for h in held.values()}) == 1
+    assert all(h["crps_val"].get("vouched_with") == ["pair", "probe", "target"] for h in held.values()
+               if h["crps_val"].get("units") is not None), held
     flagged = []
     for row in rep["table"]:
         regime = row["regime"]
@@ -223,6 +230,9 @@ def test_own_recalibration_fits_one_map_per_held_out_regime(own_run, regimes_spl
     r = runner.invoke(app, ["eval", str(own_run), "--train", str(regimes_split / "train"), "--test",
                             str(regimes_split / "test_pair"), "--recalibration", "own", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--recalibration" in r.output
+    r = runner.invoke(app, ["eval", str(own_run), "--train", str(regimes_split / "train"), "--test",
+                            str(regimes_split / "test_pair"), "--weights", "pooled", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--weights" in r.output
 
 
 def test_map_groups_pool_the_held_out_regimes_only_where_they_share_prompts(tmp_path):
@@ -283,3 +293,86 @@ def test_a_val_sample_sampled_again_is_itself(n):
         idx = _sample(n, 500, seed)
         again = _sample(len(idx), 500, seed)
         assert (idx[again] == idx).all() and len(idx) == min(n, 500)
+
+
+class _Passes:
+    """The model's passes of an eval counted (eval.model runs one per chunk of packets), and a
+    Ctrl-C before pass `stop` (None: none)."""
+
+    def __init__(self, monkeypatch):
+        import pingctl.eval.model as EM
+
+        self.count, self.stop, real = 0, None, EM.teacher_forced_kept
+
+        def counted(*a, **k):
+            if self.count == self.stop:
+                raise KeyboardInterrupt
+            self.count += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(EM, "teacher_forced_kept", counted)
+        monkeypatch.setattr(EM, "CHUNK", 8)  # several chunks an ask at a test's few packets
+
+    def reset(self, stop: int | None = None) -> None:
+        self.count, self.stop = 0, stop
+
+
+def _without_timings(out: Path) -> dict:
+    """report.json as two runs of one eval must agree on it: without its timings, `resumed`,
+    and with the output directory's path as OUT."""
+    timings = ("elapsed_s", "fit_s", "seconds", "time_s", "resumed")
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in timings}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    return strip(json.loads((out / "report.json").read_text().replace(str(out), "OUT")))
+
+
+def test_an_interrupted_eval_resumes_to_the_same_outputs(own_run, regimes_split, tmp_path, monkeypatch):
+    """A Ctrl-C after five of the model's passes, then the same command again: the kept chunks
+    are not passed through the model again, and every output equals an uninterrupted eval's to
+    the bit; a finished eval leaves no OUT/.resume."""
+    from pingctl.artifacts.eval_output import RESUME
+
+    passes = _Passes(monkeypatch)
+    args = ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "24", "--context", "4"]
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    r = runner.invoke(app, [*args, "-o", str(whole), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["resumed"] == {"asks": 0, "packets": 0} and not (whole / RESUME).exists()
+    every = passes.count
+    assert every == 8 * 3  # eight asks (four val sets, four test sets), 24 packets each, 8 to a pass
+    passes.reset(stop=5)
+    r = runner.invoke(app, [*args, "-o", str(out)])
+    assert r.exit_code == 130 and ".resume/ keeps the model's finished passes" in r.output, r.output
+    assert len(list((out / RESUME).glob("ask-*/chunk-*.npz"))) == 5
+    passes.reset()
+    r = runner.invoke(app, [*args, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "resumed: reused 40 packets' model passes from an interrupted eval" in r.output
+    assert passes.count == every - 5
+    assert json.loads((out / "report.json").read_text())["resumed"] == {"asks": 2, "packets": 40}
+    names = sorted(p.name for p in whole.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == names and RESUME not in names
+    for name in names:
+        if name == "report.json":
+            assert _without_timings(out) == _without_timings(whole)
+        else:  # predictions.parquet, combination.json, the calibration maps (Table.equals: NaN != NaN)
+            assert (out / name).read_bytes() == (whole / name).read_bytes(), name
+
+
+def test_an_eval_with_other_settings_reuses_nothing_kept(own_run, regimes_split, tmp_path, monkeypatch):
+    from pingctl.artifacts.eval_output import RESUME
+
+    passes = _Passes(monkeypatch)
+    args = ["eval", str(own_run), "--regimes", str(regimes_split), "--queries", "24", "-o", str(tmp_path / "out")]
+    passes.reset(stop=2)
+    assert runner.invoke(app, [*args, "--context", "4"]).exit_code == 130
+    assert len(list((tmp_path / "out" / RESUME).glob("ask-0/chunk-*.npz"))) == 2
+    passes.reset()
+    r = runner.invoke(app, [*args, "--context", "3", "--json"])  # other prompts
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["resumed"] == {"asks": 0, "packets": 0} and passes.count == 8 * 3
+    assert not (tmp_path / "out" / RESUME).exists()

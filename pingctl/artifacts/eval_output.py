@@ -1,15 +1,19 @@
 """A `pingctl eval` output directory: report.json (the numbers, docs/eval.md "The report")
-beside the plots, and predictions.parquet (one row per evaluated packet: what every predictor
-said about it, docs/eval.md "Predictions")."""
+beside the plots, predictions.parquet (one row per evaluated packet: what every predictor
+said about it, docs/eval.md "Predictions") and, while an eval runs or after one was
+interrupted, .resume/ (the model's passes so far, for the rerun: `Resume`)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from pingctl.atomic import atomic_file, unwritable_reason
+from pingctl.atomic import atomic_file, json_default, unwritable_reason, write_json
 from pingctl.errors import PingctlError, UsageError
 from pingctl.schema.spreadsheet import json_rows, json_text, write_csv
 
@@ -24,6 +28,8 @@ FIELDS = ("median", "p05", "p25", "p75", "p95", "p_fail", "pit", "crps")
 PACKET_COLUMNS = ("regime", "src", "dst", "ip_version", "event_time", "pair", "actual_rtt")
 COPY_SUFFIXES = (".csv", ".json")  # `eval --predictions`: the predictions again, for a spreadsheet
 MS_FIELDS = ("median", "p05", "p25", "p75", "p95", "crps")  # the FIELDS in milliseconds
+RESUME = ".resume"  # hidden: a finished eval removes it, and it is no output of the eval's
+RESUME_KEY = "key.json"
 
 
 def report_path(out: Path | str) -> Path:
@@ -131,3 +137,75 @@ def write_copy(out: Path | str, path: Path) -> Path:
         else:
             tmp.write_text(json_text({**meta, "predictions": json_rows(table, ("event_time",), units)}))
     return path
+
+
+def resume_path(out: Path | str) -> Path:
+    return Path(out) / RESUME
+
+
+class Resume:
+    """OUT/.resume/: the model's passes of an eval into OUT, chunk by chunk as they finish, so
+    that the same command run again after an interruption reuses them (docs/eval-reference.md,
+    "An interrupted eval resumes"). The eval's i-th ask keeps its chunks under ask-i/ beside the
+    key of everything they depend on (`key.json`); an ask with another key empties the folder
+    first. The arrays are the caller's (eval.model); `finish` removes it all."""
+
+    def __init__(self, out: Path | str):
+        self.root = resume_path(out)
+        self.opened = 0
+
+    def ask(self, key: dict) -> KeptAsk:
+        """The next ask's chunks, kept under `key` (JSON)."""
+        self.opened += 1
+        return KeptAsk(self.root / f"ask-{self.opened - 1}", key)
+
+    def finish(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class KeptAsk:
+    """One ask's folder of .resume/: chunk-A.npz holds what the model gave for the chunk of the
+    ask's packets starting at A, written whole (temp + rename) as soon as it is computed."""
+
+    def __init__(self, folder: Path, key: dict):
+        self.folder = folder
+        self.key = json.loads(json.dumps(key, default=json_default))  # as it reads back
+        try:
+            kept = json.loads((folder / RESUME_KEY).read_text())
+        except (OSError, ValueError):
+            kept = None
+        self.valid = kept == self.key
+        if not self.valid and folder.exists():
+            # another command's, or this one's before its model, prompts or reads changed
+            shutil.rmtree(folder, ignore_errors=True)
+        self.writable = True
+
+    def _chunk(self, start: int) -> Path:
+        return self.folder / f"chunk-{start:07d}.npz"
+
+    def read(self, start: int) -> dict[str, np.ndarray] | None:
+        """The arrays kept of the chunk starting at `start` (None: none, or unreadable)."""
+        if not self.valid:
+            return None
+        try:
+            with np.load(self._chunk(start)) as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            return None
+
+    def keep(self, start: int, arrays: dict[str, np.ndarray]) -> None:
+        """Keep the chunk starting at `start`. Where that fails (a full disk) the eval goes on
+        without keeping more: the folder only saves time."""
+        if not self.writable:
+            return
+        try:
+            if not self.valid:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                write_json(self.folder / RESUME_KEY, self.key)
+                self.valid = True
+            with atomic_file(self._chunk(start)) as tmp, open(tmp, "wb") as f:
+                np.savez_compressed(f, **arrays)
+        except (OSError, PingctlError) as e:
+            self.writable = False
+            logging.getLogger("pingctl").warning("not keeping the model's passes in %s for a rerun: %s",
+                                                 self.folder, e)

@@ -173,6 +173,8 @@ def _fail(as_json: bool, kind: str, message: str, code: int, hint: str = ""):
 def _interrupted(fn: Callable) -> str:
     if fn.__name__ == "train":
         return "the run keeps its committed checkpoints; the same command resumes from the last one"
+    if fn.__name__ == "evaluate":
+        return "the output directory's .resume/ keeps the model's finished passes; the same command reuses them"
     return "nothing was left looking complete; run the command again"
 
 

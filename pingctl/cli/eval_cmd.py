@@ -21,6 +21,16 @@ MAX_QUERIES = 1_000_000
 MAX_CONTEXT = 10_000
 
 
+# the held-out regimes' val sets each hold few of the hosts their regime holds out: both fits can pool them
+RecalibrationOpt = Annotated[str | None, typer.Option(
+    help="--regimes: the held-out regimes' recalibration map: pooled (one map fitted on their val sets "
+         "together: a val set holds few of the hosts its regime holds out) or own (one per regime, on its "
+         "own val set). \\[default: eval.recalibration, pooled]")]
+WeightsOpt = Annotated[str | None, typer.Option(
+    help="--regimes: the combined answer's weight for the held-out regimes: pooled (one weight, vouched for by "
+         "their val sets together) or own (each regime's by its own val set). \\[default: eval.weights, own]")]
+
+
 def evaluate(
     run: Annotated[Path, typer.Argument(help="A `pingctl train` run directory, or a `pingctl export` model, or its Hugging Face Hub repo id (owner/name).")],
     train: Annotated[Path | None, typer.Option(
@@ -55,10 +65,8 @@ def evaluate(
              "(default: as the run was trained, its loader.max_per_pair; 0 = no cap).")] = None,
     seed: Annotated[int | None, typer.Option(
         min=0, help="Seed of the packet subset and Vivaldi. \\[default: eval.seed, 0]")] = None,
-    recalibration: Annotated[str | None, typer.Option(
-        help="--regimes: the held-out regimes' recalibration map: pooled (one map fitted on their val sets "
-             "together: a val set holds few of the hosts its regime holds out) or own (one per regime, on its "
-             "own val set). \\[default: eval.recalibration, pooled]")] = None,
+    recalibration: RecalibrationOpt = None,
+    weights: WeightsOpt = None,
     hints: Annotated[bool | None, typer.Option(
         "--hints/--no-hints",
         help="`both` prompts carry the least-squares embedding's RTT estimate for the pair (fitted on --train; "
@@ -99,8 +107,8 @@ def evaluate(
     steps = parse_steps(step)
     cfg = _eval_config(config, set_, regimes, queries=queries, context=context, seed=seed,
                        context_policy=context_policy, context_per_pair=context_per_pair, context_dst=context_dst,
-                       recalibration=recalibration)
-    _check_inputs(cfg, regimes, train, test, calibration, recalibration, context_dst, hints)
+                       recalibration=recalibration, weights=weights)
+    _check_inputs(cfg, regimes, train, test, calibration, recalibration or weights, context_dst, hints)
     run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
     options = {"policy": cfg.context_policy, "per_pair": cfg.context_per_pair, "hardware": hardware,
                "context_dst": cfg.context_dst, "hints": hints}
@@ -112,7 +120,8 @@ def evaluate(
             from pingctl.eval.regimes import evaluate_regimes
 
             result = evaluate_regimes(run, regimes, out, truth, cfg.queries, cfg.context, cfg.seed, steps,
-                                      recalibration=cfg.recalibration, progress=progress, **options)
+                                      recalibration=cfg.recalibration, weights=cfg.weights, progress=progress,
+                                      **options)
         else:
             from pingctl.eval.run import evaluate as run_eval
 
@@ -145,8 +154,9 @@ def _check_inputs(cfg, regimes, train, test, calibration, recalibration, context
 
     check_sides(cfg.context_policy, context_dst, hints)
     if recalibration is not None and regimes is None:
-        raise UsageError("--recalibration chooses the held-out regimes' maps of --regimes; without it, fit a map "
-                         "with an eval on val and give it as --calibration")
+        raise UsageError("--recalibration and --weights choose how the held-out regimes' maps and weights of "
+                         "--regimes are fitted; without --regimes, fit a map with an eval on val and give it as "
+                         "--calibration")
     if regimes is not None and (train is not None or test is not None or calibration is not None):
         raise UsageError("--regimes takes the train, val and test sets from the regimes split; "
                          "leave out --train, --test and --calibration")
@@ -162,6 +172,9 @@ def _finish(result: dict, out: Path, predictions: Path | None, as_json: bool, sh
     result = dict(result)
     if predictions is not None:
         result["predictions_copy"] = str(write_copy(out, predictions))
+    if reused := (result.get("resumed") or {}).get("packets"):
+        # on stderr under --json, whose stdout is the JSON alone
+        say(f"resumed: reused {reused} packets' model passes from an interrupted eval", "dim", err=as_json)
     if as_json:
         emit(result, True)
         return

@@ -42,6 +42,8 @@ UNIT_OF_REGIME = {"time": "pair", "pair": "pair", "probe": "src", "target": "dst
 MIN_UNITS = 5  # below this many units no bootstrap bound means anything: the classical pool answers
 BOOTSTRAP = 2000
 LOWER = 0.05  # the one-sided bound a weight's gain must clear: 95% over resampled units
+# `pooled`: the held-out regimes' weight vouched for by their val sets together (`weight_group`)
+WEIGHT_FITS = ("own", "pooled")
 CHUNK = 32  # packets per vectorised CRPS pass: 3 arrays of CHUNK x 65536 float64
 
 
@@ -150,21 +152,62 @@ def fit_terms(t: dict, classical: str | None, units=None, unit: str = "packet", 
     """The spread and weight val vouches for (`vouched`; `units`: each val packet's `unit`, None:
     each packet its own), and the mean CRPS on val (ms) of the model, of the classical pool at
     its best spread and of the pool chosen, with the evidence for its weight."""
-    a = t["tried"][0][0]
     if t["usable"] < MIN_PACKETS:
-        m = float(np.nanmean(a)) if np.isfinite(a).any() else None
-        return CB.RegimeFit(classical, 1.0, t["sigmas"][0], t["n_val"], {"model": m, "classical": None, "combined": m})
+        return _model_alone(t, classical)
+    crps, u, rel_err = _val_pools(t, units)
+    rel = _median_over_packets(rel_err)
+    s, w, evidence = vouched(crps, u, seed, rel)
+    return _regime_fit(t, classical, crps, rel, s, w, {"unit": unit, **evidence})
+
+
+def fit_terms_together(ts: dict, classical: dict, units: dict, unit: dict, seed: int = 0) -> dict[str, CB.RegimeFit]:
+    """One spread multiple and one weight for several regimes (`ts`: regime -> its `terms`),
+    vouched for by their val packets together, each regime's units kept apart: a held-out
+    regime's val set holds few of the hosts it holds out (one destination, two probes), too few
+    to vouch for a weight alone, while what the held-out regimes share, an end the model never
+    saw, is what the weight is for. Each regime keeps its own estimate's spread; a regime with
+    too few usable packets answers with the model alone, as `fit_terms`."""
+    out = {r: _model_alone(t, classical[r]) for r, t in ts.items() if t["usable"] < MIN_PACKETS}
+    parts = {r: _val_pools(t, units.get(r)) for r, t in ts.items() if r not in out}
+    if not parts:
+        return out
+    offset, crps, us, rels = 0, [], [], []
+    for c, u, rel_err in parts.values():
+        _, inv = np.unique(u, return_inverse=True)
+        crps.append(c), us.append(inv + offset), rels.append(rel_err)
+        offset += int(inv.max()) + 1 if len(inv) else 0
+    pooled_rel = _median_over_packets(np.concatenate(rels))
+    s, w, evidence = vouched(np.concatenate(crps), np.concatenate(us), seed, pooled_rel)
+    for r, (c, _, rel_err) in parts.items():
+        out[r] = _regime_fit(ts[r], classical[r], c, _median_over_packets(rel_err), s, w,
+                             {"unit": unit[r], **evidence, "spread0": int(np.argmin(c.mean(axis=0)[:, 0])),
+                              "vouched_with": sorted(parts)})
+    return out
+
+
+def _model_alone(t: dict, classical: str | None) -> CB.RegimeFit:
+    a = t["tried"][0][0]
+    m = float(np.nanmean(a)) if np.isfinite(a).any() else None
+    return CB.RegimeFit(classical, 1.0, t["sigmas"][0], t["n_val"], {"model": m, "classical": None, "combined": m})
+
+
+def _val_pools(t: dict, units) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packets x spreads x weights CRPS, each packet's unit, its pools' relative errors) of the
+    val packets every pool scores."""
     crps = np.stack([pool_crps(*abc) for abc in t["tried"]], axis=1)  # packets x spreads x weights
     ok = np.isfinite(crps).all(axis=(1, 2))
-    u = np.arange(len(a)) if units is None else np.asarray(units)
-    rel = _median_over_packets(t["rel_err"][ok])
-    s, w, evidence = vouched(crps[ok], u[ok], seed, rel)
-    mean = crps[ok].mean(axis=0)
+    u = np.arange(len(crps)) if units is None else np.asarray(units)
+    return crps[ok], u[ok], t["rel_err"][ok]
+
+
+def _regime_fit(t: dict, classical: str | None, crps: np.ndarray, rel: np.ndarray, s: int, w: int,
+                evidence: dict) -> CB.RegimeFit:
+    """`crps`: the packets `_val_pools` kept; at w = 1 every pool is the model's own CRPS."""
+    mean = crps.mean(axis=0)
     s0 = evidence.pop("spread0")
     return CB.RegimeFit(classical, float(WEIGHTS[w]), t["sigmas"][s], t["n_val"],
-                        {"model": float(a[ok].mean()), "classical": float(mean[s0, 0]), "combined": float(mean[s, w]),
-                         "unit": unit, **evidence, "median_rel_err": {"classical": _num(rel[s0, 0]),
-                                                                      "combined": _num(rel[s, w])}})
+                        {"model": float(crps[:, 0, -1].mean()), "classical": float(mean[s0, 0]), "combined": float(mean[s, w]),
+                         **evidence, "median_rel_err": {"classical": _num(rel[s0, 0]), "combined": _num(rel[s, w])}})
 
 
 def _median_over_packets(rel: np.ndarray) -> np.ndarray:
@@ -363,18 +406,36 @@ def estimate_name(regime: str, estimates: dict, best: str) -> tuple[str, str | N
     return (own, own) if own in estimates else (best, None)
 
 
-def fit_val(records: dict, choice: dict) -> dict[str, tuple[str, CB.RegimeFit]]:
+def fit_val(records: dict, choice: dict, together: tuple = ()) -> dict[str, tuple[str, CB.RegimeFit]]:
     """Per regime with val packets, (the estimate eval pools with, its RegimeFit, classical the
-    estimate's name). `records[regime]`: its val set's `val_record`."""
-    fits = {}
+    estimate's name). `records[regime]`: its val set's `val_record`; `together`: regimes whose
+    spread multiple and weight are vouched for by their val sets together (`fit_terms_together`)."""
+    found = {}
     for regime, rec in records.items():
         name, _ = estimate_name(regime, rec["terms"], choice[regime]["best"])
         if name in rec["terms"]:
             unit = UNIT_OF_REGIME[regime]
             units = (rec.get("units") or {}).get(unit)
-            fit = fit_terms(rec["terms"][name], name, units, unit if units is not None else "packet")
-            fits[regime] = (name, with_recalibration(fit, rec, name))
-    return fits
+            found[regime] = (name, rec["terms"][name], units, unit if units is not None else "packet")
+    pooled = [r for r in together if r in found]
+    fits = {r: fit_terms(t, name, units, unit) for r, (name, t, units, unit) in found.items()
+            if len(pooled) < 2 or r not in pooled}
+    if len(pooled) > 1:
+        fits |= fit_terms_together({r: found[r][1] for r in pooled}, {r: found[r][0] for r in pooled},
+                                   {r: found[r][2] for r in pooled}, {r: found[r][3] for r in pooled})
+    return {r: (found[r][0], with_recalibration(fits[r], records[r], found[r][0])) for r in found}
+
+
+def weight_group(val_dirs: dict, prompts: dict, weights: str) -> tuple[str, ...]:
+    """The held-out regimes whose weight `pooled` fits together: those asked on val sets of
+    their own (not the time regime's) with the same prompts, as `regimes.map_groups` pools
+    their recalibration map; `own`: none."""
+    if weights not in WEIGHT_FITS:
+        raise ValueError(f"weights {weights!r}: expected one of {', '.join(WEIGHT_FITS)}")
+    own = [r for r in ("pair", "probe", "target") if r in val_dirs and val_dirs[r] != val_dirs.get("time")]
+    if weights == "own" or len(own) < 2 or any(prompts[r] != prompts[own[0]] for r in own):
+        return ()
+    return tuple(own)
 
 
 def to_combination(fits: dict, meta: dict) -> CB.Combination:
@@ -482,12 +543,15 @@ def every_candidate(policies: dict) -> set[str]:
 
 
 def fit_and_write(records: dict, val_dirs: dict, prompts: dict, choice: dict, out: Path, run: Path, steps,
-                  seed: int) -> tuple[dict, dict]:
+                  seed: int, weights: str = "own") -> tuple[dict, dict]:
     """`eval --regimes`: each regime's fit on the val set it was asked on (`records`, keyed by
-    (val path, context policy)), written (`write_fits`); returns (fits, the report's entry)."""
+    (val path, context policy)), the held-out regimes' weight fitted together where `weights` is
+    pooled (`weight_group`), written (`write_fits`); returns (fits, the report's entry)."""
     keys = {r: (val_dirs[r], prompts[r]["context_policy"]) for r in val_dirs}
-    fits = fit_val({r: records[k] for r, k in keys.items() if k in records}, choice)
-    meta = {"fitted_on": {r: str(Path(keys[r][0]).resolve()) for r in fits}, "prompts": prompts, "seed": seed}
+    together = weight_group(val_dirs, prompts, weights)
+    fits = fit_val({r: records[k] for r, k in keys.items() if k in records}, choice, together)
+    meta = {"fitted_on": {r: str(Path(keys[r][0]).resolve()) for r in fits}, "prompts": prompts, "seed": seed,
+            "weights": weights, "weight_fitted_together": list(together)}
     return fits, write_fits(fits, out, run, steps, meta)
 
 

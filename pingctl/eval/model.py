@@ -32,8 +32,15 @@ otherwise.
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import numpy as np
 
+import pingctl
+from pingctl.artifacts import export as EX
+from pingctl.artifacts.run import COMMITTED, checkpoints_dir
 from pingctl.artifacts.table import take
 from pingctl.context import pool_and_contexts
 from pingctl.histories import History
@@ -44,6 +51,7 @@ from pingctl.infer.score import prompts, teacher_forced, teacher_forced_kept  # 
 from pingctl.tokenizer.spec import get_spec
 
 QS = (0.05, 0.25, 0.75, 0.95)
+CHUNK = 64  # packets per model pass of `predict`
 
 
 def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray]) -> dict:
@@ -68,11 +76,11 @@ def context_median(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.nd
 
 
 def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 1e-3, *,
-            train: dict | History | None = None, policy: str = "probe", per_pair: int = 0, chunk: int = 64,
-            calibration=None, context_dst: int | None = None, hints=None,
+            train: dict | History | None = None, policy: str = "probe", per_pair: int = 0, chunk: int | None = None,
+            calibration=None, context_dst: int | None = None, hints=None, resume=None,
             progress=lambda done, total: None) -> dict:
     """Median, quantiles, PIT, P(failure) and the context-median baseline for the packets
-    `idx` of `test`; `progress(done, total)` after every `chunk` packets. With a
+    `idx` of `test`; `progress(done, total)` after every `chunk` packets (None: CHUNK). With a
     `calibration` (pingctl/infer/calibration.py) also the same read from the recalibrated
     distributions, under "calibrated" (no extra model passes: only more refined reads).
     `context_dst`: the destination side of the `both` policy (None: `context`). `train`: the
@@ -80,7 +88,9 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     prompts' context measurements are returned under "contexts" (indices into "pool": for the
     `both` and `pair` policies only the rows some prompt holds, `context.pool_and_contexts`). `hints(pool,
     queries, contexts)`: each packet's RTT estimate (NaN: none), given in its prompt as a hint
-    measurement (a run trained with `loader.hints_file`); returned under "hints"."""
+    measurement (a run trained with `loader.hints_file`); returned under "hints". `resume`: an
+    `artifacts.eval_output.Resume`, which keeps each chunk's model passes and gives back those
+    an interrupted eval kept; how many packets it gave is returned under "resumed"."""
     levels = (0.5, *QS)
     reads = levels if calibration is None else (*levels, *calibration.raw_level(np.array(levels)))
     pool, contexts = pool_and_contexts(test, idx, context, policy, per_pair, context_dst, train)
@@ -89,23 +99,9 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
     scales = None if est is None else H.scales(model.run, est)
     ps, fulls = prompts(model, test, idx, pool, contexts, est, scales)
     actual = np.asarray(test["rtt"], np.float64)[idx]
-    dists: list = [None] * len(ps)
-    scores: list[np.ndarray] = [np.zeros(0)] * len(ps)
-    progress(0, len(idx))
-    # chunks of similar lengths: a pass pads its sequences to the longest (triangulation
-    # prompts run from ~200 to ~480 tokens), and each packet's answer is its own
-    by_length = np.argsort([len(f) for f in fulls], kind="stable")
-    for a in range(0, len(ps), chunk):
-        ks = by_length[a : a + chunk]
-        cp, cf = [ps[k] for k in ks], [fulls[k] for k in ks]
-        # the light engine keeps this pass's caches for the second-byte reads below
-        first, known, sc, second = teacher_forced_kept(model, cp, cf)
-        # exact where read: at the quantiles below and at the actual RTT (for the PIT)
-        got = Q.rtt_distributions_at(model, cp, quantiles=reads, points=actual[ks], eps=eps, first=first,
-                                     known=known, second_bytes=second, scales=None if scales is None else scales[ks])
-        for k, s, d in zip(ks, sc, got):
-            scores[k], dists[k] = s, d
-        progress(min(a + chunk, len(ps)), len(idx))
+    passes = ModelPasses(model, ps, fulls, actual, reads, eps, scales, chunk or CHUNK)
+    resumed = passes.run(progress, None if resume is None else resume.ask(passes.key()))
+    dists, scores = passes.dists, passes.scores
     nll = nll_from_scores(fulls, scores, np.asarray(test["ip_version"])[idx])
     n_ctx = np.array([len(c) for c in contexts])
     out = {**_reads(dists, actual), "nll": nll, "context_median": context_median(pool, test, idx, contexts),
@@ -113,11 +109,152 @@ def predict(model, test: dict, idx: np.ndarray, context: int = 16, eps: float = 
                              "empty_share": float((n_ctx == 0).mean()) if len(n_ctx) else 0.0},
            "contexts": contexts, "pool": pool, "prompts": ps, "hints": est,
            # the distributions themselves, for the combined answer (eval.combine); callers drop them
-           "dists": dists,
+           "dists": dists, "resumed": resumed,
            "context_examples": context_examples(pool, test, idx, contexts)}
     if calibration is not None:
         out["calibrated"] = _reads([calibration.apply(d) for d in dists], actual)
     return out
+
+
+class ModelPasses:
+    """The model's part of `predict`: each packet's distribution, exact where `reads` (quantile
+    levels) and its actual RTT read it, and the teacher-forced scores of its whole sequence,
+    `chunk` packets to a pass. All else `predict` computes without the model, so these are all
+    an interrupted eval needs to keep (`run`)."""
+
+    def __init__(self, model, ps, fulls, actual, reads, eps, scales, chunk):
+        self.model, self.ps, self.fulls, self.actual, self.scales = model, ps, fulls, actual, scales
+        self.reads, self.eps, self.chunk = reads, eps, chunk
+        self.dists: list = [None] * len(ps)
+        self.scores: list[np.ndarray] = [np.zeros(0)] * len(ps)
+        # chunks of similar lengths: a pass pads its sequences to the longest (triangulation
+        # prompts run from ~200 to ~480 tokens), and each packet's answer is its own
+        self.by_length = np.argsort([len(f) for f in fulls], kind="stable")
+
+    def key(self) -> dict:
+        """What the passes depend on: the model as loaded and run, the reads, `eps`, the chunks,
+        and the model's inputs themselves (prompts, whole sequences, actual RTTs, hint scales),
+        whatever split, packets, policy, hints or seed made them."""
+        h = hashlib.sha256()
+        for seqs in (self.ps, self.fulls):
+            for s in seqs:
+                s = np.asarray(s, np.int64)
+                h.update(np.int64(len(s)).tobytes() + s.tobytes())
+        h.update(self.actual.tobytes())
+        h.update(b"" if self.scales is None else b"scales" + np.asarray(self.scales, np.float64).tobytes())
+        return {"model": model_key(self.model), "reads": [float(r) for r in self.reads], "eps": float(self.eps),
+                "chunk": self.chunk, "packets": len(self.ps), "inputs": h.hexdigest()}
+
+    def run(self, progress, kept=None) -> int:
+        """Every chunk: those `kept` (an `eval_output.KeptAsk`) holds read back and shown as done
+        at once, the others passed through the model and kept as each finishes. Returns the
+        packets read back."""
+        n = len(self.ps)
+        todo, reused = [], 0
+        for a in range(0, n, self.chunk):
+            ks = self.by_length[a : a + self.chunk]
+            if kept is not None and (got := from_chunk(kept.read(a), ks)) is not None:
+                self._place(ks, *got)
+                reused += len(ks)
+            else:
+                todo.append(a)
+        done = reused
+        progress(done, n)
+        for a in todo:
+            ks = self.by_length[a : a + self.chunk]
+            scores, dists = self._pass(ks)
+            self._place(ks, scores, dists)
+            if kept is not None:
+                kept.keep(a, chunk_arrays(ks, scores, dists))
+            done += len(ks)
+            progress(done, n)
+        return reused
+
+    def _pass(self, ks: np.ndarray) -> tuple[list, list]:
+        cp, cf = [self.ps[k] for k in ks], [self.fulls[k] for k in ks]
+        # the light engine keeps this pass's caches for the second-byte reads below
+        first, known, sc, second = teacher_forced_kept(self.model, cp, cf)
+        # exact where read: at the quantiles below and at the actual RTT (for the PIT)
+        got = Q.rtt_distributions_at(self.model, cp, quantiles=self.reads, points=self.actual[ks], eps=self.eps,
+                                     first=first, known=known, second_bytes=second,
+                                     scales=None if self.scales is None else self.scales[ks])
+        return list(sc), got
+
+    def _place(self, ks, scores, dists) -> None:
+        for k, s, d in zip(ks, scores, dists):
+            self.scores[k], self.dists[k] = s, d
+
+
+def model_key(model) -> dict:
+    """The model as its passes ran: run, checkpoints (and when each was written: a run trained
+    again in place), engine, device, batch shapes and the libraries, any of which can move the
+    last bit of a float."""
+    run = Path(model.run).resolve()
+    written = [p for p in [checkpoints_dir(run) / str(s) / COMMITTED for s in model.steps] + [run / EX.WEIGHTS]
+               if p.is_file()]
+    return {"run": str(run), "steps": [int(s) for s in model.steps],
+            "written": {str(p.relative_to(run)): [p.stat().st_size, p.stat().st_mtime_ns] for p in written},
+            "engine": model.engine, "device": model.device, "batch": model.batch, "seq_len": model.seq_len,
+            "stable_shapes": bool(getattr(model, "stable_shapes", False)),
+            "kv_cache": os.environ.get("PINGCTL_KV_CACHE", "1"), "versions": _versions()}
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"pingctl": pingctl.__version__}
+    for name in ("numpy", "jax", "jaxlib"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def chunk_arrays(ks: np.ndarray, scores: list[np.ndarray], dists: list) -> dict[str, np.ndarray]:
+    """A chunk's scores and distributions as arrays that give them back bit for bit
+    (`from_chunk`). The codes and values are the code table's but where a hint's scale moved the
+    values. The probabilities are kept in code order as runs of equal values: there an
+    unrefined first byte's even spread over its 256 codes is one run, and a distribution is
+    ~1,500 runs of its 65,536 codes (in value order the first bytes interleave)."""
+    codes, values = Q.code_table()[:2]
+    out = {"ks": np.asarray(ks, np.int64), "p_fail": np.array([d.p_fail for d in dists], np.float64),
+           "scores": np.concatenate(scores), "score_lengths": np.array([len(s) for s in scores], np.int64)}
+    probs = np.stack([d.probs for d in dists])
+    if all(np.array_equal(d.codes, codes) for d in dists):
+        by_code = np.empty_like(probs)
+        by_code[:, codes] = probs
+        bits = by_code.view(np.int64)  # runs of equal bits: 0.0 and -0.0 are two
+        starts = np.ones(by_code.shape, bool)
+        starts[:, 1:] = bits[:, 1:] != bits[:, :-1]
+        out["run_starts"], out["run_values"] = np.packbits(starts, axis=1), by_code[starts]
+    else:
+        out["codes"], out["probs"] = np.stack([d.codes for d in dists]), probs
+    if not all(np.array_equal(d.values_ms, values) for d in dists):
+        out["values_ms"] = np.stack([d.values_ms for d in dists])
+    return out
+
+
+def from_chunk(arrays: dict | None, ks: np.ndarray) -> tuple[list, list] | None:
+    """(scores, distributions) of the chunk of packets `ks` from `chunk_arrays` (None: none, or
+    kept for other packets). Each array is its own, as the passes gave them: a view into the
+    chunk's could differ in alignment, and with it a SIMD sum's last bit."""
+    if arrays is None or not np.array_equal(arrays.get("ks"), ks):
+        return None
+    codes, values = Q.code_table()[:2]
+    lengths = arrays["score_lengths"]
+    scores = [s.copy() for s in np.split(arrays["scores"], np.cumsum(lengths)[:-1])]
+    if "run_starts" in arrays:
+        starts = np.unpackbits(arrays["run_starts"], axis=1, count=len(codes)).astype(bool)
+        by_code = arrays["run_values"][np.cumsum(starts) - 1].reshape(starts.shape)
+        probs, each_codes = by_code[:, codes], None
+    else:
+        probs, each_codes = arrays["probs"], arrays["codes"]
+    each_values = arrays.get("values_ms")
+    dists = [Q.RttDistribution(float(arrays["p_fail"][i]), codes if each_codes is None else each_codes[i].copy(),
+                               values if each_values is None else each_values[i].copy(), probs[i].copy())
+             for i in range(len(ks))]
+    return scores, dists
 
 
 def context_examples(pool: dict, test: dict, idx: np.ndarray, contexts: list[np.ndarray], n: int = 3) -> list[dict]:

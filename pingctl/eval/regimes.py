@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.eval_output import REGIMES_MODE, report_path, write_predictions
+from pingctl.artifacts.eval_output import REGIMES_MODE, Resume, report_path, write_predictions
 from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import REGIMES, has_split, load_split, load_split_if_any, regime_test_dirs, regime_val_dirs, take
 from pingctl.atomic import write_json
@@ -201,7 +201,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
                      context: int = 16, seed: int = 0, step: int | list[int] | None = None,
                      vivaldi_cycles: int = 1000, policy: str = "probe", per_pair: int | None = None,
                      hardware: str | None = None, context_dst: int | None = None, recalibration: str = "pooled",
-                     hints: bool | None = None, progress=lambda _step, _done=0, _total=None: None) -> dict:
+                     weights: str = "own", hints: bool | None = None, progress=lambda _step, _done=0, _total=None: None) -> dict:
     """The model and every baseline on `queries` packets of each regime's test set of
     `split_dir`; writes OUT/report.json (mode "regimes": the table and one full report per
     regime), OUT/predictions.parquet (every packet of every regime) and the recalibration maps,
@@ -210,9 +210,13 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
     regimes' val_<regime>/ sets together, own: OUT/calibration_<regime>.json on each: map_groups).
     Options as `eval.run.evaluate`; `policy` may also be `fair` (FAIR_POLICIES: each regime the
     prompt with its baseline's information). `hints`: `both` prompts carry the embedding's
-    estimate (None: as the run was trained, `prompt.carries_hint`)."""
+    estimate (None: as the run was trained, `prompt.carries_hint`). The model's passes are kept
+    in OUT/.resume as they finish, and reused by a rerun after an interruption (report
+    "resumed"); a finished eval removes it (artifacts.eval_output.Resume)."""
     if recalibration not in RECALIBRATIONS:
         raise UsageError(f"--recalibration {recalibration!r}: expected one of {', '.join(RECALIBRATIONS)}")
+    if weights not in CMB.WEIGHT_FITS:
+        raise UsageError(f"--weights {weights!r}: expected one of {', '.join(CMB.WEIGHT_FITS)}")
     policies = regime_policies(policy, REGIMES)
     for pol in dict.fromkeys(policies.values()):
         check_options(pol, hardware, per_pair, queries, context, context_dst, seed)
@@ -243,13 +247,15 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
         indexed = History.of(train, Addresses()).forget_strings()
         train = indexed.table
     progress(f"loading the model from {run}")
+    resume = Resume(out)
     ev = _Regimes(LoadedModel.load(run, step, hardware), Path(run), train, fitted, specs, context, queries, seed,
-                  str(truth) if truth else None, progress, seen=seen, indexed=indexed)
+                  str(truth) if truth else None, progress, seen=seen, indexed=indexed, resume=resume)
     out.mkdir(parents=True, exist_ok=True)
     calibrations, maps = ev.recalibrate(val_dirs, recalibration, out)
     choice = choose_on_val(fitted, {r: ev.val_split(val_dirs[r]) for r in REGIMES}, queries, seed, policy)
     described = {r: s.describe() for r, s in specs.items()}
-    fits, combination = CMB.fit_and_write(ev.val_records, val_dirs, described, choice, out, run, ev.model.steps, seed)
+    fits, combination = CMB.fit_and_write(ev.val_records, val_dirs, described, choice, out, run, ev.model.steps, seed,
+                                          weights)
     has_val = {p: ev.has_split(p) for p in (val_path, *val_dirs.values())}
     ev.loaded.clear()  # what the val sets gave is kept (maps, choice, weights): at a day's size they are 15M rows
     table, regimes, columns = ev.ask_regimes(tests, maps, calibrations, choice, fits)
@@ -263,7 +269,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
                    "val": str(val_path) if has_val[val_path] else None,
                    "vals": {r: str(p) for r, p in val_dirs.items() if has_val[p]},
                    "truth": str(truth) if truth else None},
-        "prompt": prompt, "queries": queries, "seed": seed, "fit_s": fit_s,
+        "prompt": prompt, "queries": queries, "seed": seed, "fit_s": fit_s, "resumed": ev.resumed,
         "baselines_info": {n: getattr(b, "fit_info", None) for n, b in fitted.items() if getattr(b, "fit_info", None)},
     }
     if columns:
@@ -271,6 +277,7 @@ def evaluate_regimes(run: Path, split_dir: Path, out: Path, truth: Path | None =
                                                       {"run": str(run), "splits": str(split_dir), **prompt}))
     result["elapsed_s"] = time.perf_counter() - t0
     write_json(report_path(out), result)
+    resume.finish()
     return result
 
 
@@ -294,6 +301,8 @@ class _Regimes:
     val_records: dict = field(default_factory=dict)  # (val path, policy) -> eval.combine.val_record
     indexed: History | None = None
     seen: Seen | None = None  # what train holds, for every regime's seen/unseen slices
+    resume: Resume | None = None  # the model's passes kept for a rerun, and those an interrupted eval kept
+    resumed: dict = field(default_factory=lambda: {"asks": 0, "packets": 0})  # what the latter saved
 
     def history(self) -> History:
         """Train indexed for the context rules, once for every ask (at a day's size the index is
@@ -317,8 +326,10 @@ class _Regimes:
         self.progress(f"model predictions ({what})", 0, len(idx))
         pred = predict(self.model, split, idx, context=self.context, train=self.history(), policy=spec.policy,
                        per_pair=spec.cap, calibration=cal, context_dst=spec.context_dst,
-                       hints=prompt_hints(spec, self.fitted),
+                       hints=prompt_hints(spec, self.fitted), resume=self.resume,
                        progress=lambda done, total: self.progress(f"model predictions ({what})", done, total))
+        self.resumed["asks"] += bool(pred["resumed"])
+        self.resumed["packets"] += pred["resumed"]
         pred["pair_history"] = CMB.history_of(run_hints(self.run), split, idx)
         return pred
 

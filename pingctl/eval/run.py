@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pingctl.artifacts.eval_output import report_path, write_predictions
+from pingctl.artifacts.eval_output import Resume, report_path, write_predictions
 from pingctl.artifacts.run import run_config
 from pingctl.artifacts.table import load_split, take
 from pingctl.atomic import unwritable_reason, write_json
@@ -56,7 +56,9 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     `out`/calibration.json (pingctl/infer/calibration.py).
     `hints`: `both` prompts carry the embedding's estimate (None: as the run was trained,
     `prompt.carries_hint`).
-    `progress(step, done, total)` is called per phase and per chunk of model predictions."""
+    `progress(step, done, total)` is called per phase and per chunk of model predictions. The
+    model's passes are kept in `out`/.resume as they finish, and reused by a rerun after an
+    interruption (report "resumed"); a finished eval removes it (artifacts.eval_output.Resume)."""
     # before the splits and the model are loaded
     check_options(policy, hardware, per_pair, queries, context, context_dst, seed)
     # fail on an unusable --out now, not after minutes of predictions
@@ -81,9 +83,10 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
         CAL.check_fits(cal, run, model.steps, spec.describe())
     progress(f"model predictions for {len(idx)} packets")
     t1 = time.perf_counter()
+    resume = Resume(out)
     pred = predict(model, test, idx, context=context, train=train, policy=spec.policy, per_pair=spec.cap,
                    calibration=cal, context_dst=spec.context_dst,
-                   hints=prompt_hints(spec, report.ctx.get("fitted") or {}),
+                   hints=prompt_hints(spec, report.ctx.get("fitted") or {}), resume=resume,
                    progress=lambda done, total: progress("model predictions", done, total))
     info = {"run": str(run), "step": model.step, "steps": list(model.steps), "context_measurements": context,
             "context_policy": str(spec.policy), "context_per_pair": spec.cap, "timestamps": model.timestamps,
@@ -97,6 +100,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     _compare_model(report, cal is not None, seed)
     report["nll"] = pred["nll"]
     report["queries"] = int(len(idx))
+    report["resumed"] = {"asks": int(bool(pred["resumed"])), "packets": pred["resumed"]}
     report["inputs"] = {"run": str(run), "train": str(train_path), "test": str(test_path), "truth": str(truth) if truth else None}
     out.mkdir(parents=True, exist_ok=True)
     report["combination"] = dict(NOT_FITTED_PLAIN)
@@ -106,6 +110,7 @@ def evaluate(run: Path, train_path: Path, test_path: Path, out: Path, truth: Pat
     _write_outputs(report, out, {"run": str(run), "test": str(test_path), **spec.describe()}, progress)
     report["elapsed_s"] = time.perf_counter() - t0
     write_json(report_path(out), dict(report))
+    resume.finish()
     return report
 
 
@@ -176,7 +181,8 @@ def _drop_stale_plots(out: Path, written) -> None:
 
 
 def check_out_dir(out: Path) -> None:
-    """The report directory can be created (without creating it: a failed run leaves nothing)."""
+    """The report directory can be created (without creating it: a run refused or failed before the
+    model's passes leaves nothing; after them, OUT/.resume keeps them for the rerun)."""
     if reason := unwritable_reason(report_path(out)):
         raise PingctlError(f"--out {out}: cannot create the report directory ({reason})")
 
