@@ -334,3 +334,10 @@ def test_the_command_writes_a_directory_and_resumes_it(tiny_run, probes_table, t
     shutil.rmtree(out)
     r = runner.invoke(app, args, terminal_width=200)
     assert r.exit_code == 0 and "parts (buckets of probes)" in r.output and "set aside" in r.output, r.output
+
+
+def test_the_cli_s_bucket_default_is_the_library_s():
+    # the CLI keeps its own copy (it imports nothing heavy at start-up)
+    from pingctl.cli import score_cmd
+
+    assert score_cmd.BUCKET_ROWS == SP.BUCKET_ROWS

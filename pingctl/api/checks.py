@@ -20,12 +20,11 @@ from pingctl.infer.score import check_options as check_score_options
 from pingctl.infer.score import read_input as read_scores
 from pingctl.infer.score import score_meta
 from pingctl.infer.score import summary as score_summary
-from pingctl.infer.score_parts import BUCKET_ROWS
 from pingctl.infer.score_parts import check_options as check_bucketed
 from pingctl.infer.score_parts import partition as partition_scores
 from pingctl.infer.score_parts import summary as parts_summary
 
-__all__ = ["BUCKET_ROWS", "COMPLETE_BEAM", "CONTEXT_K", "CONTEXT_ROWS_MAX", "K", "MAX_SAMPLES", "MAX_STREAMS", "MEAN_CEILING_MS",
+__all__ = ["COMPLETE_BEAM", "CONTEXT_K", "CONTEXT_ROWS_MAX", "K", "MAX_SAMPLES", "MAX_STREAMS", "MEAN_CEILING_MS",
            "MEASUREMENTS", "MODE_NAMES", "PREDICTORS", "QUANTILES", "SAMPLES", "STREAMS", "TRIM", "AddressError", "Calibration",
            "CompleteQuestion", "GenerateQuestion", "InverseQuestion", "Pairs", "PairsQuestion", "Question",
            "RttQuestion", "address_option", "any_address", "bound", "check_answer", "check_bucketed", "check_combination", "check_context_options", "check_engine",

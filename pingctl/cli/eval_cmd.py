@@ -108,7 +108,8 @@ def evaluate(
     cfg = _eval_config(config, set_, regimes, queries=queries, context=context, seed=seed,
                        context_policy=context_policy, context_per_pair=context_per_pair, context_dst=context_dst,
                        recalibration=recalibration, weights=weights)
-    _check_inputs(cfg, regimes, train, test, calibration, recalibration or weights, context_dst, hints)
+    _check_inputs(cfg, regimes, train, test, calibration, recalibration is not None or weights is not None,
+                  context_dst, hints)
     run = model_dir(run, revision)  # a Hub repo id: its snapshot, downloaded once the options are checked
     options = {"policy": cfg.context_policy, "per_pair": cfg.context_per_pair, "hardware": hardware,
                "context_dst": cfg.context_dst, "hints": hints}
@@ -147,13 +148,13 @@ def _eval_config(config, set_, regimes, **options):
     return cfg
 
 
-def _check_inputs(cfg, regimes, train, test, calibration, recalibration, context_dst, hints) -> None:
+def _check_inputs(cfg, regimes, train, test, calibration, held_out_fits: bool, context_dst, hints) -> None:
     """The combinations of options eval refuses, before the model is downloaded or read."""
     from pingctl.errors import UsageError
     from pingctl.prompt import check_sides
 
     check_sides(cfg.context_policy, context_dst, hints)
-    if recalibration is not None and regimes is None:
+    if held_out_fits and regimes is None:
         raise UsageError("--recalibration and --weights choose how the held-out regimes' maps and weights of "
                          "--regimes are fitted; without --regimes, fit a map with an eval on val and give it as "
                          "--calibration")

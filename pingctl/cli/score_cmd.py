@@ -15,7 +15,7 @@ from pingctl.cli.common import (AnswerOpt, CombinationOpt, EngineOpt, HardwareOp
 # tests/test_score.py checks that the two agree)
 MAX_ROWS = 1_000_000
 MAX_CONTEXT = 10_000
-BUCKET_ROWS = 500_000  # pingctl.infer.score_parts's
+BUCKET_ROWS = 500_000  # pingctl.infer.score_parts's (tests/test_score_parts.py checks it too)
 TOP = 10  # flagged rows printed with --threshold; -o and --json hold them all
 
 
